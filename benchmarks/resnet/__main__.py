@@ -1,0 +1,8 @@
+"""``python -m benchmarks.resnet``: train ResNet-50 to its quality target (under torchrun)."""
+
+import sys
+
+from benchmarks.resnet.workload import ResNetWorkload
+from common.training import main
+
+sys.exit(main(ResNetWorkload))

@@ -1,0 +1,78 @@
+"""LARS (layer-wise adaptive rate scaling) as MLPerf's ResNet-50 references apply it.
+
+For each tensor in a group with ``lars=True`` (convolution and fully connected
+weights):
+
+    trust  = eta * ||w|| / (||g|| + wd * ||w|| + eps)   (1 when ||w|| or ||g|| is 0)
+    v      = momentum * v + lr * trust * (g + wd * w)
+    w      = w - v
+
+Groups with ``lars=False`` (BN parameters and biases) take neither the trust
+ratio nor weight decay: ``v = momentum * v + lr * g``. With ``lars=False`` on
+every group and weight decay on the weights this is plain momentum SGD, the
+alternative optimizer the ruleset allows.
+
+``lr`` may be a float or a 0-dim device tensor; with a tensor the whole step is
+host-sync free and can be captured in a CUDA graph. The math uses multi-tensor
+(``torch._foreach_*``) kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class LARS(torch.optim.Optimizer):
+    def __init__(self, params, lr, momentum: float = 0.9, weight_decay: float = 0.0,
+                 eta: float = 0.001, epsilon: float = 0.0):
+        if momentum < 0 or weight_decay < 0 or eta <= 0:
+            raise ValueError("LARS needs momentum >= 0, weight_decay >= 0, eta > 0")
+        defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta,
+                        epsilon=epsilon, lars=True)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            grads = [p.grad for p in params]
+            bufs = []
+            for p in params:
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                bufs.append(state["momentum_buffer"])
+            lr, wd = group["lr"], group["weight_decay"]
+            if wd:
+                updates = torch._foreach_add(grads, params, alpha=wd)
+            else:
+                updates = [g.clone() for g in grads]
+            if group["lars"]:
+                w_norm = torch.stack(torch._foreach_norm(params))
+                g_norm = torch.stack(torch._foreach_norm(grads))
+                trust = group["eta"] * w_norm / (g_norm + wd * w_norm + group["epsilon"])
+                trust = torch.where((w_norm > 0) & (g_norm > 0), trust, torch.ones_like(trust))
+                torch._foreach_mul_(updates, list((trust * lr).unbind(0)))
+            else:
+                torch._foreach_mul_(updates, lr)
+            torch._foreach_mul_(bufs, group["momentum"])
+            torch._foreach_add_(bufs, updates)
+            torch._foreach_sub_(params, bufs)
+        return loss
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float, lars: bool) -> list[dict]:
+    """Weights of convolutions and linear layers get weight decay (and LARS when ``lars``);
+    BN parameters and biases get neither."""
+    decay, no_decay = [], []
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if not p.requires_grad:
+                continue
+            is_norm = isinstance(module, torch.nn.modules.batchnorm._BatchNorm)
+            (no_decay if is_norm or name == "bias" else decay).append(p)
+    return [dict(params=decay, weight_decay=weight_decay, lars=lars),
+            dict(params=no_decay, weight_decay=0.0, lars=False)]

@@ -1,0 +1,210 @@
+"""MLPerf Training ``resnet``: ResNet-50 v1.5 on ImageNet to 75.9% top-1.
+
+Hyper-parameter defaults are NVIDIA's 8-GPU v1.1 settings, which match the
+ruleset's reference convergence point for global batch 3264 (LARS, base LR
+10.5, 2 warm-up epochs, weight decay 5e-5, momentum 0.9, 37 epochs,
+evaluation every 4 epochs from epoch 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from common import dist
+from common.errors import UserError
+from common.mllog import constants
+from common.workload import Block, Workload, blocks_every
+from benchmarks.resnet import data
+from benchmarks.resnet.lars import LARS, param_groups
+from benchmarks.resnet.model import ResNet50, mllog_tensor_names
+from benchmarks.resnet.schedule import poly_warmup_lr
+
+FIXTURE_MARKER = "FIXTURE_COMPLETE"
+IMAGENET_TRAIN_IMAGES = 1_281_167
+
+
+class ResNetWorkload(Workload):
+    name = constants.RESNET
+    quality_target = 0.759
+    quality_metric = "top-1 accuracy"
+
+    @staticmethod
+    def add_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--data-dir", type=Path, required=True,
+                       help="ImageNet folder with train/<wnid>/*.JPEG and val/<wnid>/*.JPEG")
+        p.add_argument("--data-backend", default="cpu", choices=data.BACKENDS,
+                       help="cpu: Pillow decode in workers; gpu: nvJPEG; dali: NVIDIA DALI")
+        p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
+        p.add_argument("--image-size", type=int, default=224)
+        p.add_argument("--batch-size", type=int, default=408, help="per-rank batch per step")
+        p.add_argument("--eval-batch-size", type=int, default=250)
+        p.add_argument("--grad-accum", type=int, default=1,
+                       help="micro-batches per step (each of --batch-size / --grad-accum)")
+        p.add_argument("--epochs", type=int, default=37, help="epoch cap")
+        p.add_argument("--optimizer", default="lars", choices=("lars", "sgd"))
+        p.add_argument("--lr", type=float, default=10.5, help="base learning rate")
+        p.add_argument("--end-lr", type=float, default=0.0001)
+        p.add_argument("--warmup-epochs", type=float, default=2)
+        p.add_argument("--poly-power", type=float, default=2.0)
+        p.add_argument("--momentum", type=float, default=0.9)
+        p.add_argument("--weight-decay", type=float, default=5e-5)
+        p.add_argument("--lars-eta", type=float, default=0.001)
+        p.add_argument("--label-smoothing", type=float, default=0.1)
+        p.add_argument("--eval-period", type=int, default=4, help="epochs between evaluations")
+        p.add_argument("--eval-offset", type=int, default=2,
+                       help="first evaluation after epoch offset+1 (MLPerf allows 0-3)")
+        p.add_argument("--bn-group", type=int, default=1, help="ranks sharing BN statistics")
+        p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True)
+
+    # -- set-up ---------------------------------------------------------------------------
+    def build(self) -> None:
+        a, env = self.args, self.env
+        if a.batch_size % a.grad_accum:
+            raise UserError(f"--batch-size {a.batch_size} is not divisible by "
+                            f"--grad-accum {a.grad_accum}")
+        if a.precision == "amp-fp16" and a.cuda_graph and env.device.type == "cuda":
+            raise UserError("amp-fp16 loss scaling reads overflow flags on the host and cannot "
+                            "run inside a CUDA graph: use --precision amp-bf16 or --no-cuda-graph")
+        if getattr(a, "data_backend", None) == "synthetic":
+            self.index, num_classes = None, 1000
+        else:
+            self.index = data.ImageFolderIndex.scan(a.data_dir)
+            num_classes = len(self.index.classes)
+        model = ResNet50(num_classes)
+        self.tensor_names = mllog_tensor_names(model)
+        model = dist.group_norm_layers(model, env, a.bn_group)
+        mem = torch.channels_last if a.channels_last else torch.contiguous_format
+        model = model.to(env.device, memory_format=mem)
+        self.net = model
+        self.model = dist.data_parallel(model, env)
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=a.label_smoothing)
+        # Learning rate and step count live on the device so a captured step can advance them.
+        self.step_count = torch.zeros((), device=env.device)
+        self.lr = torch.zeros((), device=env.device)
+        groups = param_groups(model, a.weight_decay, lars=a.optimizer == "lars")
+        for g in groups:
+            g["lr"] = self.lr
+        self.optimizer = LARS(groups, lr=self.lr, momentum=a.momentum, eta=a.lars_eta)
+        self.scaler = self.precision.grad_scaler()
+        if self.index is not None:
+            common = dict(index=self.index, backend=a.data_backend, image_size=a.image_size,
+                          rank=env.rank, world_size=env.world_size, workers=a.workers,
+                          device=env.device)
+            self.train_loader = data.build_train_loader(batch_size=a.batch_size, seed=a.seed,
+                                                        **common)
+            self.eval_loader = data.build_eval_loader(batch_size=a.eval_batch_size, **common)
+            self.steps_per_epoch = len(self.train_loader)
+        else:
+            self.steps_per_epoch = self.train_samples // self.global_batch_size
+        if self.steps_per_epoch < 1:
+            raise UserError(f"{a.data_dir}: {self.train_samples} training images are fewer than "
+                            f"one global batch ({self.global_batch_size}); lower --batch-size")
+        self.warmup_steps = round(a.warmup_epochs * self.steps_per_epoch)
+        self.decay_steps = a.epochs * self.steps_per_epoch
+
+    @property
+    def dataset(self) -> str:
+        if self.index is None:
+            return "synthetic (random device-resident tensors)"
+        n = len(self.index.train)
+        if (self.index.root / FIXTURE_MARKER).is_file():
+            return (f"fixture: synthetic ImageNet-format JPEGs from benchmarks.resnet.fixture, "
+                    f"not ImageNet ({len(self.index.classes)} classes, {n} train images)")
+        if n == IMAGENET_TRAIN_IMAGES and len(self.index.classes) == 1000:
+            return "imagenet (ILSVRC2012)"
+        return (f"ImageNet-format folder {self.index.root} ({len(self.index.classes)} classes, "
+                f"{n} train images; not the full ILSVRC2012 train set)")
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.args.batch_size * self.env.world_size
+
+    @property
+    def train_samples(self) -> int:
+        return len(self.index.train) if self.index else IMAGENET_TRAIN_IMAGES
+
+    @property
+    def eval_samples(self) -> int:
+        return len(self.index.val) if self.index else 50_000
+
+    def hyperparameters(self) -> dict:
+        a = self.args
+        c = constants
+        hp = {c.OPT_NAME: a.optimizer, c.GRADIENT_ACCUMULATION_STEPS: a.grad_accum,
+              c.MODEL_BN_SPAN: a.batch_size // a.grad_accum * a.bn_group}
+        if a.optimizer == "lars":
+            hp.update({
+                c.LARS_OPT_BASE_LEARNING_RATE: a.lr,
+                c.LARS_OPT_END_LR: a.end_lr,
+                c.LARS_OPT_LR_DECAY_POLY_POWER: a.poly_power,
+                c.LARS_OPT_LR_DECAY_STEPS: self.decay_steps,
+                c.LARS_EPSILON: 0.0,
+                c.LARS_OPT_LEARNING_RATE_WARMUP_EPOCHS: a.warmup_epochs,
+                c.LARS_OPT_MOMENTUM: a.momentum,
+                c.LARS_OPT_WEIGHT_DECAY: a.weight_decay,
+            })
+        else:
+            hp.update({
+                "sgd_opt_base_learning_rate": a.lr,
+                "sgd_opt_end_learning_rate": a.end_lr,
+                "sgd_opt_learning_rate_decay_poly_power": a.poly_power,
+                "sgd_opt_learning_rate_decay_steps": self.decay_steps,
+                "sgd_opt_weight_decay": a.weight_decay,
+                "sgd_opt_momentum": a.momentum,
+                c.OPT_LR_WARMUP_EPOCHS: a.warmup_epochs,
+            })
+        return hp
+
+    def initialized_tensors(self) -> list[str]:
+        return self.tensor_names
+
+    def blocks(self) -> list[Block]:
+        return blocks_every(self.args.eval_period, self.args.eval_offset, self.args.epochs)
+
+    # -- steps ----------------------------------------------------------------------------
+    def epoch_batches(self, epoch: int):
+        return self.train_loader.epoch(epoch)
+
+    def synthetic_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return data.synthetic_batch(batch_size, self.args.image_size, 1000, self.env.device)
+
+    def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        a = self.args
+        self.lr.copy_(poly_warmup_lr(self.step_count, a.lr, a.end_lr, self.warmup_steps,
+                                     self.decay_steps, a.poly_power))
+        self.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=images.device)
+        for i, (x, y) in enumerate(zip(images.chunk(a.grad_accum), labels.chunk(a.grad_accum))):
+            last = i == a.grad_accum - 1
+            sync = (self.model.no_sync() if (not last and self.env.distributed)
+                    else contextlib.nullcontext())
+            with sync:
+                with self.precision.autocast():
+                    loss = self.criterion(self.model(x), y) / a.grad_accum
+                self.scaler.scale(loss).backward()
+            total += loss.detach().float()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.step_count += 1
+        return total
+
+    def evaluate(self) -> float:
+        self.model.eval()
+        counts = torch.zeros(2, dtype=torch.float64, device=self.env.device)
+        for images, labels in self.eval_loader.epoch(0):
+            with self.precision.autocast():
+                logits = self.model(images)
+            counts[0] += (logits.argmax(1) == labels).sum()
+            counts[1] += labels.numel()
+        self.model.train()
+        dist.all_reduce_sum(counts)
+        correct, seen = counts.tolist()
+        if int(seen) != self.eval_samples:
+            raise RuntimeError(f"evaluated {int(seen)} images, expected {self.eval_samples}")
+        return correct / seen
+

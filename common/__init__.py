@@ -1,0 +1,1 @@
+"""Pieces shared by every workload: logging, launch, precision, graphs, metering, the driver."""

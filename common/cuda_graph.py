@@ -1,0 +1,75 @@
+"""Whole-step CUDA graphs: forward, backward, gradient all-reduce and optimizer in one replay.
+
+``GraphedStep(step)`` runs ``step(*tensors)`` eagerly for a few warm-up calls
+on a side stream (so lazily created state such as optimizer buffers and NCCL
+communicators exists), captures the next call into one ``torch.cuda.CUDAGraph``
+and from then on copies each new batch into the captured input tensors and
+replays the graph. Without CUDA, or when disabled, it is a plain eager call:
+the same ``step`` function is the reference for the graphed one.
+
+A capturable step keeps every shape static, never reads a value back to the
+host (no ``.item()``, no data-dependent Python branching) and takes changing
+scalars such as the learning rate from device tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from common.errors import UserError
+
+# DDP needs 11 eager iterations before capture (see torch.cuda graph notes).
+DEFAULT_WARMUP_STEPS = 11
+
+
+class GraphedStep:
+    def __init__(self, step: Callable[..., torch.Tensor], enabled: bool = True,
+                 warmup_steps: int = DEFAULT_WARMUP_STEPS):
+        self.step = step
+        self.enabled = bool(enabled) and torch.cuda.is_available()
+        self.warmup_steps = warmup_steps
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self._calls = 0
+        self._static_inputs: tuple[torch.Tensor, ...] = ()
+        self._static_output = None
+        self._side_stream = torch.cuda.Stream() if self.enabled else None
+
+    @property
+    def captured(self) -> bool:
+        return self.graph is not None
+
+    def __call__(self, *inputs: torch.Tensor):
+        if not self.enabled:
+            return self.step(*inputs)
+        self._calls += 1
+        if self._calls <= self.warmup_steps:
+            return self._run_on_side_stream(inputs)
+        if self.graph is None:
+            self._capture(inputs)
+        for static, new in zip(self._static_inputs, inputs):
+            static.copy_(new, non_blocking=True)
+        self.graph.replay()
+        return self._static_output
+
+    def _run_on_side_stream(self, inputs):
+        stream = self._side_stream
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            out = self.step(*inputs)
+        torch.cuda.current_stream().wait_stream(stream)
+        return out
+
+    def _capture(self, inputs):
+        self._static_inputs = tuple(t.clone() for t in inputs)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, stream=self._side_stream):
+                self._static_output = self.step(*self._static_inputs)
+        except RuntimeError as exc:
+            raise UserError(f"the training step could not be captured as a CUDA graph ({exc}); "
+                            "rerun with --no-cuda-graph") from exc
+        torch.cuda.synchronize()
+        self.graph = graph

@@ -1,0 +1,134 @@
+"""torch.distributed set-up from torchrun or SLURM variables, and small collectives.
+
+NCCL on CUDA, gloo on the CPU, so multi-process logic runs in CI on 2 CPU processes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def _first_slurm_host(nodelist: str) -> str:
+    """First host of a SLURM node list such as ``node[003-005,9],other``."""
+    m = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist)
+    if not m:
+        return nodelist
+    prefix, ranges = m.group(1), m.group(2)
+    if not ranges:
+        return prefix
+    return prefix + ranges.split(",")[0].split("-")[0]
+
+
+def _env_from_launcher() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank) from torchrun, else SLURM, else a single process."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                int(os.environ.get("LOCAL_RANK", 0)))
+    if "SLURM_PROCID" in os.environ and int(os.environ.get("SLURM_NTASKS", 1)) > 1:
+        rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+        os.environ.setdefault("MASTER_ADDR", _first_slurm_host(os.environ["SLURM_JOB_NODELIST"]))
+        os.environ.setdefault("MASTER_PORT", "29500")
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
+        return rank, world, int(os.environ.get("SLURM_LOCALID", 0))
+    return 0, 1, 0
+
+
+def init_distributed(device: str = "auto") -> DistEnv:
+    """Join the process group the launcher describes and pick this rank's device.
+
+    ``device``: ``auto`` (CUDA when present), ``cuda`` or ``cpu``.
+    """
+    if device not in ("auto", "cuda", "cpu"):
+        raise ValueError(f"device must be auto, cuda or cpu, not {device!r}")
+    use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
+    if use_cuda and not torch.cuda.is_available():
+        from common.errors import UserError
+        raise UserError("--device cuda was asked for but no CUDA device is visible")
+    rank, world, local_rank = _env_from_launcher()
+    if use_cuda:
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        dev = torch.device("cuda", torch.cuda.current_device())
+    else:
+        dev = torch.device("cpu")
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(
+            backend="nccl" if use_cuda else "gloo",
+            rank=rank, world_size=world, timeout=timedelta(minutes=30),
+            device_id=dev if use_cuda else None,
+        )
+    return DistEnv(rank=rank, world_size=world, local_rank=local_rank, device=dev)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """In-place sum across ranks (a no-op on one process)."""
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def broadcast_object(obj, src: int = 0):
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def data_parallel(model: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
+    """Average gradients across ranks with DDP (bucketed all-reduce overlapped with backward).
+
+    Gradients live in DDP's buckets (``gradient_as_bucket_view``), so no copy
+    separates backward from the all-reduce; a single process gets the model back.
+    """
+    if not env.distributed:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+    return DistributedDataParallel(
+        model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
+        gradient_as_bucket_view=True, broadcast_buffers=False)
+
+
+def group_norm_layers(model: torch.nn.Module, env: DistEnv, group_size: int) -> torch.nn.Module:
+    """Group batch norm: BN statistics reduced over ``group_size`` consecutive ranks.
+
+    1 keeps per-rank BN. MLPerf logs the span as ``model_bn_span``.
+    """
+    if group_size == 1 or not env.distributed:
+        return model
+    if env.world_size % group_size:
+        from common.errors import UserError
+        raise UserError(f"--bn-group {group_size} does not divide the {env.world_size} ranks")
+    group, _ = dist.new_subgroups(group_size=group_size)
+    return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=group)

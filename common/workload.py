@@ -1,0 +1,114 @@
+"""The contract between a benchmark and the shared drivers (time-to-train and throughput)."""
+
+from __future__ import annotations
+
+import abc
+import argparse
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from common.dist import DistEnv
+from common.precision import Precision
+
+
+@dataclass(frozen=True)
+class Block:
+    """Epochs trained between two evaluations (mllog ``block_start``/``block_stop``).
+
+    Epoch numbers are 1-based, as the MLPerf references log them.
+    """
+
+    first_epoch: int
+    epoch_count: int
+
+    @property
+    def epochs(self) -> range:
+        return range(self.first_epoch, self.first_epoch + self.epoch_count)
+
+    @property
+    def last_epoch(self) -> int:
+        return self.first_epoch + self.epoch_count - 1
+
+
+def blocks_every(period: int, offset: int, total_epochs: int) -> list[Block]:
+    """Evaluate after epoch ``offset + 1`` and then every ``period`` epochs, and after the last.
+
+    This is MLPerf's ResNet rule (period 4, a first evaluation offset of 0-3),
+    and with ``offset = period - 1`` the plain every-``period``-epochs schedule.
+    """
+    if period < 1 or not 0 <= offset < period or total_epochs < 1:
+        raise ValueError(f"bad evaluation schedule: period={period} offset={offset} "
+                         f"epochs={total_epochs}")
+    blocks, first = [], 1
+    end = min(offset + 1, total_epochs)
+    while first <= total_epochs:
+        blocks.append(Block(first, end - first + 1))
+        first, end = end + 1, min(end + period, total_epochs)
+    return blocks
+
+
+class Workload(abc.ABC):
+    """One MLPerf benchmark: its constants, model, data and steps.
+
+    Subclasses set the class attributes and implement the methods; the
+    drivers in ``common.training`` and ``common.bench`` do the rest.
+    """
+
+    name: str                 # mllog submission_benchmark, e.g. "resnet"
+    quality_target: float     # reached when evaluate() >= this value
+    quality_metric: str       # what evaluate() returns, for people ("top-1 accuracy")
+
+    def __init__(self, args: argparse.Namespace, env: DistEnv, precision: Precision):
+        self.args, self.env, self.precision = args, env, precision
+
+    @staticmethod
+    @abc.abstractmethod
+    def add_args(parser: argparse.ArgumentParser) -> None:
+        """Workload flags; defaults are the MLPerf reference values."""
+
+    @abc.abstractmethod
+    def build(self) -> None:
+        """Model, optimizer, schedule, loss and data readers; runs inside init_start/init_stop."""
+
+    @property
+    @abc.abstractmethod
+    def dataset(self) -> str:
+        """What the run trains on, e.g. ``imagenet`` or ``fixture (...)``; logged and printed."""
+
+    @property
+    @abc.abstractmethod
+    def global_batch_size(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def train_samples(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def eval_samples(self) -> int: ...
+
+    @abc.abstractmethod
+    def hyperparameters(self) -> dict:
+        """mllog key -> value for every hyper-parameter the ruleset requires."""
+
+    @abc.abstractmethod
+    def initialized_tensors(self) -> Sequence[str]:
+        """Tensor names for the ``weights_initialization`` events, as the ruleset lists them."""
+
+    @abc.abstractmethod
+    def blocks(self) -> list[Block]:
+        """The evaluation schedule up to the epoch cap."""
+
+    @abc.abstractmethod
+    def epoch_batches(self, epoch: int) -> Iterable[tuple[torch.Tensor, ...]]:
+        """This rank's training batches for a 1-based epoch, already on the device."""
+
+    @abc.abstractmethod
+    def train_step(self, *batch: torch.Tensor) -> torch.Tensor:
+        """One optimisation step; returns the loss as a device tensor. Must be capturable."""
+
+    @abc.abstractmethod
+    def evaluate(self) -> float:
+        """The quality metric on the whole evaluation set (same value on every rank)."""

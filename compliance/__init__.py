@@ -1,0 +1,1 @@
+"""Checking MLPerf logs, packaging submission trees, summarising scores."""

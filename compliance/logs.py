@@ -1,0 +1,65 @@
+"""Reading ``:::MLLOG`` lines: the facts of one run (benchmark, seed, status, time to train)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlperf_logging.mllog import constants
+
+from common.errors import UserError
+
+PREFIX = ":::MLLOG "
+
+
+def read_events(path: str | Path) -> list[dict]:
+    """Every mllog event of a log file, in order; other lines are skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: no such log file")
+    events = []
+    for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.startswith(PREFIX):
+            continue
+        try:
+            events.append(json.loads(line[len(PREFIX):]))
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{lineno}: unreadable mllog line ({exc.msg})") from exc
+    if not events:
+        raise UserError(f"{path}: no :::MLLOG lines (is this an MLPerf log?)")
+    return events
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    benchmark: str
+    seed: int | None
+    status: str
+    seconds: float | None      # run_start to run_stop
+    dataset: str
+    last_quality: object
+
+    @property
+    def success(self) -> bool:
+        return self.status == constants.SUCCESS
+
+
+def summarize(path: str | Path) -> RunSummary:
+    """Benchmark, seed, status and time to train of one log."""
+    first: dict[str, dict] = {}
+    last: dict[str, dict] = {}
+    for ev in read_events(path):
+        first.setdefault(ev["key"], ev)
+        last[ev["key"]] = ev
+    start, stop = first.get(constants.RUN_START), last.get(constants.RUN_STOP)
+    seconds = (stop["time_ms"] - start["time_ms"]) / 1000.0 if start and stop else None
+    status = (stop or {}).get("metadata", {}).get(constants.STATUS, "missing")
+    return RunSummary(
+        benchmark=first.get(constants.SUBMISSION_BENCHMARK, {}).get("value", "unknown"),
+        seed=first.get(constants.SEED, {}).get("value"),
+        status=status,
+        seconds=seconds,
+        dataset=first.get("dataset", {}).get("value", "unknown"),
+        last_quality=last.get(constants.EVAL_ACCURACY, {}).get("value"),
+    )

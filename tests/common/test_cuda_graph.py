@@ -1,0 +1,55 @@
+import copy
+
+import pytest
+import torch
+
+from common.cuda_graph import GraphedStep
+
+
+def make_step(model, opt):
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step
+
+
+def run(step_fn, batches):
+    return torch.stack([step_fn(x, y).clone() for x, y in batches])
+
+
+def models(device):
+    torch.manual_seed(0)
+    a = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    return a.to(device), copy.deepcopy(a).to(device)
+
+
+def batches(device, n=15):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(4, 8, generator=g).to(device), torch.randn(4, 1, generator=g).to(device))
+            for _ in range(n)]
+
+
+def test_eager_fallback_equals_plain_step():
+    a, b = models("cpu")
+    plain = make_step(a, torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9))
+    graphed = GraphedStep(make_step(b, torch.optim.SGD(b.parameters(), lr=0.1, momentum=0.9)))
+    assert not graphed.enabled  # no CUDA here, or the helper is the eager path
+    data = batches("cpu")
+    assert torch.equal(run(plain, data), run(graphed, data))
+    assert not graphed.captured
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_captured_graph_equals_eager_on_gpu():
+    a, b = models("cuda")
+    plain = make_step(a, torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9))
+    graphed = GraphedStep(make_step(b, torch.optim.SGD(b.parameters(), lr=0.1, momentum=0.9)),
+                          warmup_steps=3)
+    data = batches("cuda")
+    want, got = run(plain, data), run(graphed, data)
+    assert graphed.captured
+    torch.testing.assert_close(got, want)

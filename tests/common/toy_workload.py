@@ -1,0 +1,57 @@
+"""A tiny workload (logistic regression on a planted rule) that exercises the shared driver."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from common.workload import Workload, blocks_every
+
+
+class ToyWorkload(Workload):
+    name = "toy"
+    quality_target = 0.9
+    quality_metric = "accuracy"
+
+    @staticmethod
+    def add_args(p):
+        p.add_argument("--epochs", type=int, default=4)
+        p.add_argument("--target", type=float, default=0.9)
+        p.add_argument("--fail-at-epoch", type=int, default=0)
+
+    def build(self):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randn(256, 8, generator=g)
+        self.y = (self.x[:, 0] > 0).long()
+        self.quality_target = self.args.target
+        self.model = nn.Linear(8, 2)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.5)
+
+    dataset = "toy (planted linear rule)"
+    global_batch_size = 32
+    train_samples = 256
+    eval_samples = 256
+
+    def hyperparameters(self):
+        return {"opt_name": "sgd", "opt_base_learning_rate": 0.5}
+
+    def initialized_tensors(self):
+        return [n for n, _ in self.model.named_parameters()]
+
+    def blocks(self):
+        return blocks_every(1, 0, self.args.epochs)
+
+    def epoch_batches(self, epoch):
+        if epoch == self.args.fail_at_epoch:
+            raise RuntimeError("planted failure")
+        return list(zip(self.x.split(32), self.y.split(32)))
+
+    def train_step(self, x, y):
+        self.opt.zero_grad()
+        loss = nn.functional.cross_entropy(self.model(x), y)
+        loss.backward()
+        self.opt.step()
+        return loss.detach()
+
+    def evaluate(self):
+        return (self.model(self.x).argmax(1) == self.y).float().mean().item()
