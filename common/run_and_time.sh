@@ -60,10 +60,16 @@ for ((i = 0; i < NEXP; i++)); do
     seed=$((base_seed + i))
     log=$LOGDIR/result_$i.txt
     echo "== $BENCHMARK run $((i + 1))/$NEXP: CONFIG=$CONFIG seed=$seed log=$log"
-    torchrun "${rdzv[@]}" --nproc_per_node "$NPROC" -m "benchmarks.$BENCHMARK" \
-        --data-dir "$DATADIR" --seed "$seed" --log-file "$log" \
-        "${TRAIN_ARGS[@]}" "${extra[@]}"
+    if [[ $NPROC -eq 1 && $NNODES -eq 1 ]]; then
+        launch=(python)   # one process needs no launcher (and keeps errors to one line)
+    else
+        launch=(torchrun "${rdzv[@]}" --nproc_per_node "$NPROC")
+    fi
+    "${launch[@]}" -m "benchmarks.$BENCHMARK" --data-dir "$DATADIR" --seed "$seed" \
+        --log-file "$log" "${TRAIN_ARGS[@]}" "${extra[@]}"
     train_rc=$?
+    # 2: bad input, already reported in one line by the program; no run to check.
+    [[ $train_rc -eq 2 ]] && exit 2
     if [[ ! -s $log ]]; then
         echo "run_and_time.sh ($BENCHMARK): run $i wrote no log (exit $train_rc)" >&2
         failed=1

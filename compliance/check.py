@@ -46,6 +46,8 @@ def check_log(path: str | Path, ruleset: str = DEFAULT_RULESET) -> Verdict:
     root.setLevel(logging.CRITICAL)  # the checker narrates through the root logger
     try:
         valid = checker.check_file(str(path), f"training_{ruleset}/common.yaml")
+    except Exception as exc:  # e.g. a benchmark name the ruleset has no rules for
+        return Verdict(path, ruleset, False, (f"checker stopped: {type(exc).__name__}: {exc}",))
     finally:
         root.setLevel(level)
     problems = (*checker.overwritable.values(), *checker.not_overwritable)

@@ -18,7 +18,7 @@ from compliance.logs import summarize
 def result_line(summary) -> str:
     seconds = f"{summary.seconds:.3f}" if summary.seconds is not None else "nan"
     return (f"RESULT,{summary.benchmark},{summary.seed},{seconds},{summary.status},"
-            f"{summary.dataset}")
+            f"{summary.dataset.replace(',', ';')}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,142 @@
+"""ResNet-50 training throughput on device-resident synthetic batches, ours against baselines.
+
+    python -m benchmarks.resnet.throughput --batch-size 256 --precision amp-bf16 \
+        --variants ours,ours-eager,torchvision-eager,torchvision-compile [--jpeg-dir DIR]
+
+``ours`` is the suite's real training step (ResNet-50 v1.5, LARS, label
+smoothing, channels-last) captured as one CUDA graph; ``ours-compile`` also
+runs the model through ``torch.compile`` inside that graph. The torchvision
+baselines are what a user would otherwise run: torchvision's resnet50 with
+momentum SGD, eager or ``torch.compile``-d. With ``--jpeg-dir`` the GPU JPEG
+pipeline (nvJPEG decode, crop, resize, normalise) is timed on that folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from benchmarks.resnet.workload import ResNetWorkload
+from common.cli import OneLineParser
+from common.cuda_graph import GraphedStep
+from common.dist import DistEnv
+from common.precision import PRECISIONS, Precision
+from common.throughput import Measurement, time_steps
+from common.training import build_parser
+
+VARIANTS = ("ours", "ours-compile", "ours-eager", "torchvision-eager", "torchvision-compile")
+
+
+def ours(batch_size: int, precision: Precision, device, variant: str):
+    args = build_parser(ResNetWorkload).parse_args(
+        ["--data-dir", "-", "--batch-size", str(batch_size), "--precision", precision.name,
+         "--seed", "0"] + (["--no-cuda-graph"] if variant == "ours-eager" else []))
+    args.data_backend = "synthetic"
+    wl = ResNetWorkload(args, DistEnv(device=device), precision)
+    wl.build()
+    if variant == "ours-compile":
+        wl.model = torch.compile(wl.model)
+    step = GraphedStep(wl.train_step, enabled=variant != "ours-eager")
+    return step, wl.synthetic_batch(batch_size)
+
+
+def torchvision_step(batch_size: int, precision: Precision, device, compiled: bool):
+    import torchvision  # GPU machines only: the CPU wheels cannot load it
+
+    model = torchvision.models.resnet50().to(device, memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-5)
+    crit = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
+    fwd = torch.compile(model) if compiled else model
+
+    def step(x, y):
+        opt.zero_grad(set_to_none=True)
+        with precision.autocast():
+            loss = crit(fwd(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    x = torch.randn(batch_size, 3, 224, 224, device=device).to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch_size,), device=device)
+    return step, (x, y)
+
+
+def jpeg_pipeline(jpeg_dir: str, batch_size: int, device, seconds: float = 20.0) -> dict:
+    from benchmarks.resnet import data
+
+    index = data.ImageFolderIndex.scan(jpeg_dir)
+    loader = data.build_train_loader(index=index, backend="gpu", image_size=224,
+                                     batch_size=batch_size, rank=0, world_size=1, seed=0,
+                                     workers=8, device=device)
+    images, t0, epoch = 0, None, 0
+    while True:
+        epoch += 1
+        for x, _ in loader.epoch(epoch):
+            if t0 is None:            # the first batch pays for worker start-up
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                continue
+            images += x.shape[0]
+        torch.cuda.synchronize()
+        if t0 is not None and time.perf_counter() - t0 > seconds:
+            break
+    dt = time.perf_counter() - t0
+    return {"images": images, "seconds": dt, "images_per_second": images / dt,
+            "train_images_in_folder": len(index.train)}
+
+
+def main(argv=None) -> int:
+    p = OneLineParser(prog="python -m benchmarks.resnet.throughput", description=__doc__)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--precision", default="amp-bf16", choices=PRECISIONS)
+    p.add_argument("--variants", default="ours,ours-eager,torchvision-eager,torchvision-compile")
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--jpeg-dir", default=None)
+    p.add_argument("--json", default=None, help="write the results here too")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: the throughput comparison needs a CUDA device", file=sys.stderr)
+        return 2
+    variants = args.variants.split(",")
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        p.error(f"unknown variant(s) {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
+    device = torch.device("cuda")
+    precision = Precision(args.precision, "cuda")
+    precision.apply_backend_flags()
+    torch.backends.cudnn.benchmark = True
+    results: list[Measurement] = []
+    for v in variants:
+        if v.startswith("ours"):
+            step, batch = ours(args.batch_size, precision, device, v)
+        else:
+            step, batch = torchvision_step(args.batch_size, precision, device,
+                                           compiled=v.endswith("compile"))
+        m = time_steps(v, step, batch, device, args.warmup, args.iters)
+        results.append(m)
+        print(f"{v:22s} batch {m.batch_size:4d} {args.precision:9s} "
+              f"{m.samples_per_second:9.1f} img/s  peak {m.peak_memory_bytes / 2**30:5.1f} GiB",
+              flush=True)
+        del step, batch
+        torch.cuda.empty_cache()
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "precision": args.precision,
+              "train": [dict(m.__dict__, samples_per_second=m.samples_per_second)
+                        for m in results]}
+    if args.jpeg_dir:
+        report["gpu_jpeg_pipeline"] = jpeg_pipeline(args.jpeg_dir, args.batch_size, device)
+        print(f"GPU JPEG pipeline (nvJPEG, 224px): "
+              f"{report['gpu_jpeg_pipeline']['images_per_second']:.0f} img/s", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

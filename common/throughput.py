@@ -1,0 +1,46 @@
+"""Steady-state training throughput of a workload's real step on device-resident batches.
+
+The step is the same ``train_step`` the time-to-train driver runs (optionally
+as one CUDA graph); only the data is synthetic, so the figure isolates the
+model, optimizer and communication from the input pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from common.metering import Throughput, peak_memory_bytes, reset_peak_memory
+
+
+@dataclass(frozen=True)
+class Measurement:
+    name: str
+    batch_size: int
+    iters: int
+    seconds: float
+    peak_memory_bytes: int
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.batch_size * self.iters / self.seconds
+
+
+def time_steps(name: str, step: Callable[..., torch.Tensor], batch: tuple[torch.Tensor, ...],
+               device: torch.device, warmup: int, iters: int, repeats: int = 3) -> Measurement:
+    """Run ``warmup`` steps, then ``repeats`` timed windows of ``iters`` steps; keep the fastest."""
+    reset_peak_memory(device)
+    for _ in range(warmup):
+        step(*batch)
+    best = None
+    for _ in range(repeats):
+        meter = Throughput(device)
+        meter.start()
+        for _ in range(iters):
+            step(*batch)
+        seconds = meter.stop(iters * batch[0].shape[0])
+        best = seconds if best is None else min(best, seconds)
+    return Measurement(name, batch[0].shape[0], iters, best, peak_memory_bytes(device))
+
