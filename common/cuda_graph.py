@@ -4,8 +4,8 @@
 on a side stream (so lazily created state such as optimizer buffers and NCCL
 communicators exists), captures the next call into one ``torch.cuda.CUDAGraph``
 and from then on copies each new batch into the captured input tensors and
-replays the graph. Without CUDA, or when disabled, it is a plain eager call:
-the same ``step`` function is the reference for the graphed one.
+replays the graph. Without CUDA, for CPU tensors, or when disabled, it is a
+plain eager call: the same ``step`` function is the reference for the graphed one.
 
 A capturable step keeps every shape static, never reads a value back to the
 host (no ``.item()``, no data-dependent Python branching) and takes changing
@@ -41,7 +41,7 @@ class GraphedStep:
         return self.graph is not None
 
     def __call__(self, *inputs: torch.Tensor):
-        if not self.enabled:
+        if not self.enabled or inputs[0].device.type != "cuda":
             return self.step(*inputs)
         self._calls += 1
         if self._calls <= self.warmup_steps:

@@ -25,7 +25,7 @@ class Throughput:
         self._t0 = time.perf_counter()
 
     def stop(self, samples: int) -> float:
-        """Close the interval opened by ``start`` with ``samples`` processed; returns its seconds."""
+        """Close the interval opened by ``start``, ``samples`` processed; returns its seconds."""
         if self._t0 is None:
             raise RuntimeError("Throughput.stop() without start()")
         self._sync()

@@ -10,8 +10,8 @@ import logging
 import os
 from pathlib import Path
 
-from mlperf_logging.mllog.mllog import MLLogger
 from mlperf_logging.mllog import constants
+from mlperf_logging.mllog.mllog import MLLogger
 
 __all__ = ["MLLog", "constants"]
 

@@ -18,7 +18,8 @@ class Precision:
     def __post_init__(self):
         if self.name not in PRECISIONS:
             from common.errors import UserError
-            raise UserError(f"unknown precision {self.name!r}: choose one of {', '.join(PRECISIONS)}")
+            raise UserError(f"unknown precision {self.name!r}: "
+                            f"choose one of {', '.join(PRECISIONS)}")
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:

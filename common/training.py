@@ -24,7 +24,7 @@ from common.metering import Throughput, peak_memory_bytes
 from common.mllog import MLLog, constants
 from common.precision import PRECISIONS, Precision
 from common.progress import Progress, say
-from common.workload import Workload
+from common.workload import COMPILE_MODES, Workload
 
 # mllog key naming what the run trained on (not an MLPerf key: the checker ignores it).
 DATASET_KEY = "dataset"
@@ -42,6 +42,8 @@ def build_parser(workload_cls: type[Workload]) -> argparse.ArgumentParser:
     g.add_argument("--precision", default="amp-bf16", choices=PRECISIONS)
     g.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
                    help="capture the whole training step in one CUDA graph (CUDA only)")
+    g.add_argument("--compile", default="none", choices=COMPILE_MODES,
+                   help="torch.compile the model with this mode (none: eager kernels)")
     g.add_argument("--log-every", type=int, default=50, help="steps between loss read-backs")
     s = p.add_argument_group("submission (mllog submission_* keys)")
     s.add_argument("--submission-org", default=os.environ.get("SUBMISSION_ORG", "unknown-org"))
@@ -97,7 +99,8 @@ def run(wl: Workload, log: MLLog, args, env) -> bool:
         log.start(constants.EVAL_START, metadata={constants.EPOCH_NUM: block.last_epoch})
         with torch.no_grad():
             quality = wl.evaluate()
-        log.event(constants.EVAL_ACCURACY, quality, metadata={constants.EPOCH_NUM: block.last_epoch})
+        log.event(constants.EVAL_ACCURACY, quality,
+                  metadata={constants.EPOCH_NUM: block.last_epoch})
         log.end(constants.EVAL_STOP, metadata={constants.EPOCH_NUM: block.last_epoch})
         log.end(constants.BLOCK_STOP, metadata={constants.FIRST_EPOCH_NUM: block.first_epoch})
         say(f"eval after epoch {block.last_epoch}: {wl.quality_metric} {quality:.4f} "
@@ -128,6 +131,7 @@ def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
         torch.manual_seed(args.seed + env.rank)
         precision = Precision(args.precision, env.device.type)
         precision.apply_backend_flags()
+        torch.backends.cudnn.benchmark = env.device.type == "cuda"  # fixed shapes: autotune
         wl = workload_cls(args, env, precision)
         wl.build()
         log.event(DATASET_KEY, wl.dataset)

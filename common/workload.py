@@ -12,6 +12,19 @@ import torch
 from common.dist import DistEnv
 from common.precision import Precision
 
+COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs")
+
+
+def maybe_compile(module: torch.nn.Module, mode: str) -> torch.nn.Module:
+    """``torch.compile`` (Inductor-fused kernels) unless ``mode`` is ``none``.
+
+    The compiled module still runs inside the whole-step CUDA graph; modes
+    that add their own CUDA graphs are left out for that reason.
+    """
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode must be one of {COMPILE_MODES}, not {mode!r}")
+    return module if mode == "none" else torch.compile(module, mode=mode)
+
 
 @dataclass(frozen=True)
 class Block:

@@ -185,7 +185,7 @@ class Loader:
         self._decode = decode   # (list of (path, label) indices, epoch) -> iterator of batches
 
     def shard(self, epoch: int) -> list[int]:
-        """Indices into ``samples`` this rank reads in ``epoch`` (same permutation on every rank)."""
+        """Indices into ``samples`` that this rank reads in ``epoch`` (one permutation for all)."""
         if not self.train:
             return list(range(self.rank, len(self.samples), self.world_size))
         order = torch.randperm(len(self.samples),
@@ -221,59 +221,61 @@ def _cpu_decoder(samples, size, train, seed, batch_size, workers, device):
 
 
 # -- GPU backend: file bytes read in workers, nvJPEG decode and crops on the GPU ------------
-class _BytesDataset(torch.utils.data.Dataset):
-    def __init__(self, samples):
-        self.samples = samples
+class _PackedBytes(torch.utils.data.Dataset):
+    """Item ``b`` is batch ``b``'s files as one uint8 buffer plus sizes: one object per batch
+    crosses the worker queue instead of one shared-memory tensor per image."""
+
+    def __init__(self, samples, batches: list[list[int]]):
+        self.samples, self.batches = samples, batches
 
     def __len__(self):
-        return len(self.samples)
+        return len(self.batches)
 
-    def __getitem__(self, i):
-        path, label = self.samples[i]
-        with open(path, "rb") as f:
-            raw = f.read()
-        return torch.frombuffer(bytearray(raw), dtype=torch.uint8), label, i
+    def __getitem__(self, b):
+        blobs = []
+        for i in self.batches[b]:
+            with open(self.samples[i][0], "rb") as f:
+                blobs.append(f.read())
+        buf = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+        return torch.from_numpy(buf.copy()), [len(x) for x in blobs], self.batches[b]
 
 
 def _gpu_decoder(samples, size, train, seed, batch_size, workers, device):
     import torch.nn.functional as F
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    dataset = _BytesDataset(samples)
+    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
+    std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
+
+    def decode_batch(raw: list[torch.Tensor], indices: list[int]) -> list[torch.Tensor]:
+        try:
+            return decode_jpeg(raw, mode=ImageReadMode.RGB, device=device)
+        except RuntimeError:
+            for blob, i in zip(raw, indices):   # find the culprit to name it
+                try:
+                    decode_jpeg(blob, mode=ImageReadMode.RGB, device=device)
+                except RuntimeError as exc:
+                    raise _decode_error(samples[i][0], exc) from None
+            raise
 
     def decode(indices, epoch):
         batches = [indices[i:i + batch_size] for i in range(0, len(indices), batch_size)]
         loader = torch.utils.data.DataLoader(
-            dataset, batch_sampler=batches, num_workers=workers,
-            collate_fn=lambda items: items, prefetch_factor=4 if workers else None)
-        for items in loader:
-            try:
-                images = decode_jpeg([raw for raw, _, _ in items], mode=ImageReadMode.RGB,
-                                     device=device)
-            except RuntimeError:
-                for raw, _, i in items:   # find the culprit to name it
-                    try:
-                        decode_jpeg(raw, mode=ImageReadMode.RGB, device=device)
-                    except RuntimeError as exc:
-                        raise _decode_error(samples[i][0], exc) from None
-                raise
-            out = torch.empty(len(items), 3, size, size, device=device)
-            for j, (img, (_, _, i)) in enumerate(zip(images, items)):
+            _PackedBytes(samples, batches), batch_size=None, shuffle=False,
+            num_workers=workers, prefetch_factor=4 if workers else None)
+        for buf, sizes, idx in loader:
+            images = decode_batch(list(torch.split(buf, sizes)), idx)
+            out = torch.empty(len(idx), 3, size, size, device=device)
+            for j, (img, i) in enumerate(zip(images, idx)):
                 h, w = img.shape[1:]
                 rng = random.Random(hash((seed, epoch, i)))
                 left, top, cw, ch = (random_resized_crop_box(w, h, rng) if train
                                      else center_crop_box(w, h, size))
-                crop = img[None, :, top:top + ch, left:left + cw].float()
-                crop = F.interpolate(crop, size=(size, size), mode="bilinear",
-                                     align_corners=False)
-                if train and rng.random() < 0.5:
-                    crop = crop.flip(3)
-                out[j] = crop[0]
-            mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
-            std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
+                crop = F.interpolate(img[None, :, top:top + ch, left:left + cw].float(),
+                                     size=(size, size), mode="bilinear", align_corners=False)
+                out[j] = crop[0].flip(2) if train and rng.random() < 0.5 else crop[0]
             images = ((out - mean) / std).contiguous(memory_format=torch.channels_last)
-            labels = torch.tensor([label for _, label, _ in items], device=device)
-            yield images, labels
+            yield images, torch.tensor([samples[i][1] for i in idx], device=device)
     return decode
 
 

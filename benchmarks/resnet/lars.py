@@ -43,7 +43,7 @@ class LARS(torch.optim.Optimizer):
             for p in params:
                 state = self.state[p]
                 if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["momentum_buffer"] = torch.zeros_like(p)
                 bufs.append(state["momentum_buffer"])
             lr, wd = group["lr"], group["weight_decay"]
             if wd:

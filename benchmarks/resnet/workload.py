@@ -15,14 +15,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from common import dist
-from common.errors import UserError
-from common.mllog import constants
-from common.workload import Block, Workload, blocks_every
 from benchmarks.resnet import data
 from benchmarks.resnet.lars import LARS, param_groups
 from benchmarks.resnet.model import ResNet50, mllog_tensor_names
 from benchmarks.resnet.schedule import poly_warmup_lr
+from common import dist
+from common.errors import UserError
+from common.mllog import constants
+from common.workload import Block, Workload, blocks_every, maybe_compile
 
 FIXTURE_MARKER = "FIXTURE_COMPLETE"
 IMAGENET_TRAIN_IMAGES = 1_281_167
@@ -81,7 +81,7 @@ class ResNetWorkload(Workload):
         mem = torch.channels_last if a.channels_last else torch.contiguous_format
         model = model.to(env.device, memory_format=mem)
         self.net = model
-        self.model = dist.data_parallel(model, env)
+        self.model = maybe_compile(dist.data_parallel(model, env), a.compile)
         self.criterion = nn.CrossEntropyLoss(label_smoothing=a.label_smoothing)
         # Learning rate and step count live on the device so a captured step can advance them.
         self.step_count = torch.zeros((), device=env.device)
