@@ -65,10 +65,11 @@ def _log_submission(log: MLLog, wl: type[Workload], args) -> None:
 
 
 def _train_epoch(wl: Workload, step: GraphedStep, epoch: int, log: MLLog, args, env) -> None:
-    log.start(constants.EPOCH_START, metadata={constants.EPOCH_NUM: epoch})
+    log.start(constants.EPOCH_START, metadata={constants.EPOCH_NUM: wl.epoch_num(epoch)})
     meter = Throughput(env.device)
     batches = wl.epoch_batches(epoch)
-    progress = Progress(len(batches), f"epoch {epoch}", enabled=env.is_main)
+    label = f"{wl.unit_name} {wl.epoch_num(epoch)}"
+    progress = Progress(len(batches), label, enabled=env.is_main)
     loss_sum = torch.zeros((), device=env.device)
     steps = 0
     meter.start()
@@ -79,11 +80,11 @@ def _train_epoch(wl: Workload, step: GraphedStep, epoch: int, log: MLLog, args, 
             progress.update(args.log_every, loss=f"{loss_sum.item() / steps:.3f}")
     seconds = meter.stop(steps * wl.global_batch_size)
     progress.close()
-    log.end(constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: epoch})
+    log.end(constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: wl.epoch_num(epoch)})
     if steps == 0:
-        raise UserError(f"epoch {epoch} had no training batch: the training set is smaller "
+        raise UserError(f"{label} had no training batch: the training set is smaller "
                         f"than one global batch ({wl.global_batch_size})")
-    say(f"epoch {epoch}: {steps} steps, {meter.samples_per_second:.1f} samples/s, "
+    say(f"{label}: {steps} steps, {meter.samples_per_second:.1f} samples/s, "
         f"{seconds:.1f} s, mean loss {loss_sum.item() / steps:.4f}", env.is_main)
 
 
@@ -91,19 +92,19 @@ def run(wl: Workload, log: MLLog, args, env) -> bool:
     """The timed part: returns True when the quality target was reached."""
     step = GraphedStep(wl.train_step, enabled=args.cuda_graph and env.device.type == "cuda")
     for block in wl.blocks():
-        meta = {constants.FIRST_EPOCH_NUM: block.first_epoch,
-                constants.EPOCH_COUNT: block.epoch_count}
+        first, last = wl.epoch_num(block.first_epoch), wl.epoch_num(block.last_epoch)
+        meta = {constants.FIRST_EPOCH_NUM: first,
+                constants.EPOCH_COUNT: wl.epoch_count(block)}
         log.start(constants.BLOCK_START, metadata=meta)
         for epoch in block.epochs:
             _train_epoch(wl, step, epoch, log, args, env)
-        log.start(constants.EVAL_START, metadata={constants.EPOCH_NUM: block.last_epoch})
+        log.start(constants.EVAL_START, metadata={constants.EPOCH_NUM: last})
         with torch.no_grad():
             quality = wl.evaluate()
-        log.event(constants.EVAL_ACCURACY, quality,
-                  metadata={constants.EPOCH_NUM: block.last_epoch})
-        log.end(constants.EVAL_STOP, metadata={constants.EPOCH_NUM: block.last_epoch})
-        log.end(constants.BLOCK_STOP, metadata={constants.FIRST_EPOCH_NUM: block.first_epoch})
-        say(f"eval after epoch {block.last_epoch}: {wl.quality_metric} {quality:.4f} "
+        log.event(constants.EVAL_ACCURACY, quality, metadata={constants.EPOCH_NUM: last})
+        log.end(constants.EVAL_STOP, metadata={constants.EPOCH_NUM: last})
+        log.end(constants.BLOCK_STOP, metadata={constants.FIRST_EPOCH_NUM: first})
+        say(f"eval after {wl.unit_name} {last}: {wl.quality_metric} {quality:.4f} "
             f"(target {wl.quality_target})", env.is_main)
         if quality >= wl.quality_target:
             return True

@@ -72,6 +72,7 @@ class Workload(abc.ABC):
     name: str                 # mllog submission_benchmark, e.g. "resnet"
     quality_target: float     # reached when evaluate() >= this value
     quality_metric: str       # what evaluate() returns, for people ("top-1 accuracy")
+    unit_name = "epoch"       # what one training unit (one epoch_batches call) is, for people
 
     def __init__(self, args: argparse.Namespace, env: DistEnv, precision: Precision):
         self.args, self.env, self.precision = args, env, precision
@@ -114,6 +115,19 @@ class Workload(abc.ABC):
     def blocks(self) -> list[Block]:
         """The evaluation schedule up to the epoch cap."""
 
+    def epoch_num(self, unit: int) -> float:
+        """The mllog ``epoch_num`` of a 1-based training unit.
+
+        Units are epochs by default. Workloads that evaluate inside an epoch
+        make a unit the stretch between evaluations and log what the reference
+        logs (BERT: samples trained; DLRM: fractional epochs).
+        """
+        return unit
+
+    def epoch_count(self, block: Block) -> float:
+        """The mllog ``epoch_count`` of a block, in the units ``epoch_num`` logs."""
+        return block.epoch_count
+
     @abc.abstractmethod
     def epoch_batches(self, epoch: int) -> Iterable[tuple[torch.Tensor, ...]]:
         """This rank's training batches for a 1-based epoch, already on the device."""
@@ -125,3 +139,14 @@ class Workload(abc.ABC):
     @abc.abstractmethod
     def evaluate(self) -> float:
         """The quality metric on the whole evaluation set (same value on every rank)."""
+
+    # -- throughput harness (common.bench) --------------------------------------------------
+    flops_per_sample: float | None = None  # training FLOPs per sample (forward + backward)
+
+    def synthetic_batch(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+        """A device-resident batch of this rank for throughput runs (never used for training)."""
+        raise NotImplementedError(f"{self.name} has no synthetic batch")
+
+    def infer_step(self, *batch: torch.Tensor) -> torch.Tensor:
+        """Forward pass only (evaluation mode, no gradients), for inference throughput."""
+        raise NotImplementedError(f"{self.name} has no inference step")

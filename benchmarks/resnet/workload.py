@@ -173,6 +173,13 @@ class ResNetWorkload(Workload):
     def synthetic_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         return data.synthetic_batch(batch_size, self.args.image_size, 1000, self.env.device)
 
+    def infer_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        self.model.eval()
+        with torch.no_grad(), self.precision.autocast():
+            logits = self.model(images)
+        self.model.train()
+        return logits
+
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         a = self.args
         self.lr.copy_(poly_warmup_lr(self.step_count, a.lr, a.end_lr, self.warmup_steps,
