@@ -10,7 +10,9 @@ runs the model through ``torch.compile`` inside that graph
 step without the graph. The torchvision
 baselines are what a user would otherwise run: torchvision's resnet50 with
 momentum SGD, eager or ``torch.compile``-d. With ``--jpeg-dir`` the GPU JPEG
-pipeline (nvJPEG decode, crop, resize, normalise) is timed on that folder.
+pipeline (nvJPEG decode, crop, resize, normalise) is timed on that folder;
+``--profile`` adds each variant's kernel time by family (convolution, fused
+Triton, optimizer, ...).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from benchmarks.resnet.workload import ResNetWorkload
 from common.cli import OneLineParser
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
+from common.kernel_profile import kernel_breakdown
 from common.precision import PRECISIONS, Precision
 from common.throughput import Measurement, time_steps
 from common.training import build_parser
@@ -102,6 +105,8 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=100)
     p.add_argument("--jpeg-dir", default=None)
     p.add_argument("--json", default=None, help="write the results here too")
+    p.add_argument("--profile", action="store_true",
+                   help="print each variant's GPU kernel time per step by kernel family")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: the throughput comparison needs a CUDA device", file=sys.stderr)
@@ -126,6 +131,8 @@ def main(argv=None) -> int:
         print(f"{v:22s} batch {m.batch_size:4d} {args.precision:9s} "
               f"{m.samples_per_second:9.1f} img/s  peak {m.peak_memory_bytes / 2**30:5.1f} GiB",
               flush=True)
+        if args.profile:
+            print(kernel_breakdown(step, batch), flush=True)
         del step, batch
         torch.cuda.empty_cache()
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,

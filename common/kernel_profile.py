@@ -1,0 +1,55 @@
+"""Where a step's GPU time goes: device kernel time per step, grouped into kernel families.
+
+Used by the throughput tools (``--profile``) to say why a step is as fast as
+it is, e.g. how much is convolution/GEMM against fusable memory-bound work.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+import torch
+
+# (family, substrings of the lower-cased kernel name), first match wins.
+FAMILIES = (
+    ("conv/gemm", ("conv", "xmma", "implicit", "dgrad", "wgrad", "cudnn", "cutlass", "gemm",
+                   "nvjet", "fprop")),
+    ("triton-fused", ("triton",)),
+    ("optimizer (foreach)", ("multi_tensor", "foreach")),
+    ("batchnorm", ("batch_norm", "welford")),
+    ("communication", ("nccl",)),
+    ("attention", ("flash", "fmha", "attention")),
+    ("elementwise/reduce", ("elementwise", "reduce")),
+)
+
+
+def family(kernel_name: str) -> str:
+    low = kernel_name.lower()
+    for name, keys in FAMILIES:
+        if any(k in low for k in keys):
+            return name
+    return "other"
+
+
+def kernel_breakdown(step: Callable[..., torch.Tensor], batch: tuple[torch.Tensor, ...],
+                     steps: int = 5, top: int = 15) -> str:
+    """Profile ``steps`` calls of an already warmed-up ``step``; a printable per-step table."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step(*batch)
+        torch.cuda.synchronize()
+    families, kernels = collections.Counter(), collections.Counter()
+    for event in prof.events():
+        if event.device_type.name == "CUDA":
+            us = event.device_time / steps
+            families[family(event.name)] += us
+            kernels[event.name] += us
+    total = sum(families.values()) or 1.0
+    lines = [f"GPU kernel time per step: {total / 1e3:.2f} ms"]
+    lines += [f"  {name:22s} {us / 1e3:7.2f} ms {100 * us / total:5.1f}%"
+              for name, us in families.most_common()]
+    lines += [f"    {us / 1e3:6.3f} ms  {name[:100]}" for name, us in kernels.most_common(top)]
+    return "\n".join(lines)

@@ -1,0 +1,14 @@
+from common.kernel_profile import family
+
+
+def test_kernel_names_fall_into_families():
+    assert family("sm90_xmma_wgrad_indexed_implicit_gemm_bf16") == "conv/gemm"
+    assert family("triton_poi_fused__native_batch_norm_legit_functional_add_relu_18") == \
+        "triton-fused"
+    assert family("void at::native::multi_tensor_apply_kernel<...>") == "optimizer (foreach)"
+    assert family("void at::native::batch_norm_collect_statistics_channels_last_kernel") == \
+        "batchnorm"
+    assert family("ncclDevKernel_AllReduce_Sum_bf16_RING_LL") == "communication"
+    assert family("void at::native::vectorized_elementwise_kernel<8, add>") == \
+        "elementwise/reduce"
+    assert family("memcpy") == "other"
