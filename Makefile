@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 CONFIG ?= cpu_tiny
 
-.PHONY: venv run test lint clean
+.PHONY: venv run test lint clean compliance-ci
 
 venv: $(VENV)/.installed
 
@@ -23,6 +23,18 @@ run: venv
 
 test: venv
 	$(PY) -m pytest -q
+
+# Compliance over the logs the end-to-end tests kept (E2E_LOGDIR, see tests/compliance/e2e_logs.py):
+# every log through the MLCommons checker, every full set of runs packaged and checked.
+E2E_LOGDIR ?= results/e2e
+compliance-ci: venv
+	@ls $(E2E_LOGDIR)/*/result_*.txt > /dev/null 2>&1 || { echo "no end-to-end logs under $(E2E_LOGDIR)"; exit 1; }
+	$(PY) -m compliance.check $(E2E_LOGDIR)/*/result_*.txt
+	@for d in $(E2E_LOGDIR)/*-nexp*; do [ -d "$$d" ] || continue; \
+	  b=$$(basename "$$d"); b=$${b%%-nexp*}; \
+	  $(PY) -m compliance.package --submitter ci --system ci_cpu --benchmark "$$b" \
+	    --system-desc .ci/system_fields.json "$$d" "$(E2E_LOGDIR)/package-$$b" || exit 1; \
+	done
 
 lint: venv
 	$(PY) -m ruff check .

@@ -143,6 +143,17 @@ class Workload(abc.ABC):
     # -- throughput harness (common.bench) --------------------------------------------------
     flops_per_sample: float | None = None  # training FLOPs per sample (forward + backward)
 
+    @classmethod
+    def parse_bench_args(cls, parser: argparse.ArgumentParser, argv: list[str], data: str,
+                         batch_size: int) -> argparse.Namespace:
+        """Flags for a throughput run with per-rank ``batch_size`` on ``synthetic`` data
+        (device-resident batches, nothing read) or ``real`` data (the training reader).
+
+        Workloads override this to set their batch flag and to build without a
+        dataset for synthetic runs; ``argv`` holds the user's extra workload flags.
+        """
+        return parser.parse_args(argv)
+
     def synthetic_batch(self, batch_size: int) -> tuple[torch.Tensor, ...]:
         """A device-resident batch of this rank for throughput runs (never used for training)."""
         raise NotImplementedError(f"{self.name} has no synthetic batch")

@@ -41,17 +41,19 @@ VARIANTS = (*OURS, "torchvision-eager", "torchvision-compile")
 
 def ours(batch_size: int, precision: Precision, device, variant: str):
     graph, compile_mode = OURS[variant]
-    args = build_parser(ResNetWorkload).parse_args(
-        ["--data-dir", "-", "--batch-size", str(batch_size), "--precision", precision.name,
-         "--seed", "0", "--compile", compile_mode])
-    args.data_backend = "synthetic"
+    args = ResNetWorkload.parse_bench_args(
+        build_parser(ResNetWorkload),
+        ["--precision", precision.name, "--seed", "0", "--compile", compile_mode],
+        "synthetic", batch_size)
     wl = ResNetWorkload(args, DistEnv(device=device), precision)
     wl.build()
     step = GraphedStep(wl.train_step, enabled=graph)
     return step, wl.synthetic_batch(batch_size)
 
 
-def torchvision_step(batch_size: int, precision: Precision, device, compiled: bool):
+def torchvision_step(batch_size: int, precision: Precision, device, compiled: bool,
+                     mode: str = "train", image_size: int = 224):
+    """torchvision's resnet50 as a user would run it: momentum SGD, eager or torch.compile-d."""
     import torchvision  # GPU machines only: the CPU wheels cannot load it
 
     model = torchvision.models.resnet50().to(device, memory_format=torch.channels_last)
@@ -67,9 +69,29 @@ def torchvision_step(batch_size: int, precision: Precision, device, compiled: bo
         opt.step()
         return loss.detach()
 
-    x = torch.randn(batch_size, 3, 224, 224, device=device).to(memory_format=torch.channels_last)
+    @torch.no_grad()
+    def infer(x, y):
+        with precision.autocast():
+            return fwd(x)
+
+    if mode == "infer":
+        model.eval()
+    x = torch.randn(batch_size, 3, image_size, image_size, device=device).to(
+        memory_format=torch.channels_last)
     y = torch.randint(0, 1000, (batch_size,), device=device)
-    return step, (x, y)
+    return (step if mode == "train" else infer), (x, y)
+
+
+def _torchvision(compiled: bool):
+    def factory(batch_size, precision, device, mode, workload_args):
+        return torchvision_step(batch_size, precision, device, compiled, mode,
+                                workload_args.image_size)
+    return factory
+
+
+# Baselines for ``python -m common.bench resnet --baseline torchvision``: variant -> factory.
+BASELINES = {"torchvision": {"torchvision-eager": _torchvision(False),
+                             "torchvision-compile": _torchvision(True)}}
 
 
 def jpeg_pipeline(jpeg_dir: str, batch_size: int, device, seconds: float = 20.0) -> dict:

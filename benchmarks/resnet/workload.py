@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 from pathlib import Path
 
 import torch
@@ -166,6 +167,20 @@ class ResNetWorkload(Workload):
     def blocks(self) -> list[Block]:
         return blocks_every(self.args.eval_period, self.args.eval_offset, self.args.epochs)
 
+    # -- throughput harness ---------------------------------------------------------------
+    @classmethod
+    def parse_bench_args(cls, parser, argv, data, batch_size):
+        pre = ["--batch-size", str(batch_size)]
+        args = parser.parse_args(pre + (["--data-dir", "-"] if data == "synthetic" else []) + argv)
+        if data == "synthetic":
+            args.data_backend = "synthetic"
+        return args
+
+    @property
+    def flops_per_sample(self) -> float:
+        """Training FLOPs per image (forward + backward), counted by torch's FlopCounterMode."""
+        return _train_flops_per_image(self.args.image_size)
+
     # -- steps ----------------------------------------------------------------------------
     def epoch_batches(self, epoch: int):
         return self.train_loader.epoch(epoch)
@@ -215,3 +230,16 @@ class ResNetWorkload(Workload):
             raise RuntimeError(f"evaluated {int(seen)} images, expected {self.eval_samples}")
         return correct / seen
 
+
+@functools.lru_cache
+def _train_flops_per_image(image_size: int) -> float:
+    """Convolution and matmul FLOPs of one training step of ResNet-50, per image (meta tensors)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    batch = 2
+    with torch.device("meta"):
+        model = ResNet50(1000)
+        images = torch.empty(batch, 3, image_size, image_size)
+    with FlopCounterMode(display=False) as counter:
+        model(images).sum().backward()
+    return counter.get_total_flops() / batch

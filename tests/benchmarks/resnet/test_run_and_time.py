@@ -11,6 +11,7 @@ import pytest
 from benchmarks.resnet.fixture import write_fixture
 from compliance.check import check_log
 from compliance.logs import summarize
+from tests.compliance import e2e_logs
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "benchmarks/resnet/run_and_time.sh"
@@ -58,6 +59,7 @@ def test_tiny_config_reaches_target_and_passes_compliance(tmp_path):
     assert fields[1:3] == ["resnet", "1"] and fields[4] == "success"
     assert "fixture" in fields[5]
     assert "compliance PASS" in proc.stdout
+    e2e_logs.keep("resnet", log)
 
 
 def test_unknown_config(tmp_path):

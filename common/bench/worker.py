@@ -1,0 +1,221 @@
+"""One point of the sweep, under torchrun: time a workload's real step, write one JSON.
+
+    torchrun --nproc_per_node N -m common.bench.worker --workload resnet --mode train \
+        --precision amp-bf16 --batch-size 256 --iters 100 --warmup 20 --out POINT.json
+
+Each rank runs ``--batch-size`` samples per step (weak scaling). Figures:
+``seconds`` is the timed window (all ranks, slowest), ``core_seconds`` the sum
+of per-step device times (excluding waits for data), latencies per step.
+Bad input exits 2 with one line; a point the workload cannot run is written
+as ``{"skipped": reason}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import inspect
+import itertools
+import json
+import math
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from common import dist
+from common.cli import OneLineParser
+from common.cuda_graph import GraphedStep
+from common.errors import UserError, one_line
+from common.metering import peak_memory_bytes, reset_peak_memory
+from common.precision import PRECISIONS, Precision
+from common.training import build_parser
+from common.workload import Workload
+
+OURS = "ours"
+
+
+def workload_class(name: str) -> type[Workload]:
+    """The Workload subclass named ``name`` in ``benchmarks.<name>.workload``."""
+    try:
+        module = importlib.import_module(f"benchmarks.{name}.workload")
+    except ModuleNotFoundError as exc:
+        raise UserError(f"no workload {name!r}: benchmarks/{name}/workload.py not found") from exc
+    for obj in vars(module).values():
+        if (inspect.isclass(obj) and issubclass(obj, Workload)
+                and getattr(obj, "name", None) == name):
+            return obj
+    raise UserError(f"benchmarks/{name}/workload.py defines no Workload named {name!r}")
+
+
+def baselines(name: str) -> dict:
+    """variant -> factory from ``benchmarks.<name>.throughput.BASELINES`` (flattened)."""
+    try:
+        module = importlib.import_module(f"benchmarks.{name}.throughput")
+    except ModuleNotFoundError:
+        return {}
+    return {v: f for group in getattr(module, "BASELINES", {}).values() for v, f in group.items()}
+
+
+class Clock:
+    """Per-step timing: CUDA events on the device (no host sync), wall time on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.spans: list = []
+
+    def start(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def stop(self, begin) -> None:
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.spans.append((begin, e))
+        else:
+            self.spans.append(time.perf_counter() - begin)
+
+    def seconds(self) -> list[float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) / 1000 for a, b in self.spans]
+        return list(self.spans)
+
+
+def count_flops(fn, batch) -> float:
+    """FLOPs per sample of one eager call (``torch.compile``-d code runs eagerly here, so the
+    count sees every op and the counting mode never reaches Dynamo's first compilation)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.compiler.set_stance("force_eager"), FlopCounterMode(display=False) as counter:
+        fn(*batch)
+    return counter.get_total_flops() / batch[0].shape[0]
+
+
+def build_point(a, env: dist.DistEnv, precision: Precision):
+    """(step, batches iterator, flops per sample or None, warm-up steps needed) for the point."""
+    cls = workload_class(a.workload)
+    argv = shlex.split(a.workload_args) + ["--precision", a.precision, "--seed", "0",
+                                           "--device", env.device.type]
+    args = cls.parse_bench_args(build_parser(cls), argv, a.data, a.batch_size)
+    args.cuda_graph = a.cuda_graph
+    if a.implementation == OURS:
+        wl = cls(args, env, precision)
+        wl.build()
+        if a.data == "synthetic":
+            batches = itertools.repeat(wl.synthetic_batch(a.batch_size))
+        else:
+            batches = (b for epoch in itertools.count(1) for b in wl.epoch_batches(epoch))
+        if a.mode == "infer":
+            return wl.infer_step, batches, None, 0
+        graphed = GraphedStep(wl.train_step, enabled=a.cuda_graph and env.device.type == "cuda")
+        flops = wl.flops_per_sample
+        return graphed, batches, flops, (graphed.warmup_steps + 1 if graphed.enabled else 0)
+    factories = baselines(a.workload)
+    if a.implementation not in factories:
+        raise UserError(f"{a.workload} has no baseline {a.implementation!r}; it has "
+                        f"{', '.join(factories) or 'none'}")
+    if a.data != "synthetic":
+        raise UserError("baselines run on synthetic data only")
+    step, batch = factories[a.implementation](a.batch_size, precision, env.device, a.mode, args)
+    return step, itertools.repeat(batch), None, 0
+
+
+def measure(a, env: dist.DistEnv) -> dict:
+    precision = Precision(a.precision, env.device.type)
+    precision.apply_backend_flags()
+    torch.backends.cudnn.benchmark = env.device.type == "cuda"
+    step, batches, flops, min_warmup = build_point(a, env, precision)
+    warmup = max(a.warmup, min_warmup)
+    first = next(batches)
+    if flops is None:  # counted on one real call (eager; compiled variants count the same ops)
+        flops = count_flops(step, first)
+    flops_note = "forward+backward" if a.mode == "train" else "forward"
+    reset_peak_memory(env.device)
+    out = step(*first)
+    for _ in range(warmup - 1):
+        out = step(*next(batches))
+    clock = Clock(env.device)
+    dist.barrier()
+    if env.device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(a.iters):
+        batch = next(batches)
+        begin = clock.start()
+        out = step(*batch)
+        clock.stop(begin)
+    if env.device.type == "cuda":
+        torch.cuda.synchronize()
+    window = time.perf_counter() - t0
+    steps = clock.seconds()
+    finite = bool(torch.isfinite(out.float()).all().item())
+    stats = torch.tensor([window, sum(steps), float(peak_memory_bytes(env.device))],
+                         dtype=torch.float64, device=env.device)
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(stats, op=torch.distributed.ReduceOp.MAX)
+    window, core, peak = stats.tolist()
+    samples = a.iters * a.batch_size * env.world_size
+    lat = sorted(s * 1000 for s in steps)
+    return {
+        "samples": samples, "seconds": window, "samples_per_s": samples / window,
+        "core_seconds": core, "p_core": samples / core, "p_train": samples / window,
+        "total_samples": (warmup + a.iters) * a.batch_size * env.world_size,
+        "warmup": warmup, "peak_memory_bytes": int(peak),
+        "flops_per_sample": flops, "flops_counted": flops_note,
+        "latency_ms": {"mean": sum(lat) / len(lat), **{f"p{q}": percentile(lat, q)
+                                                       for q in (50, 90, 95, 99)}},
+        "output_finite": finite,
+    }
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default) of already sorted values."""
+    pos = (len(sorted_values) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="python -m common.bench.worker", description=__doc__.splitlines()[0])
+    p.add_argument("--workload", required=True)
+    p.add_argument("--implementation", default=OURS)
+    p.add_argument("--mode", choices=("train", "infer"), required=True)
+    p.add_argument("--precision", choices=PRECISIONS, required=True)
+    p.add_argument("--batch-size", type=int, required=True, help="per rank")
+    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--data", choices=("synthetic", "real"), default="synthetic")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--workload-args", default="", help="extra workload flags, one string")
+    p.add_argument("--out", type=Path, required=True)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parser().parse_args(argv)
+    if a.iters < 1 or a.warmup < 1 or a.batch_size < 1:
+        print("error: --iters, --warmup and --batch-size must be >= 1", file=sys.stderr)
+        return 2
+    env = dist.init_distributed(a.device)
+    try:
+        record = measure(a, env)
+    except UserError as exc:
+        record = {"skipped": one_line(exc)}
+    record.update(gpus=env.world_size, device=env.device.type)
+    if env.is_main:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(record, indent=2) + "\n")
+    dist.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

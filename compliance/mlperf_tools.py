@@ -1,0 +1,146 @@
+"""The MLCommons checkers and summarizer (``mlperf_logging``) called in-process, with verdicts.
+
+The tools narrate through the root logger and stdout; each call here runs
+them with both captured and returns a one-line verdict plus every message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlperf_logging.benchmark_meta import get_allowed_benchmarks, get_result_file_counts
+from mlperf_logging.package_checker import package_checker
+from mlperf_logging.rcp_checker import rcp_checker
+from mlperf_logging.result_summarizer import result_summarizer
+from mlperf_logging.system_desc_checker import system_desc_checker
+
+USAGE = "training"
+RCP_BYPASS_FILE = "package_checker_params"
+# RCP outcomes the package checker lets a submitter bypass (rcp_checker.check_directory).
+BYPASSABLE_RCP = ("RCP found", "RCP Interpolation", "Missing RCP")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    check: str
+    ok: bool
+    detail: str
+    messages: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        return f"{self.check}: {'PASS' if self.ok else 'FAIL'}: {self.detail}"
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+    def messages(self, level: int = logging.INFO) -> list[str]:
+        return [r.getMessage().strip() for r in self.records if r.levelno >= level]
+
+
+@contextlib.contextmanager
+def captured():
+    """Collect the root logger's records and silence stdout/stderr of the tools."""
+    root, handler = logging.getLogger(), _Records()
+    level, handlers = root.level, root.handlers[:]
+    root.handlers = [handler]
+    root.setLevel(logging.INFO)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as out, \
+                contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield handler, out
+    finally:
+        root.handlers, root.level = handlers, level
+
+
+def required_runs(benchmark: str) -> int | None:
+    return get_result_file_counts(USAGE).get(benchmark)
+
+
+def check_run_count(bench_dir: Path, benchmark: str, ruleset: str) -> Verdict:
+    found = len(list(bench_dir.glob("result_*.txt")))
+    need = required_runs(benchmark)
+    if need is None:
+        return Verdict("run count", False, f"{benchmark} is no MLPerf training benchmark")
+    detail = f"{found} result files, the {ruleset} rules need {need} for {benchmark}"
+    return Verdict("run count", found == need, detail)
+
+
+def check_system_desc(json_file: Path, ruleset: str) -> Verdict:
+    try:
+        with captured() as (log, _):
+            valid, *_ = system_desc_checker.check_system_desc(str(json_file), USAGE, ruleset)
+    except Exception as exc:  # unreadable, not JSON, or values of the wrong type
+        return Verdict("system description", False,
+                       f"{json_file}: the checker stopped: {type(exc).__name__}: {exc}")
+    errors = log.messages(logging.ERROR)
+    detail = f"{json_file.name} complete" if valid else (errors[0] if errors else "invalid")
+    return Verdict("system description", bool(valid), detail, tuple(log.messages()))
+
+
+def check_package(tree: Path, ruleset: str) -> Verdict:
+    """The package checker; its exit status means nothing, its last verdict line does."""
+    try:
+        with captured() as (log, _):
+            package_checker.check_training_package(
+                str(tree), USAGE, ruleset, quiet=True, werror=False, rcp_bypass=False,
+                rcp_bert_train_samples=False, seed_checker_bypass=False,
+                log_output=str(tree / "package_checker.log"))
+    except Exception as exc:  # the checker raises on trees it cannot read
+        return Verdict("package checker", False, f"stopped: {type(exc).__name__}: {exc}")
+    messages = log.messages()
+    ok = any("PACKAGE CHECKER FOUND NO ERRORS" in m for m in messages)
+    errors = [m for m in log.messages(logging.ERROR) if m]
+    detail = ("no errors" if ok else
+              "; ".join(dict.fromkeys(e.splitlines()[0] for e in errors[:3])) or "errors")
+    return Verdict("package checker", ok, detail, tuple(messages))
+
+
+def rcp_verdict(bench_dir: Path, ruleset: str, fixture: bool) -> Verdict:
+    """The RCP checker's own verdict; on fixture data a bypassable failure is reported as such.
+
+    RCPs describe convergence on the real dataset, so a fixture run can neither
+    pass nor fail them: the tree carries ``rcp-bypass`` and the verdict says why.
+    """
+    try:
+        with captured() as (log, _):
+            ok, msg, _ = rcp_checker.check_directory(
+                str(bench_dir), USAGE, ruleset, verbose=False, bert_train_samples=False,
+                rcp_pass="pruned_rcps", rcp_bypass=False, set_scaling=False)
+    except Exception as exc:
+        return Verdict("RCP checker", False, f"stopped: {type(exc).__name__}: {exc}")
+    if ok:
+        return Verdict("RCP checker", True, msg, tuple(log.messages()))
+    if fixture and msg.startswith(BYPASSABLE_RCP):
+        return Verdict("RCP checker", True,
+                       f"bypassed: fixture data, RCPs describe the real dataset "
+                       f"(checker: {msg})", tuple(log.messages()))
+    return Verdict("RCP checker", False, msg, tuple(log.messages()))
+
+
+def olympic_scores(tree: Path, ruleset: str) -> tuple[dict[tuple[str, str], float], list[str]]:
+    """(system, benchmark) -> score in minutes from the result summarizer, and its messages."""
+    with captured() as (log, out):
+        strong, *_ = result_summarizer.summarize_results(str(tree), USAGE, ruleset)
+    scores = {}
+    for _, row in strong.iterrows():
+        for bench in required_benchmarks(ruleset):
+            value = row.get(bench)
+            if value is not None and value == value:  # NaN: no score
+                scores[(row["system"], bench)] = float(value)
+    return scores, [*out.getvalue().splitlines(), *log.messages()]
+
+
+def required_benchmarks(ruleset: str) -> list[str]:
+    return list(get_allowed_benchmarks(USAGE, ruleset))

@@ -1,0 +1,219 @@
+"""Package run logs as an MLCommons training submission tree and check it with the real tools.
+
+    python -m compliance.package --submitter ORG --system SYSTEM --benchmark resnet LOGDIR OUTDIR
+        [--field KEY=VALUE ...] [--system-desc FILE] [--ruleset 1.1.0]
+    python -m compliance.package --check OUTDIR
+
+Writes ``OUTDIR/results/<system>/<benchmark>/result_<i>.txt`` (the logs of
+LOGDIR, renumbered), ``OUTDIR/systems/<system>.json`` (detected from this
+machine, completed by ``--field``/``--system-desc``) and
+``OUTDIR/benchmarks/<benchmark>/implementations/pytorch/`` (the code, with
+its git commit in ``CODE_REFERENCE.json``). Then runs the run count, the
+system-description checker, the package checker, the RCP checker and the
+result summarizer, one verdict line each, and prints the score table.
+Runs on fixture data get ``rcp-bypass`` and are labelled as such.
+
+Exit status 0 when every check passes, 1 when one fails, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from common.cli import OneLineParser
+from common.errors import UserError
+from compliance import mlperf_tools, system
+from compliance.check import check_log
+from compliance.logs import read_events, summarize
+from compliance.summarize import print_and_write, score_table
+
+REPO = Path(__file__).resolve().parents[1]
+IMPLEMENTATION = "pytorch"
+CODE_SUFFIXES = {".py", ".sh", ".toml", ".md"}
+FIXTURE_PREFIX = "fixture"
+
+
+def result_logs(logdir: Path) -> list[Path]:
+    if not logdir.is_dir():
+        raise UserError(f"{logdir}: no such log directory (run_and_time.sh writes "
+                        f"LOGDIR/result_<i>.txt)")
+    logs = [p for p in logdir.glob("result_*.txt") if re.fullmatch(r"result_\d+\.txt", p.name)]
+    if not logs:
+        raise UserError(f"{logdir}: no result_<i>.txt logs (run run_and_time.sh with "
+                        f"LOGDIR={logdir} NEXP=N first)")
+    return sorted(logs, key=lambda p: int(p.stem.split("_")[1]))
+
+
+def first_value(log: Path, key: str):
+    return next((e.get("value") for e in read_events(log) if e.get("key") == key), None)
+
+
+def is_fixture_run(log: Path) -> bool:
+    return str(summarize(log).dataset).startswith(FIXTURE_PREFIX)
+
+
+def parse_fields(pairs: list[str]) -> dict:
+    fields = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UserError(f"--field {pair!r}: expected KEY=VALUE, e.g. --field cooling=air")
+        if key not in system.REQUIRED_FIELDS:
+            raise UserError(f"--field {key}: not a system-description field; fields are "
+                            f"{', '.join(system.REQUIRED_FIELDS)}")
+        fields[key] = value
+    return fields
+
+
+def system_description(args, logs: list[Path]) -> dict:
+    given = {}
+    if args.system_desc:
+        try:
+            given = json.loads(Path(args.system_desc).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UserError(f"--system-desc {args.system_desc}: {exc}") from exc
+    division = first_value(logs[0], "submission_division") or "closed"
+    status = first_value(logs[0], "submission_status") or "onprem"
+    given.update({"submitter": args.submitter, "system_name": args.system,
+                  "division": given.get("division", division),
+                  "status": given.get("status", system.STATUS.get(status, status))})
+    given.update(parse_fields(args.field))
+    desc = system.describe(given)
+    missing = system.missing_fields(desc)
+    if missing:
+        raise UserError("cannot detect " + ", ".join(missing) + ": give each with "
+                        "--field NAME=VALUE (or all in --system-desc FILE)")
+    return desc
+
+
+def git_reference() -> dict:
+    def git(*cmd):
+        try:
+            return subprocess.run(["git", *cmd], cwd=REPO, capture_output=True, text=True,
+                                  timeout=30, check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain")),
+            "remote": git("config", "--get", "remote.origin.url")}
+
+
+def copy_code(benchmark: str, dest: Path) -> None:
+    if dest.exists():
+        shutil.rmtree(dest)
+    sources = [REPO / "common", REPO / "compliance", REPO / "benchmarks" / benchmark]
+    files = [REPO / "pyproject.toml", REPO / "benchmarks" / "__init__.py"]
+    for root in sources:
+        files += [p for p in root.rglob("*") if p.is_file() and p.suffix in CODE_SUFFIXES
+                  and "__pycache__" not in p.parts]
+    for src in files:
+        if src.is_file():
+            target = dest / src.relative_to(REPO)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
+    (dest / "CODE_REFERENCE.json").write_text(json.dumps(git_reference(), indent=2) + "\n")
+
+
+def build_tree(args) -> Path:
+    logs = result_logs(args.logdir)
+    for log in logs:
+        bench = summarize(log).benchmark
+        if bench != args.benchmark:
+            raise UserError(f"{log} is a {bench!r} log, not {args.benchmark!r}")
+    desc = system_description(args, logs)
+    out: Path = args.outdir
+    results = out / "results" / args.system / args.benchmark
+    if results.exists():
+        shutil.rmtree(results)
+    results.mkdir(parents=True)
+    for i, log in enumerate(logs):
+        shutil.copy2(log, results / f"result_{i}.txt")
+    fixture = [log.name for log in logs if is_fixture_run(log)]
+    if fixture:
+        # The checker compares whole lines without their newline: no trailing newline.
+        (results / mlperf_tools.RCP_BYPASS_FILE).write_text("rcp-bypass")
+    (out / "systems").mkdir(parents=True, exist_ok=True)
+    (out / "systems" / f"{args.system}.json").write_text(json.dumps(desc, indent=2) + "\n")
+    copy_code(args.benchmark, out / "benchmarks" / args.benchmark / "implementations" /
+              IMPLEMENTATION)
+    print(f"packaged {len(logs)} run(s) of {args.benchmark} on {args.system} into {out}"
+          + (f" ({len(fixture)} on fixture data: not MLPerf results)" if fixture else ""))
+    return out
+
+
+def check_logs(bench_dir: Path, ruleset: str) -> mlperf_tools.Verdict:
+    """Every log on its own: the package checker lets one bad run pass under olympic scoring."""
+    verdicts = [check_log(log, ruleset) for log in sorted(bench_dir.glob("result_*.txt"))]
+    bad = [v for v in verdicts if not v.compliant]
+    if not bad:
+        return mlperf_tools.Verdict("compliance checker", True, "every log is compliant")
+    first = bad[0].problems[0].splitlines()[0] if bad[0].problems else "not compliant"
+    names = ", ".join(v.path.name for v in bad)
+    return mlperf_tools.Verdict("compliance checker", False, f"{names} not compliant ({first})")
+
+
+def check_tree(tree: Path, ruleset: str) -> list[mlperf_tools.Verdict]:
+    """Every check on a submission tree, one verdict each."""
+    if not (tree / "results").is_dir():
+        raise UserError(f"{tree}: no results/ folder: not a submission tree")
+    verdicts = []
+    for json_file in sorted((tree / "systems").glob("*.json")):
+        verdicts.append(mlperf_tools.check_system_desc(json_file, ruleset))
+    for system_dir in sorted(p for p in (tree / "results").iterdir() if p.is_dir()):
+        if not (tree / "systems" / f"{system_dir.name}.json").is_file():
+            verdicts.append(mlperf_tools.Verdict(
+                "system description", False, f"systems/{system_dir.name}.json is missing"))
+            return verdicts  # the package checker cannot read the tree without it
+        for bench_dir in sorted(p for p in system_dir.iterdir() if p.is_dir()):
+            verdicts.append(mlperf_tools.check_run_count(bench_dir, bench_dir.name, ruleset))
+            verdicts.append(check_logs(bench_dir, ruleset))
+            fixture = any(is_fixture_run(log) for log in bench_dir.glob("result_*.txt"))
+            verdicts.append(mlperf_tools.rcp_verdict(bench_dir, ruleset, fixture))
+    verdicts.append(mlperf_tools.check_package(tree, ruleset))
+    return verdicts
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = OneLineParser(prog="python -m compliance.package", description=__doc__.splitlines()[0])
+    p.add_argument("--submitter")
+    p.add_argument("--system", help="system name: results/<system>, systems/<system>.json")
+    p.add_argument("--benchmark")
+    p.add_argument("--ruleset", default="1.1.0")
+    p.add_argument("--field", action="append", default=[], metavar="KEY=VALUE",
+                   help="a system-description field this machine cannot tell (repeatable)")
+    p.add_argument("--system-desc", help="JSON with system-description fields")
+    p.add_argument("--check", action="store_true", help="only check the tree OUTDIR")
+    p.add_argument("paths", nargs="+", type=Path, metavar="LOGDIR OUTDIR")
+    args = p.parse_args(argv)
+    try:
+        if args.check:
+            if len(args.paths) != 1:
+                p.error("--check takes one path: the submission tree")
+            tree = args.paths[0]
+        else:
+            if len(args.paths) != 2 or not (args.submitter and args.system and args.benchmark):
+                p.error("packaging needs --submitter, --system, --benchmark, LOGDIR and OUTDIR")
+            args.logdir, args.outdir = args.paths
+            tree = build_tree(args)
+        verdicts = check_tree(tree, args.ruleset)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for v in verdicts:
+        print(v.line())
+    rows = score_table(tree, args.ruleset)
+    verdicts.append(mlperf_tools.Verdict(
+        "result summarizer", all(r.score_minutes is not None for r in rows),
+        "; ".join(f"{r.benchmark} on {r.system}: " + (f"{r.score_minutes:.3f} min"
+                  if r.score_minutes is not None else "no score") for r in rows)))
+    print(verdicts[-1].line())
+    print_and_write(rows, tree)
+    return 0 if all(v.ok for v in verdicts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The throughput harness on the CPU: tiny ResNet-50, 1 and 2 gloo processes, fp32."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.bench import report
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "common.bench", "resnet", "-n", "1,2", "-b", "2",
+         "--precision", "fp32,tf32", "--mode", "train,infer", "--iters", "3", "--warmup", "1",
+         "--device", "cpu", "--workload-args", "--image-size 32", "-o", str(out)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, proc.stdout
+
+
+@pytest.mark.slow
+def test_report_files_and_fields(sweep):
+    out, stdout = sweep
+    assert "tf32 is a CUDA matmul mode" in stdout           # skipped with the reason
+    doc = json.loads((out / "report.json").read_text())
+    env = doc["environment"]
+    for k in ("torch", "cuda", "gpu", "driver", "commit", "cpu_count"):
+        assert k in env
+    assert doc["peak_tflops"]["fp32"] > 0
+    points = doc["points"]
+    assert {(p["stage"], p["gpus"]) for p in points} == {
+        ("train", 1), ("train", 2), ("infer", 1), ("infer", 2)}
+    assert all(s["precision"] == "tf32" for s in doc["skipped"]) and not doc["failed"]
+    for p in points:
+        # self-consistent: samples/s x seconds = samples, counted per rank x ranks
+        assert p["samples"] == 3 * 2 * p["gpus"]
+        assert p["samples_per_s"] * p["seconds"] == pytest.approx(p["samples"], rel=1e-9)
+        assert p["p_core"] * p["core_seconds"] == pytest.approx(p["samples"], rel=1e-9)
+        assert p["p_whole"] * p["e2e_time"] == pytest.approx(p["total_samples"], rel=1e-9)
+        assert p["core_seconds"] <= p["seconds"] * 1.01 and p["e2e_time"] > p["seconds"]
+        lat = p["latency_ms"]
+        assert 0 < lat["p50"] <= lat["p90"] <= lat["p95"] <= lat["p99"]
+        assert p["flops_per_sample"] > 0 and 0 < p["mfu"] < 1
+        assert p["output_finite"]
+    train1 = next(p for p in points if p["stage"] == "train" and p["gpus"] == 1)
+    train2 = next(p for p in points if p["stage"] == "train" and p["gpus"] == 2)
+    assert train1["weak_scaling_efficiency"] == pytest.approx(1.0)
+    assert train2["weak_scaling_efficiency"] == pytest.approx(
+        train2["samples_per_s"] / (2 * train1["samples_per_s"]))
+    assert train1["speedup_vs_fp32"] == pytest.approx(1.0)
+    # training FLOPs: the workload's counted figure, 3x the forward pass at 32 px
+    infer1 = next(p for p in points if p["stage"] == "infer" and p["gpus"] == 1)
+    assert train1["flops_per_sample"] == pytest.approx(3 * infer1["flops_per_sample"], rel=0.02)
+    with open(out / "report.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0])[:9] == ("timestamp", "framework", "algorithm", "stage", "precision",
+                                  "batch_size", "gpus", "samples_per_s", "latency_ms")
+    assert len(rows) == 4 and {r["framework"] for r in rows} == {"pytorch"}
+    for name in ("throughput_vs_gpus.png", "throughput_vs_batch.png", "latency.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_compare_prints_ratios(sweep, capsys):
+    from common.bench.__main__ import main
+    out, _ = sweep
+    assert main(["--compare", str(out / "report.json"), str(out / "report.json")]) == 0
+    text = capsys.readouterr().out
+    assert "B/A" in text and text.count("1.000") == 4
+
+
+def test_derive_ratios_and_speedups():
+    def point(impl, prec, gpus, sps):
+        return dict(implementation=impl, stage="train", precision=prec, batch_size=8, gpus=gpus,
+                    samples_per_s=sps, flops_per_sample=1e9)
+    pts = [point("ours", "fp32", 1, 100.0), point("ours", "amp-bf16", 1, 300.0),
+           point("ours", "amp-bf16", 2, 540.0), point("tv", "amp-bf16", 1, 200.0)]
+    report.derive(pts, {"amp-bf16": 1.0})
+    assert pts[1]["speedup_vs_fp32"] == 3.0 and pts[2]["weak_scaling_efficiency"] == 0.9
+    assert pts[1]["ratio_vs"] == {"tv": 1.5}
+    assert pts[1]["mfu"] == pytest.approx(300 * 1e9 / 1e12) and pts[0]["mfu"] is None
+
+
+def test_bad_flags():
+    proc = subprocess.run([sys.executable, "-m", "common.bench", "resnet", "--precision",
+                           "fp64"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "unknown precision 'fp64'" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "common.bench", "nope"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "no workload 'nope'" in proc.stderr

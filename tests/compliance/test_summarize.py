@@ -1,0 +1,49 @@
+"""The score table against an olympic mean computed by hand from the logs."""
+
+import csv
+import json
+
+import pytest
+
+from compliance import package, summarize
+from tests.compliance.conftest import field_flags
+
+
+def run_minutes(log) -> float:
+    times = {}
+    for line in log.read_text().splitlines():
+        if line.startswith(":::MLLOG "):
+            ev = json.loads(line[len(":::MLLOG "):])
+            times.setdefault(ev["key"], ev["time_ms"])
+    return (times["run_stop"] - times["run_start"]) / 60000
+
+
+@pytest.mark.slow
+def test_score_is_the_olympic_mean(resnet_logs, tmp_path, capsys):
+    tree = tmp_path / "tree"
+    package.main(["--submitter", "TestOrg", "--system", "cpu_tiny", "--benchmark", "resnet",
+                  *field_flags(), str(resnet_logs), str(tree)])
+    capsys.readouterr()
+    minutes = [run_minutes(tree / f"results/cpu_tiny/resnet/result_{i}.txt") for i in range(5)]
+    middle = sorted(minutes)[1:-1]        # drop the fastest and the slowest run
+    expected = sum(middle) / 3
+
+    assert summarize.main([str(tree)]) == 0
+    out = capsys.readouterr().out
+    (row,) = summarize.score_table(tree)
+    assert row.score_minutes == pytest.approx(expected, rel=1e-9)
+    assert row.minutes == pytest.approx(minutes, rel=1e-9)
+    assert row.runs == 5 and row.statuses == ("success",) * 5
+    assert row.data == "fixture (not an MLPerf result)"
+    assert row.rcp.startswith("PASS: bypassed: fixture data")
+    with open(tree / "summary.csv") as f:
+        (rec,) = list(csv.DictReader(f))
+    assert float(rec["score_minutes"]) == pytest.approx(expected, abs=5e-4)
+    assert rec["benchmark"] == "resnet" and rec["runs"] == "5"
+    assert "fixture (not an MLPerf result)" in (tree / "summary.md").read_text()
+    assert f"{expected:.3f}" in out
+
+
+def test_not_a_tree(tmp_path, capsys):
+    assert summarize.main([str(tmp_path)]) == 2
+    assert "not a submission tree" in capsys.readouterr().err
