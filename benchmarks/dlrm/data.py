@@ -1,0 +1,148 @@
+"""Criteo Terabyte in the binary format of the MLPerf reference's ``--mlperf-bin-loader``.
+
+The reference (facebookresearch/dlrm ``data_utils.numpy_to_binary`` and
+``data_loader_terabyte.CriteoBinDataset``, used by mlcommons/training v1.1)
+stores each click as 40 little-endian int32 values, 160 bytes, with no header::
+
+    label (0/1) | 13 dense counts (negatives already clipped to 0) | 26 category ids
+
+A data directory holds ``terabyte_processed_train.bin`` (days 0-22),
+``terabyte_processed_test.bin`` (the evaluation half of day 23) and
+``day_fea_count.npz`` whose ``counts`` array gives the 26 table sizes. The
+reader applies the reference's transforms: ``log(dense + 1)`` and category
+ids modulo ``max_ind_range``; table sizes are ``min(count, max_ind_range)``.
+Files are memory-mapped and each global batch is one contiguous slice, so
+reading is large sequential I/O and nothing is loaded whole.
+(NVIDIA's v1.1 split format, one file per feature, is not implemented.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common.errors import UserError
+
+NUM_DENSE = 13
+NUM_SPARSE = 26
+RECORD_INTS = 1 + NUM_DENSE + NUM_SPARSE
+RECORD_BYTES = 4 * RECORD_INTS
+TRAIN_FILE = "terabyte_processed_train.bin"
+EVAL_FILE = "terabyte_processed_test.bin"
+COUNTS_FILE = "day_fea_count.npz"
+
+
+def table_sizes(data_dir: Path, max_ind_range: int) -> list[int]:
+    """The 26 embedding table sizes the reference derives from ``day_fea_count.npz``."""
+    path = Path(data_dir) / COUNTS_FILE
+    if not path.is_file():
+        raise UserError(f"{path} is missing: prepare the data with "
+                        f"`python -m benchmarks.dlrm.prepare_data` (see benchmarks/dlrm/README.md)")
+    try:
+        counts = np.load(path)["counts"]
+    except Exception as exc:  # a corrupt or foreign npz
+        raise UserError(f"{path}: cannot read the 'counts' array ({exc})") from None
+    if counts.shape != (NUM_SPARSE,):
+        raise UserError(f"{path}: 'counts' has {counts.size} entries, expected {NUM_SPARSE} "
+                        f"(one per categorical feature): the file belongs to another dataset")
+    sizes = [int(c) for c in counts]
+    if max_ind_range > 0:
+        sizes = [min(s, max_ind_range) for s in sizes]
+    if min(sizes) < 1:
+        raise UserError(f"{path}: a table has size {min(sizes)}; every feature needs >= 1 id")
+    return sizes
+
+
+@dataclass
+class Batch:
+    """One global batch as the reference transforms it (CPU tensors)."""
+
+    dense: torch.Tensor    # [B, 13] float32, log(x + 1)
+    sparse: torch.Tensor   # [B, 26] int64 category ids (mod max_ind_range)
+    labels: torch.Tensor   # [B] float32 in {0, 1}
+
+
+class BinaryClickLog:
+    """A memory-mapped ``.bin`` file of 160-byte records, read as validated global batches."""
+
+    def __init__(self, path: Path, sizes: list[int], max_ind_range: int):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise UserError(f"{self.path} is missing: prepare the data with "
+                            f"`python -m benchmarks.dlrm.prepare_data`")
+        nbytes = self.path.stat().st_size
+        if nbytes % RECORD_BYTES:
+            raise UserError(f"{self.path}: truncated binary file: {nbytes} bytes is not a whole "
+                            f"number of {RECORD_BYTES}-byte records (record "
+                            f"{nbytes // RECORD_BYTES} is partial); re-run prepare_data")
+        self.num_records = nbytes // RECORD_BYTES
+        if self.num_records == 0:
+            raise UserError(f"{self.path} holds no records")
+        self.records = np.memmap(self.path, dtype="<i4", mode="r",
+                                 shape=(self.num_records, RECORD_INTS))
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        self.max_ind_range = max_ind_range
+
+    def read(self, start: int, stop: int) -> Batch:
+        """Records ``[start, stop)`` (one contiguous read), checked and transformed."""
+        raw = np.array(self.records[start:stop])   # the one sequential read
+        labels, dense, sparse = raw[:, 0], raw[:, 1:1 + NUM_DENSE], raw[:, 1 + NUM_DENSE:]
+        self._check(start, labels, dense, sparse)
+        sparse = sparse.astype(np.int64)
+        if self.max_ind_range > 0:
+            sparse %= self.max_ind_range
+        return Batch(dense=torch.from_numpy(np.log1p(dense.astype(np.float32))),
+                     sparse=torch.from_numpy(sparse),
+                     labels=torch.from_numpy(labels.astype(np.float32)))
+
+    def _check(self, start: int, labels, dense, sparse) -> None:
+        def fail(row: int, what: str):
+            raise UserError(f"{self.path}: record {start + row}: {what}; the file is corrupt or "
+                            f"not in the reference's 40 x int32 layout")
+
+        bad = np.flatnonzero((labels != 0) & (labels != 1))
+        if bad.size:
+            fail(int(bad[0]), f"label {labels[bad[0]]} is not 0 or 1")
+        bad_rows, _ = np.nonzero(dense < 0)
+        if bad_rows.size:
+            fail(int(bad_rows[0]), "negative dense feature")
+        ids = sparse if self.max_ind_range <= 0 else sparse % self.max_ind_range
+        rows, cols = np.nonzero((ids < 0) | (ids >= self.sizes))
+        if rows.size:
+            r, c = int(rows[0]), int(cols[0])
+            fail(r, f"category id {int(sparse[r, c])} of feature {c} is beyond its table "
+                    f"size {int(self.sizes[c])} (from {COUNTS_FILE})")
+
+
+class BatchSchedule:
+    """Global batches of one file: contiguous record ranges in a per-epoch order.
+
+    ``shuffle`` permutes the order of whole batches each epoch, like the
+    reference's ``--mlperf-bin-shuffle``. ``drop_last`` drops the final partial
+    batch (training keeps shapes fixed); evaluation keeps it.
+    """
+
+    def __init__(self, log: BinaryClickLog, batch_size: int, drop_last: bool):
+        self.log, self.batch_size = log, batch_size
+        n = log.num_records
+        self.num_batches = n // batch_size if drop_last else -(-n // batch_size)
+        self.num_samples = min(n, self.num_batches * batch_size)
+
+    def ranges(self, epoch: int, seed: int, shuffle: bool) -> list[tuple[int, int]]:
+        order = np.arange(self.num_batches)
+        if shuffle:
+            order = np.random.default_rng([seed, epoch]).permutation(self.num_batches)
+        b, n = self.batch_size, self.log.num_records
+        return [(int(i) * b, min((int(i) + 1) * b, n)) for i in order]
+
+
+def split_bounds(batch: int, world: int) -> list[int]:
+    """Sample offsets of each rank's slice of a global batch (near-equal, rank order)."""
+    base, extra = divmod(batch, world)
+    bounds = [0]
+    for r in range(world):
+        bounds.append(bounds[-1] + base + (r < extra))
+    return bounds

@@ -1,0 +1,177 @@
+"""Hybrid-parallel embeddings (NVIDIA's HugeCTR scheme for MLPerf DLRM, here in PyTorch).
+
+All 26 tables are numbered as one global row space (``offset[t] + id``).
+Category statistics pick the *frequent* rows: they are replicated on every
+rank, looked up locally and trained data-parallel (their gradient is summed
+with the MLP's). Every other row is *rare*: row ``g`` lives only on rank
+``g % world`` (local row ``g // world``). Every rank reads the whole global
+batch's category ids (as HugeCTR's readers do), so it knows without any
+communication which rare rows it must serve to which rank: that index plan
+is computed ahead of the step (``compute_plan``), and one all-to-all per
+direction moves the looked-up vectors forward and their gradients back.
+Threshold 0 makes every row frequent (pure data parallel); ``inf`` makes
+every row rare (pure model parallel). Both are ordinary settings.
+
+Gradients are those of the *sum* of all ranks' losses: rare-row gradients
+arrive at their owner from every rank; frequent-row gradients must be
+all-reduced (``frequent_grad`` returns this rank's part).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from benchmarks.dlrm.model import table_chunks
+
+
+@dataclass
+class Plan:
+    """Which rows this rank looks up, serves and receives for one global batch."""
+
+    local_batch: int
+    freq_pos: torch.Tensor     # flat (sample * T + table) positions of local frequent lookups
+    freq_rows: torch.Tensor    # their rows in the frequent table
+    recv_pos: torch.Tensor     # local rare positions, grouped by owner rank (then position)
+    recv_counts: list[int]     # rare vectors received from each rank
+    serve_rows: torch.Tensor   # rows of this rank's shard to send, grouped by destination rank
+    send_counts: list[int]     # vectors sent to each rank
+
+    def to(self, device, non_blocking: bool = False) -> Plan:
+        move = dict(device=device, non_blocking=non_blocking)
+        return Plan(self.local_batch, self.freq_pos.to(**move), self.freq_rows.to(**move),
+                    self.recv_pos.to(**move), self.recv_counts, self.serve_rows.to(**move),
+                    self.send_counts)
+
+
+def frequent_rows(sparse: torch.Tensor, sizes: list[int], threshold: float) -> torch.Tensor:
+    """Global rows whose id occurs at least ``threshold`` times in ``sparse`` [N, T].
+
+    Threshold 0 selects every row, ``inf`` none.
+    """
+    offsets = _offsets(sizes)
+    picked = []
+    for t, n in enumerate(sizes):
+        counts = torch.bincount(sparse[:, t], minlength=n)
+        picked.append(torch.nonzero(counts >= threshold).squeeze(1) + offsets[t])
+    return torch.cat(picked)
+
+
+def _offsets(sizes: list[int]) -> list[int]:
+    out = [0]
+    for n in sizes[:-1]:
+        out.append(out[-1] + n)
+    return out
+
+
+def compute_plan(sparse: torch.Tensor, bounds: list[int], rank: int, world: int,
+                 offsets: torch.Tensor, freq_map: torch.Tensor) -> Plan:
+    """The index plan of one global batch ``sparse`` [B, T] (CPU), vectorised.
+
+    ``bounds`` are the sample offsets of each rank's slice; ``freq_map`` maps a
+    global row to its frequent-table row or -1.
+    """
+    T = sparse.shape[1]
+    flat_g = (sparse + offsets).reshape(-1)
+    flat_f = freq_map[flat_g].long()
+    s, e = bounds[rank] * T, bounds[rank + 1] * T
+    local_f, local_g = flat_f[s:e], flat_g[s:e]
+    freq_pos = torch.nonzero(local_f >= 0).squeeze(1)
+    rare_pos = torch.nonzero(local_f < 0).squeeze(1)
+    owner = local_g[rare_pos] % world
+    recv_pos = rare_pos[torch.argsort(owner, stable=True)]
+    rare_all = torch.nonzero(flat_f < 0).squeeze(1)          # ascending: grouped by destination
+    mine = rare_all[flat_g[rare_all] % world == rank]
+    dest = torch.searchsorted(torch.tensor(bounds[1:]) * T, mine, right=True)
+    return Plan(local_batch=bounds[rank + 1] - bounds[rank],
+                freq_pos=freq_pos, freq_rows=local_f[freq_pos],
+                recv_pos=recv_pos, recv_counts=torch.bincount(owner, minlength=world).tolist(),
+                serve_rows=flat_g[mine] // world,
+                send_counts=torch.bincount(dest, minlength=world).tolist())
+
+
+class _Exchange(torch.autograd.Function):
+    """Links the (already received) forward all-to-all into autograd; backward sends grads home."""
+
+    @staticmethod
+    def forward(ctx, send, received, send_counts, recv_counts):
+        ctx.counts = send_counts, recv_counts
+        return received
+
+    @staticmethod
+    def backward(ctx, grad):
+        send_counts, recv_counts = ctx.counts
+        out = grad.new_empty(sum(send_counts), grad.shape[1])
+        dist.all_to_all_single(out, grad.contiguous(), send_counts, recv_counts)
+        return out, None, None, None
+
+
+class HybridEmbedding(torch.nn.Module):
+    """Frequent rows replicated, rare rows sharded by ``row % world``; see the module doc.
+
+    ``lp_dtype`` keeps a low-precision copy of both tables that lookups read;
+    the fp32 tables are the masters that ``fused_sgd`` updates.
+    """
+
+    def __init__(self, sizes: list[int], dim: int, frequent: torch.Tensor, rank: int,
+                 world: int, seed: int, device, lp_dtype: torch.dtype | None = None,
+                 chunks=table_chunks):
+        super().__init__()
+        self.sizes, self.dim, self.rank, self.world = list(sizes), dim, rank, world
+        total = sum(sizes)
+        self.offsets = torch.tensor(_offsets(sizes))
+        self.freq_map = torch.full((total,), -1, dtype=torch.int32)
+        self.freq_map[frequent] = torch.arange(frequent.numel(), dtype=torch.int32)
+        self.freq_weight = torch.zeros(frequent.numel(), dim, device=device)
+        self.rare_weight = torch.zeros(-(-(total - rank) // world), dim, device=device)
+        for t, n in enumerate(sizes):
+            for start, rows in chunks(t, n, dim, seed, device):
+                g = torch.arange(start, start + rows.shape[0]) + self.offsets[t]
+                f = self.freq_map[g].long()
+                keep = f >= 0
+                self.freq_weight[f[keep].to(device)] = rows[keep.to(device)]
+                own = (g % world) == rank
+                self.rare_weight[(g[own] // world).to(device)] = rows[own.to(device)]
+        self.lp_dtype = lp_dtype
+        self.freq_lp = self.freq_weight.to(lp_dtype) if lp_dtype else None
+        self.rare_lp = self.rare_weight.to(lp_dtype) if lp_dtype else None
+        self._freq_vals = self._send = self._plan = None
+
+    def plan(self, sparse: torch.Tensor, bounds: list[int]) -> Plan:
+        return compute_plan(sparse, bounds, self.rank, self.world, self.offsets, self.freq_map)
+
+    def forward(self, plan: Plan, overlap=None):
+        """This rank's [b, T, d] lookups; ``overlap()`` runs while the all-to-all is in flight.
+
+        Returns ``(lookups, overlap())``.
+        """
+        freq_src = self.freq_lp if self.lp_dtype else self.freq_weight
+        rare_src = self.rare_lp if self.lp_dtype else self.rare_weight
+        send = rare_src[plan.serve_rows].requires_grad_(torch.is_grad_enabled())
+        received, work = send.detach(), None
+        if self.world > 1:
+            received = send.new_empty(sum(plan.recv_counts), self.dim)
+            work = dist.all_to_all_single(received, send.detach(), plan.recv_counts,
+                                          plan.send_counts, async_op=True)
+        extra = overlap() if overlap is not None else None
+        if work is not None:
+            work.wait()
+        rare = (_Exchange.apply(send, received, plan.send_counts, plan.recv_counts)
+                if self.world > 1 else send)
+        freq = freq_src[plan.freq_rows].requires_grad_(torch.is_grad_enabled())
+        T = len(self.sizes)
+        out = send.new_zeros(plan.local_batch * T, self.dim)
+        out = out.index_copy(0, plan.freq_pos, freq).index_copy(0, plan.recv_pos, rare)
+        self._freq_vals, self._send, self._plan = freq, send, plan
+        return out.view(plan.local_batch, T, self.dim), extra
+
+    def frequent_grad(self) -> torch.Tensor:
+        """This rank's fp32 gradient of the frequent table (to be summed over ranks)."""
+        grad = torch.zeros_like(self.freq_weight)
+        return grad.index_add_(0, self._plan.freq_rows, self._freq_vals.grad.float())
+
+    def rare_grad(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rows, grads)`` of this rank's shard, one per served lookup (rows may repeat)."""
+        return self._plan.serve_rows, self._send.grad.float()

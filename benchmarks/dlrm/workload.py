@@ -1,0 +1,323 @@
+"""MLPerf Training ``dlrm``: DLRM on Criteo Terabyte to an evaluation AUC of 0.8025.
+
+Defaults are the ruleset's reference convergence point for global batch
+55296 (NVIDIA's v1.0/v1.1 setting, rcps_dlrm.json): SGD, base LR 24, 2750
+linear warm-up steps, polynomial (power 2) decay to 0 over 27772 steps from
+step 49315, one epoch, evaluation on the whole test set every 0.05 epoch
+(HugeCTR's v1.1 run: 75868 steps, an evaluation every 3793). One training
+"unit" is the stretch between two evaluations; ``epoch_num`` logs the
+fractional epoch, as the reference does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.dlrm import data
+from benchmarks.dlrm.auc import roc_auc
+from benchmarks.dlrm.fused_sgd import dense_sgd_, sparse_sgd_, table_sgd_
+from benchmarks.dlrm.hybrid import HybridEmbedding, frequent_rows
+from benchmarks.dlrm.model import DenseArch, PlainEmbeddings, mllog_tensor_names, parse_mlp
+from common import dist
+from common.errors import UserError
+from common.mllog import constants
+from common.progress import say
+from common.workload import Block, Workload
+
+FIXTURE_MARKER = "FIXTURE_COMPLETE"
+CRITEO_TRAIN_SAMPLES = 4_195_197_692
+
+
+def lr_at(step: torch.Tensor, base: float, warmup: int, decay_start: int, decay_steps: int,
+          power: float) -> torch.Tensor:
+    """The reference's schedule: linear warm-up, constant, polynomial decay to 0 (device ops)."""
+    warm = base * torch.clamp((step + 1) / max(warmup, 1), max=1.0)
+    frac = torch.clamp(1 - (step - decay_start) / max(decay_steps, 1), min=0.0, max=1.0)
+    return torch.where(step < warmup, warm,
+                       torch.where(step >= decay_start, base * frac ** power, base + 0 * step))
+
+
+class _Unit:
+    """The batches between two evaluations; the next batch's index plan is built ahead."""
+
+    def __init__(self, wl: DLRMWorkload, ranges: list[tuple[int, int]]):
+        self.wl, self.ranges = wl, ranges
+
+    def __len__(self) -> int:
+        return len(self.ranges)
+
+    def __iter__(self):
+        wl = self.wl
+        if not wl.args.prefetch:
+            for r in self.ranges:
+                yield wl.prepare(*r)
+            return
+        with ThreadPoolExecutor(1) as pool:
+            pending = [pool.submit(wl.prepare, *r) for r in self.ranges[:2]]
+            for i in range(len(self.ranges)):
+                batch = pending.pop(0).result()
+                if i + 2 < len(self.ranges):
+                    pending.append(pool.submit(wl.prepare, *self.ranges[i + 2]))
+                yield batch
+
+
+class DLRMWorkload(Workload):
+    name = "dlrm"            # the 1.1.0 benchmark name (newer mllog constants say dlrmv4)
+    quality_target = 0.8025
+    quality_metric = "AUC"
+    unit_name = "eval interval"
+
+    @staticmethod
+    def add_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--data-dir", type=Path, required=True,
+                       help=f"folder with {data.TRAIN_FILE}, {data.EVAL_FILE}, {data.COUNTS_FILE}")
+        p.add_argument("--batch-size", type=int, default=55296, help="global batch per step")
+        p.add_argument("--eval-batch-size", type=int, default=1769472, help="global eval batch")
+        p.add_argument("--epochs", type=int, default=1, help="epoch cap")
+        p.add_argument("--eval-every", type=float, default=0.05,
+                       help="fraction of an epoch between evaluations")
+        p.add_argument("--lr", type=float, default=24.0, help="base learning rate")
+        p.add_argument("--warmup-steps", type=int, default=2750)
+        p.add_argument("--decay-start-step", type=int, default=49315)
+        p.add_argument("--decay-steps", type=int, default=27772)
+        p.add_argument("--poly-power", type=float, default=2.0)
+        p.add_argument("--embedding-dim", type=int, default=128)
+        p.add_argument("--arch-mlp-bot", default="13-512-256-128", help="bottom MLP widths")
+        p.add_argument("--arch-mlp-top", default="1024-1024-512-256-1",
+                       help="top MLP widths after the interaction")
+        p.add_argument("--max-ind-range", type=int, default=40_000_000,
+                       help="category ids are taken modulo this; tables capped to it")
+        p.add_argument("--embedding", default="hybrid", choices=("hybrid", "plain"),
+                       help="hybrid: frequent rows data-parallel, rare rows sharded (all-to-all); "
+                            "plain: one nn.EmbeddingBag per table (single process, the reference)")
+        p.add_argument("--frequent-threshold", type=float, default=20.0,
+                       help="a row is frequent (replicated) when its id occurs at least this often "
+                            "in the statistics batches; 0: all rows, inf: none")
+        p.add_argument("--stats-batches", type=int, default=20,
+                       help="training batches counted for the frequent/rare split")
+        p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True,
+                       help="shuffle the order of whole batches each epoch (--mlperf-bin-shuffle)")
+        p.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
+                       help="read the next batch and build its index plan during the current step")
+        p.add_argument("--cache-eval", action=argparse.BooleanOptionalAction, default=True,
+                       help="keep evaluation batches and their index plans after the first eval")
+
+    # -- set-up ---------------------------------------------------------------------------
+    def build(self) -> None:
+        a, env = self.args, self.env
+        if a.precision == "amp-fp16":
+            raise UserError("dlrm trains with plain SGD and no loss scaling: use --precision "
+                            "amp-bf16, tf32 or fp32")
+        if a.poly_power != 2:
+            raise UserError(f"--poly-power {a.poly_power}: closed_dlrm.yaml (1.1.0) requires 2")
+        if a.batch_size < env.world_size or a.eval_batch_size < env.world_size:
+            raise UserError(f"--batch-size {a.batch_size} / --eval-batch-size "
+                            f"{a.eval_batch_size} must give every one of {env.world_size} "
+                            f"ranks at least one sample")
+        if a.embedding == "plain" and env.distributed:
+            raise UserError("--embedding plain is the single-process reference; with several "
+                            "processes use --embedding hybrid (--frequent-threshold 0 replicates "
+                            "every row)")
+        if a.cuda_graph and env.device.type == "cuda":
+            say("dlrm: the all-to-all's split sizes change every step, so the step is not "
+                "captured as a CUDA graph (--cuda-graph ignored)", env.is_main)
+            a.cuda_graph = False
+        bottom, top = parse_mlp(a.arch_mlp_bot), parse_mlp(a.arch_mlp_top)
+        self.sizes = data.table_sizes(a.data_dir, a.max_ind_range)
+        self.train_log = data.BinaryClickLog(a.data_dir / data.TRAIN_FILE, self.sizes,
+                                             a.max_ind_range)
+        self.eval_log = data.BinaryClickLog(a.data_dir / data.EVAL_FILE, self.sizes,
+                                            a.max_ind_range)
+        self.train_sched = data.BatchSchedule(self.train_log, a.batch_size, drop_last=True)
+        self.eval_sched = data.BatchSchedule(self.eval_log, a.eval_batch_size, drop_last=False)
+        self.steps_per_epoch = self.train_sched.num_batches
+        if self.steps_per_epoch < 1:
+            raise UserError(f"{self.train_log.path}: {self.train_log.num_records} records are "
+                            f"fewer than one global batch ({a.batch_size}); lower --batch-size")
+        self.interval = max(1, int(a.eval_every * self.steps_per_epoch))
+        self.units_per_epoch = self.steps_per_epoch // self.interval
+        self.bounds = data.split_bounds(a.batch_size, env.world_size)
+        self.tensor_names = mllog_tensor_names(bottom, top)
+        try:
+            self.dense_arch = DenseArch(a.embedding_dim, data.NUM_SPARSE, bottom, top)
+        except ValueError as exc:
+            raise UserError(f"--arch-mlp-bot/--arch-mlp-top: {exc}") from None
+        self.dense_arch.to(env.device)
+        dev, lp = env.device, self.precision.autocast_dtype
+        if a.embedding == "plain":
+            self.emb = PlainEmbeddings(self.sizes, a.embedding_dim, a.seed, dev)
+            self.optimizer = torch.optim.SGD(list(self.dense_arch.parameters())
+                                             + list(self.emb.parameters()), lr=0.0)
+        else:
+            stats = self.train_log.read(0, min(self.train_log.num_records,
+                                               a.stats_batches * a.batch_size)).sparse
+            frequent = frequent_rows(stats, self.sizes, a.frequent_threshold)
+            self.emb = HybridEmbedding(self.sizes, a.embedding_dim, frequent, env.rank,
+                                       env.world_size, a.seed, dev,
+                                       lp_dtype=lp if dev.type == "cuda" else None)
+            say(f"dlrm: {frequent.numel()} of {sum(self.sizes)} embedding rows frequent "
+                f"(replicated), the rest sharded over {env.world_size} rank(s)", env.is_main)
+        self.step_count = torch.zeros((), device=dev)
+        self.lr = torch.zeros((), device=dev)
+        self._eval_cache: list | None = None
+
+    @property
+    def dataset(self) -> str:
+        marker = self.args.data_dir / FIXTURE_MARKER
+        n = self.train_log.num_records
+        if marker.is_file():
+            oracle = json.loads(marker.read_text()).get("oracle_auc")
+            return (f"fixture: synthetic click logs in the Criteo Terabyte binary format from "
+                    f"benchmarks.dlrm.fixture, not Criteo ({n} train clicks; planted model's "
+                    f"own AUC {oracle})")
+        if n == CRITEO_TRAIN_SAMPLES:
+            return "criteo terabyte (days 0-22 train, day 23 test half)"
+        return f"Criteo-format click logs {self.args.data_dir} ({n} train clicks)"
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.args.batch_size
+
+    @property
+    def train_samples(self) -> int:
+        return self.train_log.num_records
+
+    @property
+    def eval_samples(self) -> int:
+        return self.eval_log.num_records
+
+    def hyperparameters(self) -> dict:
+        a, c = self.args, constants
+        return {c.OPT_NAME: "sgd", c.GRADIENT_ACCUMULATION_STEPS: 1,
+                c.OPT_BASE_LR: a.lr, c.OPT_LR_WARMUP_STEPS: a.warmup_steps,
+                "lr_decay_start_steps": a.decay_start_step,
+                "sgd_opt_base_learning_rate": a.lr,
+                "sgd_opt_learning_rate_decay_poly_power": a.poly_power,
+                "sgd_opt_learning_rate_decay_steps": a.decay_steps}
+
+    def initialized_tensors(self) -> list[str]:
+        return self.tensor_names
+
+    # -- schedule: units are the steps between evaluations ---------------------------------
+    def _unit_steps(self, unit: int) -> tuple[int, int, int]:
+        """(epoch index, first step, end step) of a 1-based unit."""
+        epoch, k = divmod(unit - 1, self.units_per_epoch)
+        end = self.steps_per_epoch if k == self.units_per_epoch - 1 else (k + 1) * self.interval
+        return epoch, k * self.interval, end
+
+    def blocks(self) -> list[Block]:
+        return [Block(u, 1) for u in range(1, self.args.epochs * self.units_per_epoch + 1)]
+
+    def epoch_num(self, unit: int) -> float:
+        if unit == 0:
+            return 0.0
+        epoch, _, end = self._unit_steps(unit)
+        return round(epoch + end / self.steps_per_epoch, 6)
+
+    def epoch_count(self, block: Block) -> float:
+        u = block.first_epoch
+        return round(self.epoch_num(u) - self.epoch_num(u - 1), 6)
+
+    def epoch_batches(self, unit: int) -> _Unit:
+        epoch, first, end = self._unit_steps(unit)
+        ranges = self.train_sched.ranges(epoch, self.args.seed, self.args.shuffle)
+        return _Unit(self, ranges[first:end])
+
+    # -- data -----------------------------------------------------------------------------
+    def prepare(self, start: int, stop: int, log: data.BinaryClickLog | None = None):
+        """(dense, labels, plan or ids) of this rank for the global batch ``[start, stop)``."""
+        batch = (log or self.train_log).read(start, stop)
+        bounds = (self.bounds if stop - start == self.args.batch_size
+                  else data.split_bounds(stop - start, self.env.world_size))
+        lo, hi = bounds[self.env.rank], bounds[self.env.rank + 1]
+        dev = self.env.device
+        move = dict(device=dev, non_blocking=dev.type == "cuda")
+        dense, labels = batch.dense[lo:hi], batch.labels[lo:hi]
+        if dev.type == "cuda":
+            dense, labels = dense.pin_memory(), labels.pin_memory()
+        if isinstance(self.emb, HybridEmbedding):
+            idx = self.emb.plan(batch.sparse, bounds).to(**move)
+        else:
+            idx = batch.sparse[lo:hi].to(**move)
+        return dense.to(**move), labels.to(**move), idx
+
+    # -- steps ----------------------------------------------------------------------------
+    def _forward(self, dense: torch.Tensor, idx) -> torch.Tensor:
+        with self.precision.autocast():
+            if isinstance(self.emb, HybridEmbedding):
+                emb, bottom = self.emb(idx, overlap=lambda: self.dense_arch.bottom_mlp(dense))
+            else:
+                bottom, emb = self.dense_arch.bottom_mlp(dense), self.emb(idx)
+            return self.dense_arch(bottom, emb).float()
+
+    def train_step(self, dense: torch.Tensor, labels: torch.Tensor, idx) -> torch.Tensor:
+        a = self.args
+        self.lr.copy_(lr_at(self.step_count, a.lr, a.warmup_steps, a.decay_start_step,
+                            a.decay_steps, a.poly_power))
+        loss = F.binary_cross_entropy_with_logits(self._forward(dense, idx), labels,
+                                                  reduction="sum")
+        (loss / a.batch_size).backward()     # the gradient of the global batch's mean loss
+        if isinstance(self.emb, HybridEmbedding):
+            self._hybrid_update()
+        else:
+            for g in self.optimizer.param_groups:
+                g["lr"] = float(self.lr)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.step_count += 1
+        return loss.detach() / labels.numel()
+
+    def _hybrid_update(self) -> None:
+        params = list(self.dense_arch.parameters())
+        grads = [p.grad for p in params] + [self.emb.frequent_grad()]
+        if self.env.distributed:   # one all-reduce for the MLPs and the frequent rows
+            flat = dist.all_reduce_sum(torch.cat([g.flatten() for g in grads]))
+            grads = list(torch.split(flat, [g.numel() for g in grads]))
+            grads = [g.view_as(p) for g, p in zip(grads, params + [self.emb.freq_weight])]
+        dense_sgd_(params, grads[:-1], self.lr)
+        table_sgd_(self.emb.freq_weight, self.emb.freq_lp, grads[-1], self.lr)
+        rows, rare = self.emb.rare_grad()
+        sparse_sgd_(self.emb.rare_weight, self.emb.rare_lp, rows, rare, self.lr)
+        for p in params:
+            p.grad = None
+
+    def evaluate(self) -> float:
+        """Exact AUC over the whole test file (scores gathered from every rank)."""
+        if self._eval_cache is None or not self.args.cache_eval:
+            ranges = self.eval_sched.ranges(0, 0, shuffle=False)
+            self._eval_cache = [(start, stop, self.prepare(start, stop, self.eval_log))
+                                for start, stop in ranges]
+        self.dense_arch.eval()
+        scores = torch.zeros(self.eval_samples, device=self.env.device)
+        labels = torch.zeros(self.eval_samples, device=self.env.device)
+        for start, stop, (dense, lab, idx) in self._eval_cache:
+            bounds = data.split_bounds(stop - start, self.env.world_size)
+            lo = start + bounds[self.env.rank]
+            scores[lo:lo + lab.numel()] = self._forward(dense, idx)
+            labels[lo:lo + lab.numel()] = lab
+        self.dense_arch.train()
+        if self.env.distributed:
+            dist.all_reduce_sum(scores)   # each sample is scored by exactly one rank
+            dist.all_reduce_sum(labels)
+        return roc_auc(scores.cpu(), labels.cpu())
+
+    # -- throughput harness ---------------------------------------------------------------
+    @property
+    def flops_per_sample(self) -> float:
+        """Training FLOPs per sample of the MLPs and the interaction (3x the forward matmuls)."""
+        bottom, top = parse_mlp(self.args.arch_mlp_bot), parse_mlp(self.args.arch_mlp_top)
+        d, n = self.args.embedding_dim, data.NUM_SPARSE + 1
+        widths_top = [d + n * (n - 1) // 2] + top
+        mlp = sum(i * o for w in (bottom, widths_top) for i, o in zip(w[:-1], w[1:]))
+        return 3 * 2 * (mlp + n * n * d)
+
+    def infer_step(self, dense, labels, idx) -> torch.Tensor:
+        with torch.no_grad():
+            return self._forward(dense, idx)
+

@@ -1,0 +1,142 @@
+"""Hybrid embeddings over 2 gloo processes == one plain nn.EmbeddingBag per table."""
+
+import math
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from benchmarks.dlrm.data import split_bounds
+from benchmarks.dlrm.hybrid import HybridEmbedding, Plan, compute_plan, frequent_rows
+from benchmarks.dlrm.model import PlainEmbeddings, table_chunks
+from common import dist
+
+SIZES = [7, 3, 50, 1, 20]
+DIM, BATCH, SEED = 4, 10, 5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _batch():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.stack([torch.randint(0, n, (BATCH,), generator=g) for n in SIZES], 1)
+    weight = torch.randn(BATCH, len(SIZES), DIM, generator=g)   # d loss / d output
+    return ids, weight
+
+
+def _stats():
+    g = torch.Generator().manual_seed(1)
+    return torch.stack([torch.randint(0, n, (40,), generator=g) ** 2 % n for n in SIZES], 1)
+
+
+def _worker(rank, world, port, threshold, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    dist.init_distributed("cpu")
+    ids, weight = _batch()
+    emb = HybridEmbedding(SIZES, DIM, frequent_rows(_stats(), SIZES, threshold), rank, world,
+                          SEED, torch.device("cpu"))
+    bounds = split_bounds(BATCH, world)
+    plan = emb.plan(ids, bounds)
+    lookups, _ = emb(plan)
+    (lookups * weight[bounds[rank]:bounds[rank + 1]]).sum().backward()
+    freq_grad = dist.all_reduce_sum(emb.frequent_grad())
+    rows, grads = emb.rare_grad()
+    out[rank] = dict(lookups=lookups.detach(), freq_grad=freq_grad,
+                     freq_map=emb.freq_map.clone(), rows=rows, grads=grads,
+                     n_frequent=emb.freq_weight.shape[0])
+    dist.shutdown()
+
+
+@pytest.mark.parametrize("threshold", [0.0, 2.0, 4.0, math.inf])
+def test_two_gloo_ranks_match_plain_embedding_bag(threshold):
+    world = 2
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_worker, args=(world, _free_port(), threshold, out), nprocs=world, join=True)
+        res = dict(out)
+    ids, weight = _batch()
+    plain = PlainEmbeddings(SIZES, DIM, SEED, torch.device("cpu"), sparse=False)
+    looked = plain(ids)
+    (looked * weight).sum().backward()
+    bounds = split_bounds(BATCH, world)
+    torch.testing.assert_close(torch.cat([res[r]["lookups"] for r in range(world)]),
+                               looked.detach())
+    # Reassemble the whole gradient from the replicated and the sharded rows.
+    total = sum(SIZES)
+    grad = torch.zeros(total, DIM)
+    fmap = res[0]["freq_map"].long()
+    frequent = torch.nonzero(fmap >= 0).squeeze(1)
+    grad[frequent] += res[0]["freq_grad"][fmap[frequent]]
+    torch.testing.assert_close(res[0]["freq_grad"], res[1]["freq_grad"])
+    for r in range(world):
+        grad.index_add_(0, res[r]["rows"] * world + r, res[r]["grads"])
+    want = torch.cat([bag.weight.grad for bag in plain.tables])
+    torch.testing.assert_close(grad, want)
+    n_freq = res[0]["n_frequent"]
+    if threshold == 0:
+        assert n_freq == total                        # pure data parallel
+    elif threshold == math.inf:
+        assert n_freq == 0                            # pure model parallel
+    else:
+        assert 0 < n_freq < total
+    assert bounds == [0, 5, 10]
+
+
+def _direct_plan(ids, bounds, rank, world, offsets, fmap) -> Plan:
+    """The plan by explicit loops over samples and tables."""
+    T = ids.shape[1]
+    freq_pos, freq_rows, recv = [], [], {r: [] for r in range(world)}
+    serve = {r: [] for r in range(world)}
+    for dest in range(world):
+        for s in range(bounds[dest], bounds[dest + 1]):
+            for t in range(T):
+                g = int(ids[s, t]) + offsets[t]
+                pos = (s - bounds[dest]) * T + t
+                if fmap[g] >= 0:
+                    if dest == rank:
+                        freq_pos.append(pos)
+                        freq_rows.append(int(fmap[g]))
+                    continue
+                if dest == rank:
+                    recv[g % world].append(pos)
+                if g % world == rank:
+                    serve[dest].append(g // world)
+    flat = lambda d: [x for r in range(world) for x in d[r]]  # noqa: E731
+    return Plan(bounds[rank + 1] - bounds[rank], torch.tensor(freq_pos), torch.tensor(freq_rows),
+                torch.tensor(flat(recv)), [len(recv[r]) for r in range(world)],
+                torch.tensor(flat(serve)), [len(serve[r]) for r in range(world)])
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_index_precomputation_equals_direct_computation(world):
+    g = torch.Generator().manual_seed(world)
+    ids = torch.stack([torch.randint(0, n, (11,), generator=g) for n in SIZES], 1)
+    offsets = [0, 7, 10, 60, 61]
+    fmap = torch.full((sum(SIZES),), -1, dtype=torch.int32)
+    picked = frequent_rows(_stats(), SIZES, 2.0)
+    fmap[picked] = torch.arange(picked.numel(), dtype=torch.int32)
+    bounds = split_bounds(11, world)
+    for rank in range(world):
+        got = compute_plan(ids, bounds, rank, world, torch.tensor(offsets), fmap)
+        want = _direct_plan(ids, bounds, rank, world, offsets, fmap)
+        assert got.local_batch == want.local_batch
+        assert got.recv_counts == want.recv_counts and got.send_counts == want.send_counts
+        for name in ("freq_pos", "freq_rows", "recv_pos", "serve_rows"):
+            assert getattr(got, name).tolist() == getattr(want, name).tolist(), name
+
+
+def test_init_is_the_same_whatever_the_split():
+    whole = torch.cat([rows for _, rows in table_chunks(2, 50, DIM, SEED, "cpu")])
+    emb = HybridEmbedding(SIZES, DIM, torch.tensor([7 + 10 + 3]), 1, 3, SEED, "cpu")
+    g = torch.arange(10, 60)
+    own = g[g % 3 == 1]
+    torch.testing.assert_close(emb.rare_weight[own // 3], whole[own - 10])
+    torch.testing.assert_close(emb.freq_weight[0], whole[10])
+    assert whole.abs().max() <= 1 / math.sqrt(50)

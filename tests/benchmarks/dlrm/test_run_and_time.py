@@ -1,0 +1,123 @@
+"""The DLRM entry point end to end on the CPU fixture, and its bad-input errors."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from benchmarks.dlrm import data
+from benchmarks.dlrm.fixture import write_fixture
+from compliance.check import check_log
+from compliance.logs import summarize
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = REPO / "benchmarks/dlrm/run_and_time.sh"
+SMALL_FLAGS = ["--batch-size", "256", "--eval-batch-size", "1000", "--embedding-dim", "8",
+               "--arch-mlp-bot", "13-16-16-8", "--arch-mlp-top", "16-16-16-16-1",
+               "--eval-every", "0.5"]
+
+
+def run(env_extra: dict, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env.update(env_extra)
+    return subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def run_module(data_dir, tmp_path, *flags) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "benchmarks.dlrm", "--device", "cpu",
+                           "--precision", "fp32", "--data-dir", str(data_dir),
+                           "--log-file", str(tmp_path / "log.txt"), *SMALL_FLAGS, *flags],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def error_lines(proc) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def small_fixture(tmp_path_factory):
+    return write_fixture(tmp_path_factory.mktemp("small") / "criteo", train=4000, eval=1000,
+                         max_table=50)
+
+
+def _check_success(proc, log: Path, seed: str):
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert check_log(log).compliant
+    summary = summarize(log)
+    assert summary.status == "success" and summary.last_quality >= 0.8025
+    assert summary.dataset.startswith("fixture")
+    result = [line for line in proc.stdout.splitlines() if line.startswith("RESULT,")]
+    assert len(result) == 1 and result[0].split(",")[1:3] == ["dlrm", seed]
+    assert "compliance PASS" in proc.stdout
+
+
+@pytest.mark.slow
+def test_tiny_config_reaches_target_and_passes_compliance(tmp_path):
+    proc = run({"CONFIG": "cpu_tiny", "LOGDIR": str(tmp_path), "SEED": "1"})
+    _check_success(proc, tmp_path / "result_0.txt", "1")
+    text = (tmp_path / "result_0.txt").read_text()
+    assert '"epoch_num": 0.05' in text or '"epoch_num": 0.049' in text   # fractional epochs
+
+
+@pytest.mark.slow
+def test_tiny_config_on_two_gloo_processes(tmp_path):
+    proc = run({"CONFIG": "cpu_tiny", "TINY_NPROC": "2", "LOGDIR": str(tmp_path), "SEED": "2",
+                "OMP_NUM_THREADS": "1"})
+    _check_success(proc, tmp_path / "result_0.txt", "2")
+    assert "sharded over 2 rank(s)" in proc.stdout + proc.stderr
+
+
+def test_truncated_train_file(tmp_path, small_fixture):
+    bad = tmp_path / "bad"
+    shutil.copytree(small_fixture, bad)
+    path = bad / data.TRAIN_FILE
+    path.write_bytes(path.read_bytes()[:-100])
+    proc = run_module(bad, tmp_path)
+    lines = error_lines(proc)
+    assert proc.returncode == 2 and len(lines) == 1
+    assert str(path) in lines[0] and "truncated" in lines[0] and "record 3999" in lines[0]
+
+
+def test_category_beyond_table_size(tmp_path, small_fixture):
+    bad = tmp_path / "bad"
+    shutil.copytree(small_fixture, bad)
+    path = bad / data.EVAL_FILE
+    records = np.fromfile(path, dtype="<i4").reshape(-1, data.RECORD_INTS)
+    records[17, 1 + data.NUM_DENSE + 3] = 10_000
+    records.tofile(path)
+    proc = run_module(bad, tmp_path)
+    lines = error_lines(proc)
+    assert proc.returncode == 2 and len(lines) == 1
+    assert str(path) in lines[0] and "record 17" in lines[0] and "10000" in lines[0]
+    assert summarize(tmp_path / "log.txt").status == "aborted"
+
+
+def test_feature_count_mismatch(tmp_path, small_fixture):
+    bad = tmp_path / "bad"
+    shutil.copytree(small_fixture, bad)
+    np.savez(bad / data.COUNTS_FILE, counts=np.full(25, 50))
+    proc = run_module(bad, tmp_path)
+    lines = error_lines(proc)
+    assert proc.returncode == 2 and len(lines) == 1
+    assert data.COUNTS_FILE in lines[0] and "25 entries, expected 26" in lines[0]
+
+
+def test_missing_datadir(tmp_path):
+    proc = run({"DATADIR": str(tmp_path / "absent"), "LOGDIR": str(tmp_path)})
+    assert proc.returncode == 2
+    lines = error_lines(proc)
+    assert len(lines) == 1 and str(tmp_path / "absent") in lines[0]
+
+
+def test_epoch_cap_without_target_aborts(tmp_path, small_fixture):
+    proc = run({"DATADIR": str(small_fixture), "LOGDIR": str(tmp_path), "SEED": "3",
+                "EXTRA_ARGS": " ".join(SMALL_FLAGS + ["--lr", "0"])})
+    assert proc.returncode != 0
+    assert "run_stop: aborted" in proc.stdout and ",aborted," in proc.stdout
+    assert summarize(tmp_path / "result_0.txt").status == "aborted"
