@@ -22,6 +22,19 @@ from common.errors import UserError
 
 # DDP needs 11 eager iterations before capture (see torch.cuda graph notes).
 DEFAULT_WARMUP_STEPS = 11
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The one side stream per GPU on which steps are warmed up and captured.
+
+    DDP must be built on this same stream (``common.dist.data_parallel`` does
+    so): its gradient hooks then run on the stream the captured backward uses.
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return _SIDE_STREAMS[index]
 
 
 class GraphedStep:
@@ -34,7 +47,8 @@ class GraphedStep:
         self._calls = 0
         self._static_inputs: tuple[torch.Tensor, ...] = ()
         self._static_output = None
-        self._side_stream = torch.cuda.Stream() if self.enabled else None
+        self._side_stream = (side_stream(torch.device("cuda", torch.cuda.current_device()))
+                             if self.enabled else None)
 
     @property
     def captured(self) -> bool:
@@ -69,7 +83,8 @@ class GraphedStep:
             with torch.cuda.graph(graph, stream=self._side_stream):
                 self._static_output = self.step(*self._static_inputs)
         except RuntimeError as exc:
-            raise UserError(f"the training step could not be captured as a CUDA graph ({exc}); "
-                            "rerun with --no-cuda-graph") from exc
+            first = next((line for line in str(exc).splitlines() if line.strip()), repr(exc))
+            raise UserError(f"the training step could not be captured as a CUDA graph "
+                            f"({first.strip()}); rerun with --no-cuda-graph") from exc
         torch.cuda.synchronize()
         self.graph = graph

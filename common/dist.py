@@ -73,6 +73,8 @@ def init_distributed(device: str = "auto") -> DistEnv:
     else:
         dev = torch.device("cpu")
     if world > 1 and not dist.is_initialized():
+        if use_cuda:  # NCCL collectives inside captured CUDA graphs need this off
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
         dist.init_process_group(
             backend="nccl" if use_cuda else "gloo",
             rank=rank, world_size=world, timeout=timedelta(minutes=30),
@@ -111,13 +113,25 @@ def data_parallel(model: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
 
     Gradients live in DDP's buckets (``gradient_as_bucket_view``), so no copy
     separates backward from the all-reduce; a single process gets the model back.
+    On CUDA, DDP is built on the stream whole-step graphs are captured on.
     """
     if not env.distributed:
         return model
     from torch.nn.parallel import DistributedDataParallel
-    return DistributedDataParallel(
-        model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
-        gradient_as_bucket_view=True, broadcast_buffers=False)
+
+    def build():
+        return DistributedDataParallel(
+            model, device_ids=[env.device.index] if env.device.type == "cuda" else None,
+            gradient_as_bucket_view=True, broadcast_buffers=False)
+    if env.device.type != "cuda":
+        return build()
+    from common.cuda_graph import side_stream
+    stream = side_stream(env.device)
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        ddp = build()
+    torch.cuda.current_stream().wait_stream(stream)
+    return ddp
 
 
 def group_norm_layers(model: torch.nn.Module, env: DistEnv, group_size: int) -> torch.nn.Module:

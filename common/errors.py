@@ -5,11 +5,16 @@ class UserError(Exception):
     """Bad input (dataset, flag, config, file) that the user can fix; never a bug in the suite."""
 
 
+MAX_CHARS = 400
+
+
 def one_line(exc: BaseException) -> str:
-    """The last meaningful line of an exception message.
+    """An exception message as one line.
 
     Errors raised inside DataLoader worker processes come back wrapped in a
-    multi-line traceback whose last line is ``pkg.UserError: <message>``.
+    multi-line traceback whose last line is ``pkg.UserError: <message>``: that
+    message is returned. Any other multi-line message is joined with `` | ``
+    and cut to ``MAX_CHARS``.
     """
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     if not lines:
@@ -19,4 +24,5 @@ def one_line(exc: BaseException) -> str:
     for p in (prefix, f"{UserError.__name__}: "):
         if last.startswith(p):
             return last[len(p):]
-    return last
+    text = " | ".join(lines)
+    return text if len(text) <= MAX_CHARS else text[:MAX_CHARS - 3] + "..."

@@ -54,3 +54,14 @@ def test_bad_precision_is_one_line_error(tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "fp64" in err[0]
+
+
+def test_one_line_keeps_worker_user_errors_and_joins_other_messages():
+    from common.errors import MAX_CHARS, one_line
+
+    wrapped = RuntimeError("Caught UserError in DataLoader worker process 0.\nTraceback:\n"
+                           "  File x\ncommon.errors.UserError: a.JPEG: cannot decode JPEG")
+    assert one_line(wrapped) == "a.JPEG: cannot decode JPEG"
+    assert one_line(RuntimeError("capture failed\n  detail (x)\n)")) == \
+        "capture failed | detail (x) | )"
+    assert len(one_line(RuntimeError("y\n" * 1000))) == MAX_CHARS
