@@ -13,6 +13,7 @@ from benchmarks.dlrm import data
 from benchmarks.dlrm.fixture import write_fixture
 from compliance.check import check_log
 from compliance.logs import summarize
+from tests.compliance import e2e_logs
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "benchmarks/dlrm/run_and_time.sh"
@@ -61,6 +62,7 @@ def _check_success(proc, log: Path, seed: str):
 def test_tiny_config_reaches_target_and_passes_compliance(tmp_path):
     proc = run({"CONFIG": "cpu_tiny", "LOGDIR": str(tmp_path), "SEED": "1"})
     _check_success(proc, tmp_path / "result_0.txt", "1")
+    e2e_logs.keep("dlrm", tmp_path / "result_0.txt")
     text = (tmp_path / "result_0.txt").read_text()
     assert '"epoch_num": 0.05' in text or '"epoch_num": 0.049' in text   # fractional epochs
 

@@ -1,0 +1,15 @@
+# A 2-layer, 128-wide BERT (the fixture's bert_config.json) on the CPU fixture:
+# sequences of 64 tokens, 10 predictions, global batch 32, evaluation every
+# 1600 samples. For CI and first contact, not an MLPerf result. The model is not
+# BERT-large, so the run is logged as an open-division run: closed_bert.yaml requires
+# weights_initialization events for BERT-large's 24 layers, which this model does not have.
+NPROC=1
+PRECISION=${PRECISION:-fp32}
+FIXTURE_ARGS=()
+TRAIN_ARGS=(
+    --device cpu --precision "$PRECISION" --submission-division open --max-seq-length 64 --max-predictions 10
+    --batch-size 32 --eval-batch-size 256 --attention sdpa
+    --lr 5e-3 --epsilon 1e-6 --beta1 0.9 --beta2 0.999 --weight-decay 0.01
+    --warmup-steps 0 --start-warmup-step 0 --max-steps 1500 --max-samples-termination 48000
+    --eval-start-samples 1600 --eval-every-samples 1600
+)

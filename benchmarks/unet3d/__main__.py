@@ -1,0 +1,8 @@
+"""``python -m benchmarks.unet3d``: train the 3D U-Net to its quality target (under torchrun)."""
+
+import sys
+
+from benchmarks.unet3d.workload import Unet3DWorkload
+from common.training import main
+
+sys.exit(main(Unet3DWorkload))

@@ -1,0 +1,191 @@
+"""KiTS19 as the MLPerf reference's preprocessing writes it, and the training augmentations.
+
+On disk: ``case_XXXXX_x.npy`` (float32, (1, D, H, W), normalised CT) and
+``case_XXXXX_y.npy`` (uint8, same shape, 0 background, 1 kidney, 2 tumour).
+The 42 cases of ``EVAL_CASES`` (the reference's ``evaluation_cases.txt``)
+are the evaluation set, every other case trains.
+
+Training samples follow the reference: a random crop of the training shape,
+with probability ``oversampling`` one around a foreground object (one of the
+two largest connected components of a randomly chosen foreground class),
+then random flips of each axis (p = 1/3), and with p = 0.1 each a brightness
+scaling by ``1 + U(0.7, 1.3)`` and Gaussian noise of std ``U(0, 0.1)``. Every
+random draw comes from a generator seeded by (seed, epoch, case), so a
+sample does not depend on the number of loader processes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common.errors import UserError
+
+EVAL_CASES = frozenset(f"{i:05d}" for i in (
+    0, 3, 5, 6, 12, 24, 34, 41, 44, 49, 52, 56, 61, 65, 66, 70, 76, 78, 80, 84, 86,
+    87, 92, 111, 112, 125, 128, 138, 157, 160, 161, 162, 169, 171, 176, 185, 187, 189,
+    198, 203, 206, 207))
+LABELS = (0, 1, 2)
+_NAME = re.compile(r"case_(\d{5})_([xy])\.npy$")
+
+
+@dataclass(frozen=True)
+class Case:
+    case_id: str
+    image: Path
+    label: Path
+    shape: tuple[int, ...]
+
+
+def _header(path: Path) -> tuple[tuple[int, ...], np.dtype]:
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: not a readable .npy file ({exc}); re-run prepare_data.py") \
+            from exc
+    return arr.shape, arr.dtype
+
+
+def _check_pair(case_id: str, image: Path, label: Path) -> Case:
+    xs, xt = _header(image)
+    ys, yt = _header(label)
+    if len(xs) != 4 or xs[0] != 1:
+        raise UserError(f"{image}: shape {xs}, expected (1, D, H, W)")
+    if xt != np.float32 or yt != np.uint8:
+        raise UserError(f"case {case_id}: dtypes {xt}/{yt}, expected float32 image and uint8 "
+                        f"label ({image.parent}); re-run prepare_data.py")
+    if xs != ys:
+        raise UserError(f"case {case_id}: image {image.name} has shape {xs} but label "
+                        f"{label.name} has shape {ys}")
+    return Case(case_id, image, label, tuple(xs))
+
+
+def scan(root: Path) -> tuple[list[Case], list[Case]]:
+    """(training cases, evaluation cases), sorted by case id; checks names, shapes, dtypes."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UserError(f"{root}: dataset directory not found (run prepare_data.py or unset "
+                        f"DATADIR for the fixture)")
+    files: dict[str, dict[str, Path]] = {}
+    for path in root.glob("case_*.npy"):
+        m = _NAME.search(path.name)
+        if m:
+            files.setdefault(m.group(1), {})[m.group(2)] = path
+    if not files:
+        raise UserError(f"{root}: no case_XXXXX_x.npy / case_XXXXX_y.npy files")
+    train, val = [], []
+    for case_id in sorted(files):
+        pair = files[case_id]
+        for kind in "xy":
+            if kind not in pair:
+                raise UserError(f"{root / f'case_{case_id}_{kind}.npy'}: missing (its pair "
+                                f"{next(iter(pair.values())).name} exists)")
+        case = _check_pair(case_id, pair["x"], pair["y"])
+        (val if case_id in EVAL_CASES else train).append(case)
+    return train, val
+
+
+def load(case: Case) -> tuple[np.ndarray, np.ndarray]:
+    image = np.load(case.image, allow_pickle=False)
+    label = np.load(case.label, allow_pickle=False)
+    bad = np.setdiff1d(np.unique(label), LABELS)
+    if bad.size:
+        raise UserError(f"{case.label}: label values {bad.tolist()} outside {{0, 1, 2}}")
+    return image, label
+
+
+# -- augmentations --------------------------------------------------------------------------
+def _randrange(rng: np.random.Generator, n: int) -> int:
+    return 0 if n <= 0 else int(rng.integers(n))
+
+
+def random_crop(rng, shape, patch) -> list[tuple[int, int]]:
+    starts = [_randrange(rng, s - p) for s, p in zip(shape, patch)]
+    return [(s, s + p) for s, p in zip(starts, patch)]
+
+
+def foreground_crop(rng, label: np.ndarray, patch) -> list[tuple[int, int]] | None:
+    """A patch around one of the two largest objects of a random foreground class."""
+    from scipy import ndimage
+
+    classes = np.unique(label[label > 0])
+    if classes.size == 0:
+        return None
+    objects = [s for s in ndimage.find_objects(ndimage.label(label[0] == rng.choice(classes))[0])
+               if s is not None]
+    objects.sort(key=lambda sl: np.prod([s.stop - s.start for s in sl]))
+    chosen = objects[-2:][_randrange(rng, len(objects[-2:]))]
+    bounds = []
+    for sl, p, size in zip(chosen, patch, label.shape[1:]):
+        diff = p - (sl.stop - sl.start)
+        sign, diff = (-1 if diff < 0 else 1), abs(diff)
+        left = _randrange(rng, diff)
+        low = max(0, sl.start - sign * left)
+        high = min(size, sl.stop + sign * (diff - left))
+        short = p - (high - low)
+        if short > 0 and low == 0:
+            high += short
+        elif short > 0:
+            low -= short
+        bounds.append((low, high))
+    return bounds
+
+
+def augment(rng, image: np.ndarray, label: np.ndarray, patch, oversampling: float):
+    """One training sample: balanced crop, flips, brightness, noise (the reference's order)."""
+    box = foreground_crop(rng, label, patch) if rng.random() < oversampling else None
+    box = box or random_crop(rng, image.shape[1:], patch)
+    sl = (slice(None),) + tuple(slice(lo, hi) for lo, hi in box)
+    image, label = image[sl], label[sl]
+    for axis in (1, 2, 3):
+        if rng.random() < 1 / 3:
+            image, label = np.flip(image, axis), np.flip(label, axis)
+    image = np.ascontiguousarray(image, dtype=np.float32)
+    label = np.ascontiguousarray(label, dtype=np.uint8)
+    if rng.random() < 0.1:
+        image = image * np.float32(1 + rng.uniform(0.7, 1.3))
+    if rng.random() < 0.1:
+        image = image + rng.normal(0.0, rng.uniform(0.0, 0.1), image.shape).astype(np.float32)
+    return image, label
+
+
+class TrainSet(torch.utils.data.Dataset):
+    """Indexed by (epoch, case index): one augmented (image, label) patch."""
+
+    def __init__(self, cases: list[Case], patch, oversampling: float, seed: int):
+        self.cases, self.patch = cases, tuple(patch)
+        self.oversampling, self.seed = oversampling, seed
+        for case in cases:
+            if any(s < p for s, p in zip(case.shape[1:], self.patch)):
+                raise UserError(f"{case.image}: volume {case.shape[1:]} is smaller than the "
+                                f"training patch {self.patch}")
+
+    def __len__(self) -> int:
+        return len(self.cases)
+
+    def __getitem__(self, key: tuple[int, int]):
+        epoch, index = key
+        rng = np.random.default_rng([self.seed, epoch, index])
+        image, label = augment(rng, *load(self.cases[index]), self.patch, self.oversampling)
+        return torch.from_numpy(image), torch.from_numpy(label)
+
+
+def epoch_order(num_cases: int, seed: int, epoch: int, global_batch: int, replica: int,
+                replicas: int) -> list[list[tuple[int, int]]]:
+    """This data-parallel replica's batches of an epoch: a seeded shuffle, whole steps only."""
+    perm = np.random.default_rng([seed, epoch, 1 << 20]).permutation(num_cases)
+    local = global_batch // replicas
+    steps = num_cases // global_batch
+    return [[(epoch, int(i)) for i in perm[t * global_batch + replica * local:
+                                           t * global_batch + (replica + 1) * local]]
+            for t in range(steps)]
+
+
+def synthetic_batch(batch_size: int, shape, device) -> tuple[torch.Tensor, torch.Tensor]:
+    image = torch.randn(batch_size, 1, *shape, device=device)
+    label = torch.randint(0, 3, (batch_size, 1, *shape), device=device, dtype=torch.uint8)
+    return image, label

@@ -1,0 +1,69 @@
+"""All parameters (and their gradients) of a module as views into one contiguous buffer.
+
+With every gradient inside one buffer, the data-parallel gradient reduction
+is a single all-reduce or reduce-scatter and the parameter all-gather after a
+sharded optimizer step is a single all-gather, with no flatten/unflatten
+copies. The buffer is padded to a multiple of ``world_size`` so each rank owns
+an equal contiguous shard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The part of parameter ``param`` (index into ``FlatParameters.params``) inside a shard."""
+
+    param: int
+    start: int   # offset inside the shard
+    length: int
+
+
+class FlatParameters:
+    """Moves ``module``'s parameters into ``self.data`` and their gradients into ``self.grad``.
+
+    Tied parameters appear once. Backward accumulates into the gradient views
+    in place, so ``zero_grad`` must zero the buffer rather than drop the views.
+    """
+
+    def __init__(self, module: nn.Module, world_size: int = 1, dtype=torch.float32):
+        named = list(module.named_parameters())
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.sizes = [p.numel() for p in self.params]
+        self.numel = sum(self.sizes)
+        self.world_size = world_size
+        self.shard_size = -(-self.numel // world_size)
+        device = self.params[0].device
+        self.data = torch.zeros(self.shard_size * world_size, dtype=dtype, device=device)
+        self.grad = torch.zeros_like(self.data)
+        self.offsets = []
+        offset = 0
+        for p, n in zip(self.params, self.sizes):
+            self.offsets.append(offset)
+            view = self.data[offset:offset + n]
+            view.copy_(p.detach().reshape(-1))
+            p.data = view.view_as(p)
+            p.grad = self.grad[offset:offset + n].view_as(p)
+            offset += n
+
+    def zero_grad(self) -> None:
+        self.grad.zero_()
+
+    def shard(self, buffer: torch.Tensor, rank: int) -> torch.Tensor:
+        return buffer[rank * self.shard_size:(rank + 1) * self.shard_size]
+
+    def pieces(self, rank: int) -> list[Piece]:
+        """Parameters overlapping ``rank``'s shard, in order; they cover it up to the padding."""
+        lo, hi = rank * self.shard_size, (rank + 1) * self.shard_size
+        out = []
+        for i, (off, n) in enumerate(zip(self.offsets, self.sizes)):
+            a, b = max(off, lo), min(off + n, hi)
+            if a < b:
+                out.append(Piece(i, a - lo, b - a))
+        return out

@@ -1,0 +1,159 @@
+"""LAMB (You et al., 2019) as the MLPerf BERT reference runs it, plain and sharded.
+
+Per step: gradients clipped by their global norm (``max_grad_norm``), Adam
+moments with bias correction, update ``u = m_hat / (sqrt(v_hat) + eps) + wd * w``,
+and for weight-decayed tensors the layer-wise trust ratio ``|w| / |u|``
+(1 when either norm is 0, and for the tensors excluded from weight decay).
+
+``Lamb`` is the plain per-tensor reference. ``ShardedLamb`` runs the same
+maths on a ``FlatParameters`` buffer: one gradient reduce-scatter (the
+1/world_size folded into the collective), each rank updating only its shard
+with whole-shard and multi-tensor (``torch._foreach_*``) kernels, per-tensor
+norms completed by one small all-reduce, then one parameter all-gather.
+Learning rate and step count are device tensors, so a step is CUDA-graph
+capturable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from common.flat_params import FlatParameters
+
+
+@dataclass(frozen=True)
+class LambHyper:
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-6
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+
+
+def _clip_coef(sq_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    return max_norm / sq_norm.sqrt().clamp(min=max_norm)
+
+
+class Lamb:
+    """The reference: one tensor at a time, gradients already averaged across ranks."""
+
+    def __init__(self, params: list[torch.Tensor], decay: list[bool], h: LambHyper):
+        self.params, self.decay, self.h = params, decay, h
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+        self.t = torch.zeros((), device=params[0].device)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self, lr: torch.Tensor) -> None:
+        h = self.h
+        self.t += 1
+        bc1, bc2 = 1 - h.beta1 ** self.t, 1 - h.beta2 ** self.t
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        clip = _clip_coef(sum(g.float().pow(2).sum() for g in grads), h.max_grad_norm)
+        for p, g, m, v, decay in zip(self.params, grads, self.m, self.v, self.decay):
+            g = g * clip
+            m.mul_(h.beta1).add_(g, alpha=1 - h.beta1)
+            v.mul_(h.beta2).addcmul_(g, g, value=1 - h.beta2)
+            u = (m / bc1) / ((v / bc2).sqrt() + h.eps)
+            ratio = torch.ones((), device=p.device)
+            if decay:
+                u = u + h.weight_decay * p
+                wn, un = p.norm(), u.norm()
+                ratio = torch.where((wn > 0) & (un > 0), wn / un, ratio)
+            p.sub_(lr * ratio * u)
+
+
+class ShardedLamb:
+    """LAMB on this rank's shard of a flat buffer (ZeRO stage 1/2 style).
+
+    ``flat`` must have been built with ``world_size`` = the number of shards
+    (``world_size`` when ``sharded``, else 1: every rank then updates the whole
+    buffer after one gradient all-reduce).
+    """
+
+    def __init__(self, flat: FlatParameters, decay: list[bool], h: LambHyper,
+                 rank: int = 0, world_size: int = 1, sharded: bool = True):
+        shards = world_size if sharded else 1
+        if flat.world_size != shards:
+            raise ValueError(f"flat buffer has {flat.world_size} shards, LAMB needs {shards}")
+        self.flat, self.h = flat, h
+        self.world_size, self.sharded = world_size, sharded and world_size > 1
+        self.rank = rank if sharded else 0
+        dev = flat.data.device
+        pieces = flat.pieces(self.rank)
+        lengths = [p.length for p in pieces]
+        owner = [p.param for p in pieces]
+        pad = flat.shard_size - sum(lengths)
+        if pad:  # the zero padding at the end of the buffer: a pseudo-tensor with no decay
+            lengths.append(pad)
+            owner.append(len(flat.params))
+        self.lengths = lengths
+        self.lengths_t = torch.tensor(lengths, device=dev)
+        self.owner = torch.tensor(owner, device=dev)
+        decay_t = torch.tensor(list(decay) + [False], device=dev)
+        self.decay = decay_t
+        self.wd = (decay_t[self.owner].float() * h.weight_decay).repeat_interleave(
+            self.lengths_t, output_size=flat.shard_size)
+        self.m = torch.zeros(flat.shard_size, device=dev)
+        self.v = torch.zeros(flat.shard_size, device=dev)
+        self.t = torch.zeros((), device=dev)
+        self.grad_shard = torch.zeros(flat.shard_size, device=dev) if self.sharded else None
+        self._nccl = dist.is_initialized() and dist.get_backend() == "nccl"
+
+    def zero_grad(self) -> None:
+        self.flat.zero_grad()
+
+    def _reduce_gradients(self) -> torch.Tensor:
+        """Average the local gradients across ranks; returns this rank's shard of the mean."""
+        g = self.flat.grad
+        if self.world_size == 1:
+            return g
+        if self._nccl:
+            op = dist.ReduceOp.AVG  # NCCL folds the 1/world_size into the reduction
+        else:
+            g.mul_(1.0 / self.world_size)  # gloo has no averaging reduction
+            op = dist.ReduceOp.SUM
+        if not self.sharded:
+            dist.all_reduce(g, op=op)
+            return g
+        if self._nccl:
+            dist.reduce_scatter_tensor(self.grad_shard, g, op=op)
+        else:  # gloo lacks reduce-scatter: reduce everything, keep this rank's part
+            dist.all_reduce(g, op=op)
+            self.grad_shard.copy_(self.flat.shard(g, self.rank))
+        return self.grad_shard
+
+    @torch.no_grad()
+    def step(self, lr: torch.Tensor) -> None:
+        h = self.h
+        g = self._reduce_gradients()
+        w = self.flat.shard(self.flat.data, self.rank)
+        sq = g.pow(2).sum()
+        if self.sharded:
+            dist.all_reduce(sq)
+        g = g * _clip_coef(sq, h.max_grad_norm)
+        self.t += 1
+        bc1, bc2 = 1 - h.beta1 ** self.t, 1 - h.beta2 ** self.t
+        self.m.mul_(h.beta1).add_(g, alpha=1 - h.beta1)
+        self.v.mul_(h.beta2).addcmul_(g, g, value=1 - h.beta2)
+        u = (self.m / bc1).div_((self.v / bc2).sqrt_().add_(h.eps)).addcmul_(self.wd, w)
+        norms = torch.stack([torch.stack(torch._foreach_norm(x.split(self.lengths)))
+                             for x in (w, u)], 1).pow(2)
+        sums = torch.zeros(len(self.decay), 2, device=w.device).index_add_(0, self.owner, norms)
+        if self.sharded:
+            dist.all_reduce(sums)
+        wn, un = sums.sqrt().unbind(1)
+        ratio = torch.where(self.decay & (wn > 0) & (un > 0), wn / un, 1.0)
+        scale = ratio[self.owner].repeat_interleave(self.lengths_t,
+                                                    output_size=self.flat.shard_size)
+        w.sub_(u.mul_(scale).mul_(lr))
+        if self.sharded:
+            src = w if self._nccl else w.clone()  # NCCL gathers in place
+            dist.all_gather_into_tensor(self.flat.data, src)

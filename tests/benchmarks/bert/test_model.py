@@ -1,0 +1,156 @@
+"""BERT-large shapes and parameter count, attention paths, flat buffer, checkpoint errors."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks.bert.checkpoint import load_checkpoint
+from benchmarks.bert.model import (
+    ATTENTION_IMPLS,
+    BertConfig,
+    BertForPreTraining,
+    bias_gelu,
+    fused_bias_gelu,
+    mllog_tensor_names,
+)
+from common.errors import UserError
+from common.flat_params import FlatParameters
+
+RULES = Path(__file__).resolve().parents[3] / (
+    ".venv/lib/python3.11/site-packages/mlperf_logging/compliance_checker/training_1.1.0/"
+    "closed_bert.yaml")
+SMALL = BertConfig(vocab_size=61, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                   intermediate_size=64, max_position_embeddings=16)
+
+# BERT-large, vocab 30522 padded to 30528, hidden H=1024, FFN F=4096, 24 layers:
+# embeddings 30528*H + 512*H + 2*H + 2*H (LayerNorm)            = 31,789,056
+# per layer  4*(H*H + H) + 2*H + (H*F + F) + (F*H + H) + 2*H      = 12,596,224 (x24)
+# pooler H*H + H; MLM transform H*H + H + 2*H; MLM bias 30528; NSP 2*H + 2
+# (the MLM decoder is tied to the word embeddings)
+BERT_LARGE_PARAMS = (31_789_056 + 24 * 12_596_224 + 1_049_600 + 1_051_648 + 30_528 + 2_050)
+
+
+def test_bert_large_parameter_count_and_shapes():
+    assert BERT_LARGE_PARAMS == 336_232_258
+    with torch.device("meta"):
+        model = BertForPreTraining(BertConfig())
+    assert sum(p.numel() for p in model.parameters()) == BERT_LARGE_PARAMS
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    assert shapes["bert.embeddings.word_embeddings.weight"] == (30528, 1024)
+    assert shapes["bert.encoder.layer.23.intermediate.dense.weight"] == (4096, 1024)
+    assert shapes["bert.encoder.layer.23.output.dense.weight"] == (1024, 4096)
+    assert shapes["cls.seq_relationship.weight"] == (2, 1024)
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+
+
+def test_mllog_tensor_names_are_exactly_the_ruleset_list():
+    with torch.device("meta"):
+        model = BertForPreTraining(BertConfig())
+    wanted = re.findall(r'"((?:bert|cls)/[^"]+)"', RULES.read_text())
+    assert len(wanted) == 398
+    assert sorted(mllog_tensor_names(model)) == sorted(wanted)
+
+
+def _batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 61, (3, 16), generator=g)
+    mask = torch.ones(3, 16, dtype=torch.long)
+    mask[0, 11:] = 0
+    mask[2, 6:] = 0
+    ids = ids * mask
+    seg = torch.zeros_like(ids)
+    seg[:, 4:] = 1
+    seg *= mask
+    pos = torch.tensor([[1, 3, 10], [2, 15, 0], [1, 5, 0]])
+    return ids, seg, mask, pos
+
+
+@pytest.mark.parametrize("impl", [i for i in ATTENTION_IMPLS if i != "plain"])
+def test_attention_paths_match_plain_on_real_tokens(impl):
+    torch.manual_seed(0)
+    plain = BertForPreTraining(SMALL, "plain").eval()
+    other = BertForPreTraining(SMALL, impl).eval()
+    other.load_state_dict(plain.state_dict())
+    batch = _batch()
+    mlm_p, nsp_p = plain(*batch)
+    mlm_o, nsp_o = other(*batch)
+    torch.testing.assert_close(mlm_o, mlm_p, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(nsp_o, nsp_p, atol=1e-5, rtol=1e-5)
+    # gradients agree too
+    for m in (plain, other):
+        m.zero_grad()
+        mlm, nsp = m(*batch)
+        (mlm.square().mean() + nsp.square().mean()).backward()
+    for (n, a), (_, b) in zip(plain.named_parameters(), other.named_parameters()):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_unpadded_hidden_states_ignore_padding():
+    torch.manual_seed(0)
+    model = BertForPreTraining(SMALL, "unpad").eval()
+    ids, seg, mask, pos = _batch()
+    noisy = ids.clone()
+    noisy[mask == 0] = 7  # garbage in the padding must not change any output
+    torch.testing.assert_close(model(noisy, seg, mask, pos), model(ids, seg, mask, pos))
+
+
+def test_fused_bias_gelu_matches_eager():
+    x, b = torch.randn(8, 64, requires_grad=True), torch.randn(64, requires_grad=True)
+    ref = bias_gelu(x, b)
+    gx, gb = torch.autograd.grad(ref.sum(), (x, b))
+    out = fused_bias_gelu(x, b)
+    fx, fb = torch.autograd.grad(out.sum(), (x, b))
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(fx, gx)
+    torch.testing.assert_close(fb, gb)
+
+
+def test_flat_buffer_model_is_bit_identical():
+    torch.manual_seed(0)
+    plain = BertForPreTraining(SMALL, "sdpa").eval()
+    flat_model = BertForPreTraining(SMALL, "sdpa").eval()
+    flat_model.load_state_dict(plain.state_dict())
+    flat = FlatParameters(flat_model, world_size=3)
+    assert flat.data.numel() % 3 == 0 and flat.numel == sum(p.numel() for p in plain.parameters())
+    for p in flat_model.parameters():
+        assert p.untyped_storage().data_ptr() == flat.data.untyped_storage().data_ptr()
+    batch = _batch()
+    for a, b in zip(plain(*batch), flat_model(*batch)):
+        assert torch.equal(a, b)
+    for m in (plain, flat_model):
+        mlm, nsp = m(*batch)
+        (mlm.sum() + nsp.sum()).backward()
+    for (n, a), b in zip(plain.named_parameters(), flat_model.parameters()):
+        assert torch.equal(a.grad, b.grad), n
+    start = flat.offsets[-1]
+    assert torch.equal(flat.grad[start:start + flat.sizes[-1]], flat.params[-1].grad.flatten())
+
+
+def test_checkpoint_round_trip_and_errors(tmp_path):
+    torch.manual_seed(0)
+    src = BertForPreTraining(SMALL)
+    state = {k: v for k, v in src.state_dict().items()}
+    state["bert.embeddings.word_embeddings.weight"] = state[
+        "bert.embeddings.word_embeddings.weight"][:SMALL.vocab_size].clone()
+    state.pop("cls.predictions.decoder.weight")
+    ckpt = tmp_path / "model.ckpt-28252.pt"
+    torch.save({"model": state}, ckpt)
+    dst = BertForPreTraining(SMALL)
+    load_checkpoint(dst, ckpt)
+    torch.testing.assert_close(dst.bert.encoder.layer[1].output.dense.weight,
+                               src.bert.encoder.layer[1].output.dense.weight)
+    emb = dst.bert.embeddings.word_embeddings.weight
+    torch.testing.assert_close(emb[:SMALL.vocab_size], state[
+        "bert.embeddings.word_embeddings.weight"])
+
+    other_vocab = BertForPreTraining(BertConfig(**{**SMALL.__dict__, "vocab_size": 100}))
+    with pytest.raises(UserError, match="vocab/checkpoint"):
+        load_checkpoint(other_vocab, ckpt)
+    torch.save({"model": {"encoder.weight": torch.zeros(2)}}, tmp_path / "bad.pt")
+    with pytest.raises(UserError, match="Expected a PyTorch file"):
+        load_checkpoint(dst, tmp_path / "bad.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(UserError, match="not a readable checkpoint"):
+        load_checkpoint(dst, tmp_path / "junk.pt")

@@ -1,0 +1,68 @@
+"""The KiTS19 npy reader and augmentations on the fixture."""
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.unet3d import data
+from benchmarks.unet3d.fixture import NUM_CASES
+from common.errors import UserError
+
+PATCH = (64, 32, 32)
+
+
+def test_split_is_the_references(kits_fixture):
+    train, val = data.scan(kits_fixture)
+    assert (len(train), len(val)) == (168, 42) and len(train) + len(val) == NUM_CASES
+    assert {c.case_id for c in val} == data.EVAL_CASES
+    assert "00000" in data.EVAL_CASES and "00001" not in data.EVAL_CASES
+
+
+def test_cases_have_the_reference_format(kits_fixture):
+    train, _ = data.scan(kits_fixture)
+    image, label = data.load(train[0])
+    assert image.dtype == np.float32 and label.dtype == np.uint8
+    assert image.shape == label.shape == train[0].shape and image.shape[0] == 1
+    assert set(np.unique(label)) == {0, 1, 2}
+    assert image[label == 2].mean() > image[label == 1].mean() > image[label == 0].mean()
+
+
+def test_training_samples_are_patches_and_reproducible(kits_fixture):
+    train, _ = data.scan(kits_fixture)
+    ds = data.TrainSet(train, PATCH, oversampling=0.4, seed=3)
+    image, label = ds[(1, 5)]
+    assert image.shape == label.shape == (1, *PATCH)
+    assert image.dtype == torch.float32 and label.dtype == torch.uint8
+    again, _ = ds[(1, 5)]
+    other, _ = ds[(2, 5)]
+    assert torch.equal(image, again) and not torch.equal(image, other)
+
+
+def test_foreground_crop_contains_foreground(kits_fixture):
+    train, _ = data.scan(kits_fixture)
+    _, label = data.load(train[0])
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        box = data.foreground_crop(rng, label, PATCH)
+        assert [hi - lo for lo, hi in box] == list(PATCH)
+        assert all(0 <= lo and hi <= s for (lo, hi), s in zip(box, label.shape[1:]))
+        assert label[(0, *(slice(lo, hi) for lo, hi in box))].any()
+
+
+def test_epoch_order_gives_whole_disjoint_batches():
+    order = [data.epoch_order(168, 7, 1, 8, r, 2) for r in (0, 1)]
+    assert len(order[0]) == 21 and all(len(b) == 4 for b in order[0])
+    seen = [i for rank in order for batch in rank for _, i in batch]
+    assert sorted(seen) == list(range(168))
+
+
+def test_bad_label_value_is_reported(tmp_path, kits_fixture):
+    train, _ = data.scan(kits_fixture)
+    case = train[0]
+    label = np.load(case.label)
+    label[0, 0, 0, 0] = 7
+    np.save(tmp_path / "case_00001_y.npy", label)
+    np.save(tmp_path / "case_00001_x.npy", np.load(case.image))
+    (bad,), _ = data.scan(tmp_path)
+    with pytest.raises(UserError, match=r"case_00001_y\.npy: label values \[7\]"):
+        data.load(bad)

@@ -1,0 +1,60 @@
+"""The 3D U-Net's layers are the ruleset's, and its output keeps the input's size."""
+
+import ast
+from pathlib import Path
+
+import mlperf_logging
+import pytest
+import torch
+import yaml
+
+from benchmarks.unet3d.model import FILTERS, Unet3D
+
+RULES = (Path(mlperf_logging.__file__).parent
+         / "compliance_checker/training_1.1.0/closed_unet3d.yaml")
+
+
+def ruleset_tensor_names() -> list[str]:
+    """The names in the ruleset's ``weights_initialization`` END check."""
+    for record in yaml.safe_load(RULES.read_text()):
+        if "END" in record:
+            check = record["END"]["CHECK"]
+            return ast.literal_eval(check[check.index("sorted([") + 7: check.rindex(")")])
+    raise AssertionError(f"no END check in {RULES}")
+
+
+def test_tensor_names_are_the_rulesets():
+    names = Unet3D().tensor_names()
+    assert len(names) == len(set(names)) == 50
+    assert sorted(names) == sorted(ruleset_tensor_names())
+
+
+def test_reference_channels_and_parameter_count():
+    model = Unet3D()
+    assert FILTERS == (32, 64, 128, 256, 320)
+    assert model.bottleneck.block_1.conv.weight.shape == (320, 320, 3, 3, 3)
+    assert model.upsample[0].deconv.weight.shape == (320, 320, 2, 2, 2)
+    assert model.output.weight.shape == (3, 32, 1, 1, 1)
+    def block(cin, cout):   # 3x3x3 conv without bias, instance norm scale and shift
+        return 27 * cin * cout + 2 * cout
+
+    f = FILTERS
+    expected = block(1, 32) + block(32, 32)
+    for cin, cout in [*zip(f[:-1], f[1:]), (320, 320)]:
+        expected += block(cin, cout) + block(cout, cout)
+    for cin, cout in [(320, 320), (320, 256), (256, 128), (128, 64), (64, 32)]:
+        expected += 8 * cin * cout + cout + block(2 * cout, cout) + block(cout, cout)
+    expected += 32 * 3 + 3
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+@pytest.mark.parametrize("shape", [(64, 32, 32), (32, 64, 96)])
+def test_output_has_input_size_and_three_classes(shape):
+    model = Unet3D((4, 8, 16, 32, 40))
+    assert model(torch.randn(2, 1, *shape)).shape == (2, 3, *shape)
+
+
+def test_tiny_filters_keep_the_structure():
+    tiny, full = Unet3D((4, 8, 16, 32, 40)), Unet3D()
+    assert tiny.tensor_names() == full.tensor_names()
+    assert [n for n, _ in tiny.named_parameters()] == [n for n, _ in full.named_parameters()]

@@ -1,0 +1,52 @@
+"""The workload's schedule, LR rule and optimizer against the reference's definitions."""
+
+import argparse
+
+import torch
+
+from benchmarks.unet3d.workload import Unet3DWorkload, lr_at
+from common.sgd import DeviceLRSGD
+from common.workload import Block
+
+
+def _args(**kw):
+    base = dict(lr=0.8, init_lr=1e-4, lr_warmup_epochs=200, lr_decay_epochs=[],
+                lr_decay_factor=1.0, start_eval_at=1000, evaluate_every=20, epochs=4000)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_warmup_is_linear_per_epoch_from_the_initial_lr():
+    a = _args()
+    assert lr_at(1, a) == 1e-4 + (0.8 - 1e-4) / 200
+    assert lr_at(100, a) == 1e-4 + (0.8 - 1e-4) * 0.5
+    assert lr_at(200, a) == lr_at(201, a) == lr_at(4000, a) == 0.8
+
+
+def test_decay_applies_after_the_boundary_epoch():
+    a = _args(lr_warmup_epochs=0, lr_decay_epochs=[10, 20], lr_decay_factor=0.5)
+    assert [lr_at(e, a) for e in (10, 11, 20, 21)] == [0.8, 0.4, 0.4, 0.2]
+
+
+def test_evaluation_schedule_is_the_references():
+    wl = Unet3DWorkload.__new__(Unet3DWorkload)
+    wl.args = _args(epochs=1050)
+    assert wl.blocks() == [Block(1, 1000), Block(1001, 20), Block(1021, 20), Block(1041, 10)]
+    wl.args = _args(epochs=5, start_eval_at=10)
+    assert wl.blocks() == [Block(1, 5)]
+
+
+def test_device_lr_sgd_is_torch_nesterov_sgd():
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    b.load_state_dict(a.state_dict())
+    ref = torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)
+    ours = DeviceLRSGD(b.parameters(), lr=torch.tensor(0.1), momentum=0.9, nesterov=True,
+                       weight_decay=0.01)
+    for _ in range(5):
+        x = torch.randn(8, 4)
+        for model, opt in ((a, ref), (b, ours)):
+            opt.zero_grad()
+            model(x).square().sum().backward()
+            opt.step()
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-5)
