@@ -1,11 +1,7 @@
 """The MLPerf entry point end to end on the CPU, and its bad-input errors."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import h5py
 import pytest
@@ -14,30 +10,18 @@ from benchmarks.bert.fixture import write_fixture
 from compliance.check import check_log
 from compliance.logs import summarize
 from tests.compliance import e2e_logs
+from tests.entry_points import error_lines, run_program, run_script
 
-REPO = Path(__file__).resolve().parents[3]
-SCRIPT = REPO / "benchmarks/bert/run_and_time.sh"
 FLAGS = ["--max-seq-length", "64", "--max-predictions", "10", "--batch-size", "8",
          "--max-steps", "2", "--eval-every-samples", "8", "--eval-samples", "16"]
 
 
-def run(env_extra: dict, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    env.update(env_extra)
-    return subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+def run(env_extra: dict, timeout: int = 900):
+    return run_script("bert", env_extra, timeout)
 
 
-def run_module(*flags) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "benchmarks.bert", "--device", "cpu",
-                           "--precision", "fp32", *FLAGS, *flags], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
-
-
-def error_lines(proc) -> list[str]:
-    return [line for line in proc.stderr.splitlines()
-            if line.strip() and "Warning" not in line and "warn" not in line]
+def run_module(*flags):
+    return run_program("bert", *FLAGS, *flags)
 
 
 @pytest.fixture(scope="module")

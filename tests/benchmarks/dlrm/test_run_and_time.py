@@ -1,9 +1,6 @@
 """The DLRM entry point end to end on the CPU fixture, and its bad-input errors."""
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,31 +11,20 @@ from benchmarks.dlrm.fixture import write_fixture
 from compliance.check import check_log
 from compliance.logs import summarize
 from tests.compliance import e2e_logs
+from tests.entry_points import error_lines, run_program, run_script
 
-REPO = Path(__file__).resolve().parents[3]
-SCRIPT = REPO / "benchmarks/dlrm/run_and_time.sh"
 SMALL_FLAGS = ["--batch-size", "256", "--eval-batch-size", "1000", "--embedding-dim", "8",
                "--arch-mlp-bot", "13-16-16-8", "--arch-mlp-top", "16-16-16-16-1",
                "--eval-every", "0.5"]
 
 
-def run(env_extra: dict, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    env.update(env_extra)
-    return subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+def run(env_extra: dict, timeout: int = 600):
+    return run_script("dlrm", env_extra, timeout)
 
 
-def run_module(data_dir, tmp_path, *flags) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "benchmarks.dlrm", "--device", "cpu",
-                           "--precision", "fp32", "--data-dir", str(data_dir),
-                           "--log-file", str(tmp_path / "log.txt"), *SMALL_FLAGS, *flags],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
-
-
-def error_lines(proc) -> list[str]:
-    return [line for line in proc.stderr.splitlines() if line.strip()]
+def run_module(data_dir, tmp_path, *flags):
+    return run_program("dlrm", "--data-dir", str(data_dir), "--log-file",
+                       str(tmp_path / "log.txt"), *SMALL_FLAGS, *flags)
 
 
 @pytest.fixture(scope="module")

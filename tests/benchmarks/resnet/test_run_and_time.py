@@ -1,10 +1,6 @@
 """The MLPerf entry point end to end on the CPU, and its bad-input errors."""
 
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -12,31 +8,20 @@ from benchmarks.resnet.fixture import write_fixture
 from compliance.check import check_log
 from compliance.logs import summarize
 from tests.compliance import e2e_logs
+from tests.entry_points import error_lines, run_program, run_script
 
-REPO = Path(__file__).resolve().parents[3]
-SCRIPT = REPO / "benchmarks/resnet/run_and_time.sh"
 # Small enough for seconds-long runs of the real model; used by the failure cases.
 SMALL = dict(num_classes=4, train_per_class=8, val_per_class=4, image_size=40)
 SMALL_FLAGS = ["--image-size", "32", "--batch-size", "8", "--eval-batch-size", "16",
                "--workers", "0"]
 
 
-def run(env_extra: dict, timeout: int = 1200) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    env.update(env_extra)
-    return subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+def run(env_extra: dict, timeout: int = 1200):
+    return run_script("resnet", env_extra, timeout)
 
 
-def run_module(*flags) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "benchmarks.resnet", "--device", "cpu",
-                           "--precision", "fp32", *flags], cwd=REPO, capture_output=True,
-                          text=True, timeout=600)
-
-
-def error_lines(proc) -> list[str]:
-    return [line for line in proc.stderr.splitlines() if line.strip()]
+def run_module(*flags):
+    return run_program("resnet", *flags)
 
 
 @pytest.fixture(scope="module")

@@ -12,31 +12,21 @@ import pytest
 from compliance.check import check_log
 from compliance.logs import summarize
 from tests.compliance import e2e_logs
+from tests.entry_points import error_lines, run_program, run_script
 
 REPO = Path(__file__).resolve().parents[3]
-SCRIPT = REPO / "benchmarks/unet3d/run_and_time.sh"
 SMALL_FLAGS = ["--filters", "2,4,8,8,8", "--input-shape", "64,32,32", "--val-input-shape",
                "64,32,32", "--batch-size", "4", "--workers", "0", "--epochs", "1",
                "--start-eval-at", "1"]
 
 
-def run(env_extra: dict, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    env.update(env_extra)
-    return subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+def run(env_extra: dict, timeout: int = 900):
+    return run_script("unet3d", env_extra, timeout)
 
 
-def run_module(data_dir, tmp_path, *flags) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "benchmarks.unet3d", "--device", "cpu",
-                           "--precision", "fp32", "--data-dir", str(data_dir), "--log-file",
-                           str(tmp_path / "log.txt"), *SMALL_FLAGS, *flags], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
-
-
-def error_lines(proc) -> list[str]:
-    return [line for line in proc.stderr.splitlines() if line.strip()]
+def run_module(data_dir, tmp_path, *flags):
+    return run_program("unet3d", "--data-dir", str(data_dir), "--log-file",
+                       str(tmp_path / "log.txt"), *SMALL_FLAGS, *flags)
 
 
 @pytest.mark.slow

@@ -1,0 +1,30 @@
+"""Running a benchmark's entry points as a user does, for the end-to-end tests."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_script(benchmark: str, env_extra: dict, timeout: int = 900) -> subprocess.CompletedProcess:
+    """``benchmarks/<benchmark>/run_and_time.sh`` with this Python first on PATH."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env.update(env_extra)
+    return subprocess.run(["bash", str(REPO / f"benchmarks/{benchmark}/run_and_time.sh")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def run_program(benchmark: str, *flags: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python -m benchmarks.<benchmark>`` on the CPU in fp32 with ``flags``."""
+    return subprocess.run([sys.executable, "-m", f"benchmarks.{benchmark}", "--device", "cpu",
+                           "--precision", "fp32", *flags], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
+    """The non-empty stderr lines, Python warnings left out."""
+    return [line for line in proc.stderr.splitlines()
+            if line.strip() and "Warning" not in line and "warn" not in line]
