@@ -7,6 +7,7 @@ model, optimizer and communication from the input pipeline.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,3 +45,15 @@ def time_steps(name: str, step: Callable[..., torch.Tensor], batch: tuple[torch.
         best = seconds if best is None else min(best, seconds)
     return Measurement(name, batch[0].shape[0], iters, best, peak_memory_bytes(device))
 
+
+
+def gpu_variants(parser: argparse.ArgumentParser, text: str, known) -> list[str]:
+    """The comma-separated variants of a GPU comparison; ``parser.error`` (one line, exit 2)
+    without CUDA or for a name not in ``known``."""
+    if not torch.cuda.is_available():
+        parser.error("the throughput comparison needs a CUDA device")
+    variants = text.split(",")
+    unknown = set(variants) - set(known)
+    if unknown:
+        parser.error(f"unknown variant(s) {sorted(unknown)}; choose from {', '.join(known)}")
+    return variants

@@ -26,7 +26,7 @@ from common.cli import OneLineParser
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
 from common.precision import PRECISIONS, Precision
-from common.throughput import time_steps
+from common.throughput import gpu_variants, time_steps
 from common.training import build_parser
 
 OURS = {"ours-unpad": ("unpad", False, ["--fused-gelu"]),
@@ -80,12 +80,13 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--json", default=None, help="write the results here")
     a = p.parse_args(argv)
+    variants = gpu_variants(p, a.variants, VARIANTS)
     device = torch.device("cuda")
     precision = Precision(a.precision, "cuda")
     precision.apply_backend_flags()
     results = {}
     batch = None
-    for variant in a.variants.split(","):
+    for variant in variants:
         if variant == "hf-sdpa":
             try:
                 step = hf(a, precision, device, batch)

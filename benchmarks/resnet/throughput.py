@@ -29,7 +29,7 @@ from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
 from common.kernel_profile import kernel_breakdown
 from common.precision import PRECISIONS, Precision
-from common.throughput import Measurement, time_steps
+from common.throughput import Measurement, gpu_variants, time_steps
 from common.training import build_parser
 
 # variant -> (CUDA graph, torch.compile mode) for ours
@@ -130,13 +130,7 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true",
                    help="print each variant's GPU kernel time per step by kernel family")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("error: the throughput comparison needs a CUDA device", file=sys.stderr)
-        return 2
-    variants = args.variants.split(",")
-    unknown = set(variants) - set(VARIANTS)
-    if unknown:
-        p.error(f"unknown variant(s) {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
+    variants = gpu_variants(p, args.variants, VARIANTS)
     device = torch.device("cuda")
     precision = Precision(args.precision, "cuda")
     precision.apply_backend_flags()

@@ -20,7 +20,7 @@ from common.cli import OneLineParser
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
 from common.precision import Precision
-from common.throughput import time_steps
+from common.throughput import gpu_variants, time_steps
 from common.training import build_parser
 
 # variant -> (precision, channels_last_3d, CUDA graph)
@@ -52,13 +52,7 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--json", default=None, help="write the results here too")
     a = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("error: the throughput comparison needs a CUDA device", file=sys.stderr)
-        return 2
-    variants = a.variants.split(",")
-    unknown = set(variants) - set(VARIANTS)
-    if unknown:
-        p.error(f"unknown variant(s) {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
+    variants = gpu_variants(p, a.variants, VARIANTS)
     device = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
     rows = []
