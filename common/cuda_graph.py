@@ -7,6 +7,12 @@ and from then on copies each new batch into the captured input tensors and
 replays the graph. Without CUDA, for CPU tensors, or when disabled, it is a
 plain eager call: the same ``step`` function is the reference for the graphed one.
 
+Inputs whose shapes change from batch to batch (BERT's unpadded token count,
+rounded to a bucket) get one graph per distinct set of input shapes: a new
+shape runs once eagerly, then is captured. All graphs share one memory pool,
+which is safe because steps never overlap and each step's output is consumed
+(queued on the stream) before the next replay.
+
 A capturable step keeps every shape static, never reads a value back to the
 host (no ``.item()``, no data-dependent Python branching) and takes changing
 scalars such as the learning rate from device tensors.
@@ -37,22 +43,27 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
     return _SIDE_STREAMS[index]
 
 
+class _Captured:
+    def __init__(self, graph: torch.cuda.CUDAGraph, inputs: tuple, output):
+        self.graph, self.inputs, self.output = graph, inputs, output
+
+
 class GraphedStep:
     def __init__(self, step: Callable[..., torch.Tensor], enabled: bool = True,
                  warmup_steps: int = DEFAULT_WARMUP_STEPS):
         self.step = step
         self.enabled = bool(enabled) and torch.cuda.is_available()
         self.warmup_steps = warmup_steps
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graphs: dict[tuple, _Captured] = {}
+        self._seen: set[tuple] = set()
         self._calls = 0
-        self._static_inputs: tuple[torch.Tensor, ...] = ()
-        self._static_output = None
+        self._pool = None
         self._side_stream = (side_stream(torch.device("cuda", torch.cuda.current_device()))
                              if self.enabled else None)
 
     @property
     def captured(self) -> bool:
-        return self.graph is not None
+        return bool(self.graphs)
 
     def __call__(self, *inputs: torch.Tensor):
         if not self.enabled or inputs[0].device.type != "cuda":
@@ -60,12 +71,17 @@ class GraphedStep:
         self._calls += 1
         if self._calls <= self.warmup_steps:
             return self._run_on_side_stream(inputs)
-        if self.graph is None:
-            self._capture(inputs)
-        for static, new in zip(self._static_inputs, inputs):
+        key = tuple(t.shape for t in inputs)
+        captured = self.graphs.get(key)
+        if captured is None:
+            if self.graphs and key not in self._seen:  # a new shape runs eagerly once first
+                self._seen.add(key)
+                return self._run_on_side_stream(inputs)
+            captured = self.graphs[key] = self._capture(inputs)
+        for static, new in zip(captured.inputs, inputs):
             static.copy_(new, non_blocking=True)
-        self.graph.replay()
-        return self._static_output
+        captured.graph.replay()
+        return captured.output
 
     def _run_on_side_stream(self, inputs):
         stream = self._side_stream
@@ -75,16 +91,18 @@ class GraphedStep:
         torch.cuda.current_stream().wait_stream(stream)
         return out
 
-    def _capture(self, inputs):
-        self._static_inputs = tuple(t.clone() for t in inputs)
+    def _capture(self, inputs) -> _Captured:
+        static = tuple(t.clone() for t in inputs)
         torch.cuda.synchronize()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, stream=self._side_stream):
-                self._static_output = self.step(*self._static_inputs)
+            with torch.cuda.graph(graph, pool=self._pool, stream=self._side_stream):
+                output = self.step(*static)
         except RuntimeError as exc:
             first = next((line for line in str(exc).splitlines() if line.strip()), repr(exc))
             raise UserError(f"the training step could not be captured as a CUDA graph "
                             f"({first.strip()}); rerun with --no-cuda-graph") from exc
         torch.cuda.synchronize()
-        self.graph = graph
+        return _Captured(graph, static, output)

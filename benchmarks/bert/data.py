@@ -90,14 +90,19 @@ def read_shard(path: Path, vocab_size: int) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _to_device(arrays: dict[str, np.ndarray], rows, device) -> tuple[torch.Tensor, ...]:
-    return tuple(torch.from_numpy(arrays[k][rows]).to(device, non_blocking=True)
-                 for k in BATCH_KEYS)
+def _to_device(arrays: dict[str, np.ndarray], rows, device,
+               extra=lambda mask: ()) -> tuple[torch.Tensor, ...]:
+    """The batch's tensors on ``device``, then ``extra(host input_mask)``'s arrays."""
+    host = [arrays[k][rows] for k in BATCH_KEYS]
+    host += extra(arrays["input_mask"][rows])
+    return tuple(torch.from_numpy(np.ascontiguousarray(a)).to(device, non_blocking=True)
+                 for a in host)
 
 
 def train_stream(shards: Shards, vocab_size: int, global_batch: int, rank: int, world: int,
-                 seed: int, device) -> Iterator[tuple[torch.Tensor, ...]]:
-    """Endless global batches (shards and rows reshuffled every pass); yields this rank's slice.
+                 seed: int, device, extra=lambda mask: ()) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Endless global batches (shards and rows reshuffled every pass); yields this rank's slice
+    (with ``extra(host input_mask)`` appended, e.g. the unpadded packing).
 
     One shard is in memory at a time; rows left over at the end of a shard
     start the next batch.
@@ -116,7 +121,7 @@ def train_stream(shards: Shards, vocab_size: int, global_batch: int, rank: int, 
             full = n // global_batch * global_batch
             for start in range(0, full, global_batch):
                 lo = start + rank * local
-                yield _to_device(arrays, slice(lo, lo + local), device)
+                yield _to_device(arrays, slice(lo, lo + local), device, extra)
             carry = {k: v[full:] for k, v in arrays.items()}
 
 

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -81,18 +82,85 @@ def fused_bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Packing:
-    """Where the real tokens of a padded ``[batch, seq]`` batch live in the packed matrix."""
+    """Where the tokens of a padded ``[batch, seq]`` batch live in the packed token matrix.
 
-    index: torch.Tensor        # [tokens] flat positions (b * seq + s) of the real tokens
-    offsets: torch.Tensor      # [batch + 1] start of each sequence in the packed matrix
+    ``index`` [tokens]: the flat positions (``b * seq + s``) gathered into the
+    packed matrix; ``offsets`` [sequences + 1] (int32): sequence ``i`` is rows
+    ``offsets[i]:offsets[i + 1]``. The batch's sequences come first; a bucketed
+    packing (``bucketed_packing``) then has filler sequences made of padding
+    positions, which no output reads and which therefore get zero gradient.
+    """
+
+    index: torch.Tensor
+    offsets: torch.Tensor
     max_len: int
 
     @classmethod
     def from_mask(cls, mask: torch.Tensor) -> Packing:
-        """Real tokens come first in every row (BERT pads at the end)."""
+        """The exact packing of ``mask`` (real tokens first in every row, as BERT pads)."""
         lengths = mask.sum(1)
-        offsets = F.pad(lengths.cumsum(0), (1, 0))
+        offsets = F.pad(lengths.cumsum(0), (1, 0)).int()
         return cls(mask.flatten().nonzero().squeeze(1), offsets, mask.shape[1])
+
+
+def bucketed_packing(mask: np.ndarray, micro: int, bucket: int) -> tuple[np.ndarray, ...]:
+    """Static-shape packings of the ``micro`` micro-batches of a host ``mask`` [batch, seq].
+
+    The token count is the largest micro-batch's, rounded up to a multiple of
+    ``bucket`` (at most all positions); the gap is filled with padding positions
+    split into ``ceil(bucket / seq)`` filler sequences (some possibly empty), so
+    every batch of a bucket has the same shapes and one CUDA graph serves them.
+    Returns ``index`` [micro, tokens] (int64) and ``offsets`` [micro, rows + 1 + fillers]
+    (int32), ``rows`` being the micro-batch size.
+    """
+    b, s = mask.shape
+    parts = mask.reshape(micro, b // micro, s).astype(bool)
+    cap = min(-(-int(parts.sum((1, 2)).max()) // bucket) * bucket, b // micro * s)
+    fillers = -(-bucket // s)
+    index, offsets = [], []
+    for part in parts:
+        flat = part.reshape(-1)
+        real, pad = np.flatnonzero(flat), np.flatnonzero(~flat)
+        tail = cap - len(real)
+        index.append(np.concatenate([real, pad[:tail]]))
+        filler = np.clip(tail - s * np.arange(fillers), 0, s)
+        offsets.append(np.cumsum(np.concatenate([[0], part.sum(1), filler])))
+    return np.stack(index).astype(np.int64), np.stack(offsets).astype(np.int32)
+
+
+class _FlashVarlen(torch.autograd.Function):
+    """Flash attention over packed variable-length sequences ([tokens, heads, dim]), with
+    dropout; shapes are static, so it runs inside CUDA graphs."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, offsets, max_len: int, dropout_p: float):
+        out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
+            q, k, v, offsets, offsets, max_len, max_len, dropout_p, False, False)
+        ctx.save_for_backward(q, k, v, out, lse, offsets, rng, unused)
+        ctx.max_len, ctx.dropout_p = max_len, dropout_p
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse, offsets, rng, unused = ctx.saved_tensors
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            grad.contiguous(), q, k, v, out, lse, offsets, offsets, ctx.max_len, ctx.max_len,
+            ctx.dropout_p, False, rng, unused)
+        return dq, dk, dv, None, None, None
+
+
+def varlen_attention(q, k, v, packing: Packing, dropout_p: float) -> torch.Tensor:
+    """Attention within each packed sequence of ``q, k, v`` [tokens, heads, dim].
+
+    CUDA: flash attention (bf16/fp16). Elsewhere: one SDPA call per sequence.
+    """
+    if q.is_cuda:
+        return _FlashVarlen.apply(q, k, v, packing.offsets, packing.max_len, dropout_p)
+    bounds = packing.offsets.tolist()
+    pieces = [F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)),
+                                             dropout_p=dropout_p).transpose(0, 1)
+              for a, b in zip(bounds, bounds[1:]) if b > a]
+    return torch.cat(pieces)
 
 
 class Embeddings(nn.Module):
@@ -141,14 +209,8 @@ class SelfAttention(nn.Module):
 
     def _packed(self, q, k, v, packing: Packing, p: float):
         t, h = q.shape
-
-        def nested(x):
-            x = x.view(t, self.heads, self.head_dim)
-            return torch.nested.nested_tensor_from_jagged(
-                x, packing.offsets, max_seqlen=packing.max_len).transpose(1, 2)
-
-        out = F.scaled_dot_product_attention(nested(q), nested(k), nested(v), dropout_p=p)
-        return out.transpose(1, 2).values().reshape(t, h)
+        q, k, v = (x.view(t, self.heads, self.head_dim) for x in (q, k, v))
+        return varlen_attention(q, k, v, packing, p).reshape(t, h)
 
 
 class DenseLayerNorm(nn.Module):
@@ -271,13 +333,17 @@ class BertForPreTraining(nn.Module):
             if isinstance(m, nn.Linear) and m.bias is not None:
                 nn.init.zeros_(m.bias)
 
-    def forward(self, input_ids, segment_ids, input_mask, masked_lm_positions):
+    def forward(self, input_ids, segment_ids, input_mask, masked_lm_positions,
+                pack_index=None, pack_offsets=None):
+        """``pack_index``/``pack_offsets``: a ``bucketed_packing`` of the batch for
+        ``unpad`` (static shapes); without them the exact packing is computed here."""
         b, s = input_ids.shape
         x = self.bert.embeddings(input_ids, segment_ids)
         if self.attention == "unpad":
-            packing = Packing.from_mask(input_mask)
+            packing = (Packing(pack_index, pack_offsets, s) if pack_index is not None
+                       else Packing.from_mask(input_mask))
             x = self.bert.encoder(x.view(b * s, -1)[packing.index], None, packing)
-            starts = packing.offsets[:-1]
+            starts = packing.offsets[:b].long()
             first = x[starts]
             masked = x[starts[:, None] + masked_lm_positions]
         else:

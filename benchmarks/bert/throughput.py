@@ -6,11 +6,14 @@
 Every sequence of the synthetic batch has ``fill`` of its 512 positions real
 and the rest padding (0.6: about the reference Wikipedia data's mean fill).
 ``ours-unpad``: the suite's real step (flat parameters, LAMB, masked-LM head
-on the masked positions only) with padding removed (packed SDPA), eager;
+on the masked positions only) with padding removed (flash attention on the
+packed sequences, token count rounded to a 512 bucket) as one CUDA graph;
+``ours-unpad-eager``: the same without the graph;
 ``ours-sdpa-graph``: the same step on padded SDPA as one CUDA graph;
 ``ours-plain``: the plain model (explicit softmax attention, per-tensor LAMB).
 ``hf-sdpa``: ``transformers.BertForPreTraining`` with SDPA attention and
-``torch.optim.AdamW``, the step a user would otherwise run.
+``torch.optim.AdamW``, the step a user would otherwise run. ``--profile`` adds each
+variant's GPU kernel time by kernel family.
 """
 
 from __future__ import annotations
@@ -25,11 +28,13 @@ from benchmarks.bert.workload import SYNTHETIC, BertWorkload
 from common.cli import OneLineParser
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
+from common.kernel_profile import kernel_breakdown
 from common.precision import PRECISIONS, Precision
 from common.throughput import gpu_variants, time_steps
 from common.training import build_parser
 
-OURS = {"ours-unpad": ("unpad", False, ["--fused-gelu"]),
+OURS = {"ours-unpad": ("unpad", True, ["--fused-gelu"]),
+        "ours-unpad-eager": ("unpad", False, ["--fused-gelu"]),
         "ours-sdpa-graph": ("sdpa", True, ["--fused-gelu"]),
         "ours-plain": ("plain", False, ["--no-flat-params"])}
 VARIANTS = (*OURS, "hf-sdpa")
@@ -53,7 +58,7 @@ def hf(a, precision: Precision, device, batch):
         vocab_size=30528, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
         intermediate_size=4096, attn_implementation="sdpa")).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids, seg, mask, pos, labels, nsp = batch
+    ids, seg, mask, pos, labels, nsp = batch[:6]
     mlm_labels = torch.full_like(ids, -100).scatter_(1, pos, labels)
 
     def step(*_):
@@ -79,6 +84,8 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=15)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--profile", action="store_true",
+                   help="print each variant's GPU kernel time per step by kernel family")
     a = p.parse_args(argv)
     variants = gpu_variants(p, a.variants, VARIANTS)
     device = torch.device("cuda")
@@ -99,6 +106,8 @@ def main(argv=None) -> int:
         results[variant] = dict(seq_per_s=round(m.samples_per_second, 1),
                                 peak_gib=round(m.peak_memory_bytes / 2**30, 2))
         print(f"{variant}: {results[variant]}", flush=True)
+        if a.profile:
+            print(kernel_breakdown(step, batch, top=25), flush=True)
         del step
         torch.cuda.empty_cache()
     if a.json:

@@ -14,6 +14,7 @@ import argparse
 import contextlib
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -23,6 +24,7 @@ from benchmarks.bert.model import (
     ATTENTION_IMPLS,
     BertConfig,
     BertForPreTraining,
+    bucketed_packing,
     mllog_tensor_names,
     no_weight_decay,
 )
@@ -94,6 +96,9 @@ class BertWorkload(Workload):
         p.add_argument("--eval-samples", type=int, default=EVAL_SAMPLES)
         p.add_argument("--attention", default="sdpa", choices=ATTENTION_IMPLS,
                        help="plain softmax, padded SDPA, or unpadded (packed) SDPA")
+        p.add_argument("--unpad-bucket", type=int, default=512,
+                       help="unpad: round each batch's token count up to a multiple of this, "
+                            "so a few CUDA graphs (one per bucket) serve all batches")
         p.add_argument("--fused-gelu", action=argparse.BooleanOptionalAction, default=False,
                        help="bias+GELU as one compiled kernel")
         p.add_argument("--flat-params", action=argparse.BooleanOptionalAction, default=True,
@@ -111,9 +116,11 @@ class BertWorkload(Workload):
             raise UserError("amp-fp16 is not supported for bert (LAMB runs without a loss "
                             "scaler): use --precision amp-bf16")
         cuda_graph = a.cuda_graph and env.device.type == "cuda"
-        if cuda_graph and a.attention == "unpad":
-            raise UserError("--attention unpad has data-dependent shapes and cannot run inside "
-                            "a CUDA graph: add --no-cuda-graph or use --attention sdpa")
+        if a.attention == "unpad" and env.device.type == "cuda" and a.precision != "amp-bf16":
+            raise UserError(f"--attention unpad runs flash attention, which has no "
+                            f"{a.precision} kernel: use --precision amp-bf16")
+        if a.unpad_bucket < 1:
+            raise UserError(f"--unpad-bucket must be >= 1 token, not {a.unpad_bucket}")
         if cuda_graph and not a.flat_params and env.distributed:
             raise UserError("--no-flat-params uses DDP, which is not captured here: "
                             "add --no-cuda-graph")
@@ -178,7 +185,14 @@ class BertWorkload(Workload):
         if self.synthetic:
             return
         self.stream = data.train_stream(self.train_shards, self.config.padded_vocab_size, gbs,
-                                        env.rank, env.world_size, a.seed, env.device)
+                                        env.rank, env.world_size, a.seed, env.device,
+                                        self._packing)
+
+    def _packing(self, mask: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The bucketed packing appended to every training batch of ``--attention unpad``."""
+        if self.args.attention != "unpad":
+            return ()
+        return bucketed_packing(mask, self.args.grad_accum, self.args.unpad_bucket)
 
     @property
     def dataset(self) -> str:
@@ -238,7 +252,9 @@ class BertWorkload(Workload):
         mlm_loss = F.cross_entropy(mlm.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
         return mlm_loss + F.cross_entropy(nsp.float(), nsp_labels)
 
-    def train_step(self, ids, segments, mask, positions, mlm_ids, nsp_labels) -> torch.Tensor:
+    def train_step(self, ids, segments, mask, positions, mlm_ids, nsp_labels,
+                   pack_index=None, pack_offsets=None) -> torch.Tensor:
+        """One optimizer step; ``pack_*``: the batch's ``bucketed_packing`` (unpad)."""
         a = self.args
         self.lr.copy_(bert_lr(self.step_count, a.lr, a.max_steps, a.warmup_steps,
                               a.start_warmup_step))
@@ -246,13 +262,15 @@ class BertWorkload(Workload):
         total = torch.zeros((), device=ids.device)
         micro = [t.chunk(a.grad_accum) for t in (ids, segments, mask, positions, mlm_ids,
                                                   nsp_labels)]
-        for i, (x, s, m, p, y, n) in enumerate(zip(*micro)):
+        packs = (zip(pack_index, pack_offsets) if pack_index is not None
+                 else [(None, None)] * a.grad_accum)
+        for i, ((x, s, m, p, y, n), pack) in enumerate(zip(zip(*micro), packs)):
             last = i == a.grad_accum - 1
             sync = (self.model.no_sync() if (not last and hasattr(self.model, "no_sync"))
                     else contextlib.nullcontext())
             with sync:
                 with self.precision.autocast():
-                    mlm, nsp = self.model(x, s, m, p)
+                    mlm, nsp = self.model(x, s, m, p, *pack)
                 loss = self._loss(mlm, nsp, p, y, n) / a.grad_accum
                 loss.backward()
             total += loss.detach()
@@ -286,12 +304,16 @@ class BertWorkload(Workload):
         return 6.0 * dense * s + 12.0 * layers * s * s * h
 
     def synthetic_batch(self, batch_size: int, fill: float = 1.0) -> tuple[torch.Tensor, ...]:
-        """Random tokens; each sequence has ``fill`` of its positions real, the rest padding."""
-        return data.synthetic_batch(batch_size, self.args.max_seq_length,
-                                    self.args.max_predictions, self.config.vocab_size, fill,
-                                    self.env.device)
+        """Random tokens; each sequence has ``fill`` of its positions real, the rest padding
+        (plus the bucketed packing for ``--attention unpad``)."""
+        batch = data.synthetic_batch(batch_size, self.args.max_seq_length,
+                                     self.args.max_predictions, self.config.vocab_size, fill,
+                                     self.env.device)
+        packing = self._packing(batch[2].cpu().numpy())
+        return batch + tuple(torch.from_numpy(t).to(self.env.device) for t in packing)
 
-    def infer_step(self, ids, segments, mask, positions, mlm_ids, nsp_labels) -> torch.Tensor:
+    def infer_step(self, ids, segments, mask, positions, mlm_ids, nsp_labels,
+                   pack_index=None, pack_offsets=None) -> torch.Tensor:
         self.model.eval()
         with torch.no_grad(), self.precision.autocast():
             mlm, _ = self.model(ids, segments, mask, positions)

@@ -53,3 +53,18 @@ def test_captured_graph_equals_eager_on_gpu():
     want, got = run(plain, data), run(graphed, data)
     assert graphed.captured
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_one_graph_per_input_shape_on_gpu():
+    a, b = models("cuda")
+    plain = make_step(a, torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9))
+    graphed = GraphedStep(make_step(b, torch.optim.SGD(b.parameters(), lr=0.1, momentum=0.9)),
+                          warmup_steps=3)
+    g = torch.Generator().manual_seed(2)
+    data = [(torch.randn(n, 8, generator=g).cuda(), torch.randn(n, 1, generator=g).cuda())
+            for n in (4, 4, 4, 4, 6, 4, 6, 2, 6, 4, 2)]
+    want, got = run(plain, data), run(graphed, data)
+    assert sorted(k[0][0] for k in graphed.graphs) == [2, 4, 6]
+    torch.testing.assert_close(got, want)

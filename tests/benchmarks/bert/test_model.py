@@ -12,6 +12,7 @@ from benchmarks.bert.model import (
     BertConfig,
     BertForPreTraining,
     bias_gelu,
+    bucketed_packing,
     fused_bias_gelu,
     mllog_tensor_names,
 )
@@ -85,6 +86,61 @@ def test_attention_paths_match_plain_on_real_tokens(impl):
         (mlm.square().mean() + nsp.square().mean()).backward()
     for (n, a), (_, b) in zip(plain.named_parameters(), other.named_parameters()):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_bucketed_packing_shapes_and_fillers():
+    _, _, mask, _ = _batch()                      # 11, 16 and 6 real tokens
+    index, offsets = bucketed_packing(mask.numpy(), micro=1, bucket=8)
+    assert index.shape == (1, 40) and offsets.shape == (1, 3 + 1 + 1)
+    assert offsets[0].tolist() == [0, 11, 27, 33, 40]       # one filler sequence of 7
+    flat = mask.flatten().numpy()
+    assert flat[index[0, :33]].all() and not flat[index[0, 33:]].any()
+    assert len(set(index[0].tolist())) == 40                 # no position twice
+    # two micro-batches share the larger one's bucket; a bucket of 20 needs 2 fillers
+    index, offsets = bucketed_packing(mask[:2].numpy(), micro=2, bucket=20)
+    assert index.shape == (2, 16) and offsets[:, -1].tolist() == [16, 16]
+    assert offsets[0].tolist() == [0, 11, 16, 16] and offsets[1].tolist() == [0, 16, 16, 16]
+
+
+def test_bucketed_unpad_step_matches_padded_outputs_and_gradients():
+    torch.manual_seed(0)
+    padded = BertForPreTraining(SMALL, "sdpa").eval()   # no dropout; gradients still flow
+    unpad = BertForPreTraining(SMALL, "unpad").eval()
+    unpad.load_state_dict(padded.state_dict())
+    batch = _batch()
+    pack = [torch.from_numpy(t[0]) for t in bucketed_packing(batch[2].numpy(), 1, 8)]
+    outs = []
+    for model, extra in ((padded, []), (unpad, pack)):
+        model.zero_grad()
+        mlm, nsp = model(*batch, *extra)
+        (mlm.square().mean() + nsp.square().mean()).backward()
+        outs.append((mlm, nsp))
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+    for (n, a), (_, b) in zip(padded.named_parameters(), unpad.named_parameters()):
+        torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=n)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_flash_varlen_matches_padded_sdpa_on_gpu():
+    torch.manual_seed(0)
+    c = BertConfig(vocab_size=61, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                   intermediate_size=256, max_position_embeddings=16)
+    padded = BertForPreTraining(c, "sdpa").cuda().eval()
+    unpad = BertForPreTraining(c, "unpad").cuda().eval()
+    unpad.load_state_dict(padded.state_dict())
+    batch = [t.cuda() for t in _batch()]
+    pack = [torch.from_numpy(t[0]).cuda() for t in bucketed_packing(batch[2].cpu().numpy(), 1, 8)]
+    grads = []
+    for model, extra in ((padded, []), (unpad, pack)):
+        with torch.autocast("cuda", torch.bfloat16):
+            mlm, nsp = model(*batch, *extra)
+        (mlm.float().square().mean() + nsp.float().square().mean()).backward()
+        grads.append(model.bert.encoder.layer[0].attention.self.query.weight.grad)
+        if model is padded:
+            want = mlm.float()
+    torch.testing.assert_close(mlm.float(), want, atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(grads[1], grads[0], atol=3e-2, rtol=5e-2)
 
 
 def test_unpadded_hidden_states_ignore_padding():
