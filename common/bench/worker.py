@@ -99,7 +99,9 @@ def count_flops(fn, batch) -> float:
 
 
 def build_point(a, env: dist.DistEnv, precision: Precision):
-    """(step, batches iterator, flops per sample or None, warm-up steps needed) for the point."""
+    """(step, batches iterator, flops per sample or None, warm-up steps needed, samples per
+    step over all ranks) for the point. Ranks that share samples (U-Net's spatial groups)
+    count them once: the workload's global batch."""
     cls = workload_class(a.workload)
     argv = shlex.split(a.workload_args) + ["--precision", a.precision, "--seed", "0",
                                            "--device", env.device.type]
@@ -112,11 +114,13 @@ def build_point(a, env: dist.DistEnv, precision: Precision):
             batches = itertools.repeat(wl.synthetic_batch(a.batch_size))
         else:
             batches = (b for epoch in itertools.count(1) for b in wl.epoch_batches(epoch))
+        samples = wl.global_batch_size
         if a.mode == "infer":
-            return wl.infer_step, batches, None, 0
+            return wl.infer_step, batches, None, 0, samples
         graphed = GraphedStep(wl.train_step, enabled=a.cuda_graph and env.device.type == "cuda")
         flops = wl.flops_per_sample
-        return graphed, batches, flops, (graphed.warmup_steps + 1 if graphed.enabled else 0)
+        return (graphed, batches, flops, (graphed.warmup_steps + 1 if graphed.enabled else 0),
+                samples)
     factories = baselines(a.workload)
     if a.implementation not in factories:
         raise UserError(f"{a.workload} has no baseline {a.implementation!r}; it has "
@@ -124,14 +128,14 @@ def build_point(a, env: dist.DistEnv, precision: Precision):
     if a.data != "synthetic":
         raise UserError("baselines run on synthetic data only")
     step, batch = factories[a.implementation](a.batch_size, precision, env.device, a.mode, args)
-    return step, itertools.repeat(batch), None, 0
+    return step, itertools.repeat(batch), None, 0, a.batch_size * env.world_size
 
 
 def measure(a, env: dist.DistEnv) -> dict:
     precision = Precision(a.precision, env.device.type)
     precision.apply_backend_flags()
     torch.backends.cudnn.benchmark = env.device.type == "cuda"
-    step, batches, flops, min_warmup = build_point(a, env, precision)
+    step, batches, flops, min_warmup, per_step = build_point(a, env, precision)
     warmup = max(a.warmup, min_warmup)
     first = next(batches)
     if flops is None:  # counted on one real call (eager; compiled variants count the same ops)
@@ -161,12 +165,12 @@ def measure(a, env: dist.DistEnv) -> dict:
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(stats, op=torch.distributed.ReduceOp.MAX)
     window, core, peak = stats.tolist()
-    samples = a.iters * a.batch_size * env.world_size
+    samples = a.iters * per_step
     lat = sorted(s * 1000 for s in steps)
     return {
         "samples": samples, "seconds": window, "samples_per_s": samples / window,
         "core_seconds": core, "p_core": samples / core, "p_train": samples / window,
-        "total_samples": (warmup + a.iters) * a.batch_size * env.world_size,
+        "total_samples": (warmup + a.iters) * per_step,
         "warmup": warmup, "peak_memory_bytes": int(peak),
         "flops_per_sample": flops, "flops_counted": flops_note,
         "latency_ms": {"mean": sum(lat) / len(lat), **{f"p{q}": percentile(lat, q)
