@@ -139,7 +139,9 @@ def measure(a, env: dist.DistEnv) -> dict:
     warmup = max(a.warmup, min_warmup)
     first = next(batches)
     if flops is None:  # counted on one real call (eager; compiled variants count the same ops)
-        flops = count_flops(step, first)
+        # this rank's share of a step, scaled to a sample of the global batch (spatial groups
+        # split each sample over ranks)
+        flops = count_flops(step, first) * a.batch_size * env.world_size / per_step
     flops_note = "forward+backward" if a.mode == "train" else "forward"
     reset_peak_memory(env.device)
     out = step(*first)
