@@ -65,7 +65,10 @@ def _check_pair(case_id: str, image: Path, label: Path) -> Case:
 
 
 def scan(root: Path) -> tuple[list[Case], list[Case]]:
-    """(training cases, evaluation cases), sorted by case id; checks names, shapes, dtypes."""
+    """(training cases, evaluation cases), sorted by case id; checks names, shapes, dtypes.
+
+    Reads file names and .npy headers only, no voxels: it runs before run_start, and MLPerf
+    starts the clock before any part of the system touches the data."""
     root = Path(root)
     if not root.is_dir():
         raise UserError(f"{root}: dataset directory not found (run prepare_data.py or unset "

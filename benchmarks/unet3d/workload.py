@@ -108,7 +108,7 @@ class Unet3DWorkload(Workload):
             say(f"note: global batch {self.global_batch_size} does not divide "
                 f"{self.train_samples} training cases; the remainder is dropped each epoch",
                 env.is_main)
-        self.eval_set = [self._eval_case(c) for c in self.val_cases]
+        self.eval_set: list | None = None  # read at the first evaluation, inside the timed run
 
         torch.manual_seed(a.seed)   # the same initial weights on every rank
         self.net = Unet3D(a.filters, 1, NUM_CLASSES).to(env.device)
@@ -245,6 +245,8 @@ class Unet3DWorkload(Workload):
         a, env = self.args, self.env
         self.net.eval()
         scores = torch.zeros(NUM_CLASSES - 1, dtype=torch.float64, device=env.device)
+        if self.eval_set is None:  # MLPerf: no data is touched before run_start; kept after
+            self.eval_set = [self._eval_case(c) for c in self.val_cases]
         for image, label in self.eval_set:
             with self.precision.autocast():
                 logits, crops = inference.sliding_window(

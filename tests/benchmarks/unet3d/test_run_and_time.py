@@ -63,7 +63,7 @@ def test_shape_mismatch_names_the_case(tmp_path, kits_fixture):
 
 def test_label_outside_the_classes_is_an_error(tmp_path, kits_fixture):
     data = _copy(kits_fixture, tmp_path)
-    label = np.load(data / "case_00003_y.npy")   # an evaluation case: read during set-up
+    label = np.load(data / "case_00003_y.npy")   # an evaluation case: read at the first evaluation
     label[0, 1, 1, 1] = 3
     np.save(data / "case_00003_y.npy", label)
     proc = run_module(data, tmp_path)
