@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from common.cli import OneLineParser
+from common.cli import OneLineParser, one_line_errors
 from common.errors import UserError
 from compliance import mlperf_tools, system
 from compliance.check import check_log
@@ -177,6 +177,7 @@ def check_tree(tree: Path, ruleset: str) -> list[mlperf_tools.Verdict]:
     return verdicts
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m compliance.package", description=__doc__.splitlines()[0])
     p.add_argument("--submitter")
@@ -189,20 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true", help="only check the tree OUTDIR")
     p.add_argument("paths", nargs="+", type=Path, metavar="LOGDIR OUTDIR")
     args = p.parse_args(argv)
-    try:
-        if args.check:
-            if len(args.paths) != 1:
-                p.error("--check takes one path: the submission tree")
-            tree = args.paths[0]
-        else:
-            if len(args.paths) != 2 or not (args.submitter and args.system and args.benchmark):
-                p.error("packaging needs --submitter, --system, --benchmark, LOGDIR and OUTDIR")
-            args.logdir, args.outdir = args.paths
-            tree = build_tree(args)
-        verdicts = check_tree(tree, args.ruleset)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    if args.check:
+        if len(args.paths) != 1:
+            p.error("--check takes one path: the submission tree")
+        tree = args.paths[0]
+    else:
+        if len(args.paths) != 2 or not (args.submitter and args.system and args.benchmark):
+            p.error("packaging needs --submitter, --system, --benchmark, LOGDIR and OUTDIR")
+        args.logdir, args.outdir = args.paths
+        tree = build_tree(args)
+    verdicts = check_tree(tree, args.ruleset)
     for v in verdicts:
         print(v.line())
     rows = score_table(tree, args.ruleset)

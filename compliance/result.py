@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from common.cli import OneLineParser
-from common.errors import UserError
+from common.cli import OneLineParser, one_line_errors
 from compliance.logs import summarize
 
 
@@ -21,15 +20,12 @@ def result_line(summary) -> str:
             f"{summary.dataset.replace(',', ';')}")
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m compliance.result", description=__doc__.splitlines()[0])
     p.add_argument("log")
     args = p.parse_args(argv)
-    try:
-        summary = summarize(args.log)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    summary = summarize(args.log)
     print(result_line(summary))
     return 0 if summary.success else 1
 

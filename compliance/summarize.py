@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.cli import OneLineParser
+from common.cli import OneLineParser, one_line_errors
 from common.errors import UserError
 from compliance import mlperf_tools
 from compliance.logs import summarize
@@ -89,16 +89,13 @@ def print_and_write(rows: list[Row], tree: Path) -> None:
     print(f"wrote {tree / 'summary.csv'} and {tree / 'summary.md'}")
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m compliance.summarize", description=__doc__.splitlines()[0])
     p.add_argument("tree", type=Path)
     p.add_argument("--ruleset", default="1.1.0")
     args = p.parse_args(argv)
-    try:
-        rows = score_table(args.tree, args.ruleset)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    rows = score_table(args.tree, args.ruleset)
     if not rows:
         print(f"error: {args.tree}/results holds no <system>/<benchmark> folder", file=sys.stderr)
         return 2

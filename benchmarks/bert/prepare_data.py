@@ -16,7 +16,6 @@ package.
 
 from __future__ import annotations
 
-import argparse
 import random
 import re
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from common.cli import OneLineParser, one_line_errors
 from common.errors import UserError
 
 SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -185,8 +185,10 @@ def prepare(inputs: list[Path], vocab: Path, output_dir: Path, max_seq: int = 51
     return paths
 
 
+@one_line_errors
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m benchmarks.bert.prepare_data",
+                      description=__doc__.splitlines()[0])
     p.add_argument("--input", type=Path, nargs="+", required=True, help="raw text files")
     p.add_argument("--vocab", type=Path, required=True, help="WordPiece vocab.txt")
     p.add_argument("--output-dir", type=Path, required=True)
@@ -199,13 +201,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=12345)
     p.add_argument("--prefix", default="part")
     a = p.parse_args(argv)
-    try:
-        paths = prepare(a.input, a.vocab, a.output_dir, a.max_seq_length, a.max_predictions,
-                        a.shards, a.dupe_factor, a.masked_lm_prob, a.short_seq_prob, a.seed,
-                        a.prefix)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    paths = prepare(a.input, a.vocab, a.output_dir, a.max_seq_length, a.max_predictions,
+                    a.shards, a.dupe_factor, a.masked_lm_prob, a.short_seq_prob, a.seed,
+                    a.prefix)
     print(f"wrote {len(paths)} shard(s) to {a.output_dir}")
     return 0
 

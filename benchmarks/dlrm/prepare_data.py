@@ -16,7 +16,6 @@ the per-feature value dictionaries.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from benchmarks.dlrm.data import (
     RECORD_INTS,
     TRAIN_FILE,
 )
+from common.cli import OneLineParser, one_line_errors
 from common.errors import UserError
 
 CHUNK_LINES = 1 << 20
@@ -97,22 +97,18 @@ def prepare(raw: Path, out: Path, days: int, max_ind_range: int) -> None:
             print(f"{p}: written", flush=True)
 
 
+@one_line_errors
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python -m benchmarks.dlrm.prepare_data",
+                      description=__doc__.splitlines()[0])
     p.add_argument("raw_dir", type=Path, help="folder with day_0 ... day_23")
     p.add_argument("out_dir", type=Path)
     p.add_argument("--days", type=int, default=24, help="day files; the last one is evaluation")
     p.add_argument("--max-ind-range", type=int, default=40_000_000)
     a = p.parse_args(argv)
     if a.days < 2:
-        print("error: --days must be at least 2 (training days plus the evaluation day)",
-              file=sys.stderr)
-        return 2
-    try:
-        prepare(a.raw_dir, a.out_dir, a.days, a.max_ind_range)
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        p.error("--days must be at least 2 (training days plus the evaluation day)")
+    prepare(a.raw_dir, a.out_dir, a.days, a.max_ind_range)
     return 0
 
 

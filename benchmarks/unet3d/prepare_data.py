@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common.cli import OneLineParser
+from common.cli import OneLineParser, one_line_errors
 from common.errors import UserError
 
 MAX_ID = 210
@@ -68,22 +68,19 @@ def prepare_case(case_dir: Path, out_dir: Path) -> tuple[int, ...]:
     return image.shape
 
 
+@one_line_errors
 def main(argv=None) -> int:
     p = OneLineParser(prog="python -m benchmarks.unet3d.prepare_data", description=__doc__)
     p.add_argument("--data-dir", type=Path, required=True, help="KiTS19 data/ with case_XXXXX/")
     p.add_argument("--results-dir", type=Path, required=True)
     a = p.parse_args(argv)
-    try:
-        cases = sorted(d for d in a.data_dir.glob("case_*") if d.is_dir()
-                       and int(d.name.split("_")[1]) < MAX_ID) if a.data_dir.is_dir() else []
-        if not cases:
-            raise UserError(f"{a.data_dir}: no case_XXXXX folders (the KiTS19 data/ folder)")
-        a.results_dir.mkdir(parents=True, exist_ok=True)
-        for case in cases:
-            print(f"{case.name}: {prepare_case(case, a.results_dir)}", flush=True)
-    except UserError as exc:
-        print(f"prepare_data: error: {exc}", file=sys.stderr)
-        return 2
+    cases = sorted(d for d in a.data_dir.glob("case_*") if d.is_dir()
+                   and int(d.name.split("_")[1]) < MAX_ID) if a.data_dir.is_dir() else []
+    if not cases:
+        raise UserError(f"{a.data_dir}: no case_XXXXX folders (the KiTS19 data/ folder)")
+    a.results_dir.mkdir(parents=True, exist_ok=True)
+    for case in cases:
+        print(f"{case.name}: {prepare_case(case, a.results_dir)}", flush=True)
     return 0
 
 
