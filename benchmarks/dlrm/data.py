@@ -33,6 +33,18 @@ RECORD_BYTES = 4 * RECORD_INTS
 TRAIN_FILE = "terabyte_processed_train.bin"
 EVAL_FILE = "terabyte_processed_test.bin"
 COUNTS_FILE = "day_fea_count.npz"
+# Criteo Terabyte's 26 table sizes under the reference's 40M cap (its day_fea_count.npz;
+# HugeCTR's v1.1 slot_size_array): 187.8M rows.
+CRITEO_TB_SIZES = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546,
+                   403346, 10, 2208, 11938, 155, 4, 976, 14, 39979771, 25641295, 39664984,
+                   585935, 12972, 108, 36]
+ZIPF_EXPONENT = 1.1           # category popularity of synthetic batches, as the fixture's
+_SCATTER = 2_147_483_647      # a prime above any table size: rank -> rank * p mod n permutes ids
+
+
+def cap_sizes(sizes: list[int], max_ind_range: int) -> list[int]:
+    """Table sizes as the reference caps them: ``min(size, max_ind_range)`` (no cap when <= 0)."""
+    return [min(s, max_ind_range) for s in sizes] if max_ind_range > 0 else list(sizes)
 
 
 def table_sizes(data_dir: Path, max_ind_range: int) -> list[int]:
@@ -48,9 +60,7 @@ def table_sizes(data_dir: Path, max_ind_range: int) -> list[int]:
     if counts.shape != (NUM_SPARSE,):
         raise UserError(f"{path}: 'counts' has {counts.size} entries, expected {NUM_SPARSE} "
                         f"(one per categorical feature): the file belongs to another dataset")
-    sizes = [int(c) for c in counts]
-    if max_ind_range > 0:
-        sizes = [min(s, max_ind_range) for s in sizes]
+    sizes = cap_sizes([int(c) for c in counts], max_ind_range)
     if min(sizes) < 1:
         raise UserError(f"{path}: a table has size {min(sizes)}; every feature needs >= 1 id")
     return sizes
@@ -146,3 +156,30 @@ def split_bounds(batch: int, world: int) -> list[int]:
     for r in range(world):
         bounds.append(bounds[-1] + base + (r < extra))
     return bounds
+
+
+def power_law_ids(n: int, sizes: list[int], generator: torch.Generator) -> torch.Tensor:
+    """[n, T] category ids with power-law frequencies over each table (Zipf-like, exponent 1.1).
+
+    Popularity ranks are drawn by inverting the continuous CDF of ``x ** -1.1``
+    on ``[1, size + 1)`` (no per-table arrays, so 40M-row tables cost nothing)
+    and scattered over the ids by a fixed permutation, as real ids are not
+    sorted by popularity.
+    """
+    if max(sizes) >= _SCATTER:
+        raise ValueError(f"tables of {max(sizes)} rows are beyond the id scatter's {_SCATTER}")
+    e = 1.0 - ZIPF_EXPONENT
+    ids = torch.empty(n, len(sizes), dtype=torch.int64)
+    for t, size in enumerate(sizes):
+        u = torch.rand(n, generator=generator, dtype=torch.float64)
+        x = (1.0 - u * (1.0 - (size + 1.0) ** e)) ** (1.0 / e)
+        ids[:, t] = (x.long().clamp_(1, size) - 1) * _SCATTER % size
+    return ids
+
+
+def synthetic_batch(n: int, sizes: list[int], generator: torch.Generator) -> Batch:
+    """A global batch for throughput runs (not Criteo): power-law ids, ``log(1 + count)`` of
+    log-normal counts, random labels."""
+    counts = torch.exp(torch.randn(n, NUM_DENSE, generator=generator) + 1.0).floor()
+    return Batch(dense=torch.log1p(counts), sparse=power_law_ids(n, sizes, generator),
+                 labels=torch.randint(0, 2, (n,), generator=generator).float())

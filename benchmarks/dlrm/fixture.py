@@ -24,19 +24,23 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.dlrm.auc import roc_auc
-from benchmarks.dlrm.data import COUNTS_FILE, EVAL_FILE, NUM_DENSE, NUM_SPARSE, TRAIN_FILE
+from benchmarks.dlrm.data import (
+    COUNTS_FILE,
+    CRITEO_TB_SIZES,
+    EVAL_FILE,
+    NUM_DENSE,
+    NUM_SPARSE,
+    TRAIN_FILE,
+)
 
 MARKER = "FIXTURE_COMPLETE"
-# Reference table sizes (Criteo Terabyte, 40M cap), scaled down by the fixture's --max-table.
-REFERENCE_SIZES = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546,
-                   403346, 10, 2208, 11938, 155, 4, 976, 14, 39979771, 25641295, 39664984,
-                   585935, 12972, 108, 36]
 PAIRS = [(0, 9), (2, 19), (3, 21), (10, 22)]   # feature pairs with a planted interaction
 LATENT = 4
 
 
 def fixture_sizes(max_table: int) -> list[int]:
-    return [min(n, max_table) for n in REFERENCE_SIZES]
+    """The reference's table sizes, scaled down by the fixture's ``--max-table`` cap."""
+    return [min(n, max_table) for n in CRITEO_TB_SIZES]
 
 
 class PlantedModel:

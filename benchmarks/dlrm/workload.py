@@ -32,6 +32,9 @@ from common.workload import Block, Workload
 
 FIXTURE_MARKER = "FIXTURE_COMPLETE"
 CRITEO_TRAIN_SAMPLES = 4_195_197_692
+CRITEO_EVAL_SAMPLES = 89_137_319
+# --data-dir for throughput runs: Criteo Terabyte's table sizes, power-law synthetic ids, no files
+SYNTHETIC = "synthetic"
 
 
 def lr_at(step: torch.Tensor, base: float, warmup: int, decay_start: int, decay_steps: int,
@@ -129,17 +132,13 @@ class DLRMWorkload(Workload):
                 "captured as a CUDA graph (--cuda-graph ignored)", env.is_main)
             a.cuda_graph = False
         bottom, top = parse_mlp(a.arch_mlp_bot), parse_mlp(a.arch_mlp_top)
-        self.sizes = data.table_sizes(a.data_dir, a.max_ind_range)
-        self.train_log = data.BinaryClickLog(a.data_dir / data.TRAIN_FILE, self.sizes,
-                                             a.max_ind_range)
-        self.eval_log = data.BinaryClickLog(a.data_dir / data.EVAL_FILE, self.sizes,
-                                            a.max_ind_range)
-        self.train_sched = data.BatchSchedule(self.train_log, a.batch_size, drop_last=True)
-        self.eval_sched = data.BatchSchedule(self.eval_log, a.eval_batch_size, drop_last=False)
-        self.steps_per_epoch = self.train_sched.num_batches
-        if self.steps_per_epoch < 1:
-            raise UserError(f"{self.train_log.path}: {self.train_log.num_records} records are "
-                            f"fewer than one global batch ({a.batch_size}); lower --batch-size")
+        self.synthetic = str(a.data_dir) == SYNTHETIC
+        if self.synthetic:
+            self.sizes = data.cap_sizes(data.CRITEO_TB_SIZES, a.max_ind_range)
+            self.synthetic_rng = torch.Generator().manual_seed(a.seed)  # same on every rank
+            self.steps_per_epoch = CRITEO_TRAIN_SAMPLES // a.batch_size
+        else:
+            self._open_data()
         self.interval = max(1, int(a.eval_every * self.steps_per_epoch))
         self.units_per_epoch = self.steps_per_epoch // self.interval
         self.bounds = data.split_bounds(a.batch_size, env.world_size)
@@ -155,8 +154,9 @@ class DLRMWorkload(Workload):
             self.optimizer = torch.optim.SGD(list(self.dense_arch.parameters())
                                              + list(self.emb.parameters()), lr=0.0)
         else:
-            stats = self.train_log.read(0, min(self.train_log.num_records,
-                                               a.stats_batches * a.batch_size)).sparse
+            n = a.stats_batches * a.batch_size
+            stats = (data.power_law_ids(n, self.sizes, self.synthetic_rng) if self.synthetic
+                     else self.train_log.read(0, min(self.train_log.num_records, n)).sparse)
             frequent = frequent_rows(stats, self.sizes, a.frequent_threshold)
             self.emb = HybridEmbedding(self.sizes, a.embedding_dim, frequent, env.rank,
                                        env.world_size, a.seed, dev,
@@ -167,8 +167,25 @@ class DLRMWorkload(Workload):
         self.lr = torch.zeros((), device=dev)
         self._eval_cache: list | None = None
 
+    def _open_data(self) -> None:
+        a = self.args
+        self.sizes = data.table_sizes(a.data_dir, a.max_ind_range)
+        self.train_log = data.BinaryClickLog(a.data_dir / data.TRAIN_FILE, self.sizes,
+                                             a.max_ind_range)
+        self.eval_log = data.BinaryClickLog(a.data_dir / data.EVAL_FILE, self.sizes,
+                                            a.max_ind_range)
+        self.train_sched = data.BatchSchedule(self.train_log, a.batch_size, drop_last=True)
+        self.eval_sched = data.BatchSchedule(self.eval_log, a.eval_batch_size, drop_last=False)
+        self.steps_per_epoch = self.train_sched.num_batches
+        if self.steps_per_epoch < 1:
+            raise UserError(f"{self.train_log.path}: {self.train_log.num_records} records are "
+                            f"fewer than one global batch ({a.batch_size}); lower --batch-size")
+
     @property
     def dataset(self) -> str:
+        if self.synthetic:
+            return ("synthetic (power-law category ids over Criteo Terabyte's table sizes, "
+                    "device-resident)")
         marker = self.args.data_dir / FIXTURE_MARKER
         n = self.train_log.num_records
         if marker.is_file():
@@ -186,11 +203,11 @@ class DLRMWorkload(Workload):
 
     @property
     def train_samples(self) -> int:
-        return self.train_log.num_records
+        return CRITEO_TRAIN_SAMPLES if self.synthetic else self.train_log.num_records
 
     @property
     def eval_samples(self) -> int:
-        return self.eval_log.num_records
+        return CRITEO_EVAL_SAMPLES if self.synthetic else self.eval_log.num_records
 
     def hyperparameters(self) -> dict:
         a, c = self.args, constants
@@ -225,6 +242,9 @@ class DLRMWorkload(Workload):
         return round(self.epoch_num(u) - self.epoch_num(u - 1), 6)
 
     def epoch_batches(self, unit: int) -> _Unit:
+        if self.synthetic:
+            raise UserError(f"--data-dir {SYNTHETIC} is for throughput runs "
+                            f"(benchmarks.dlrm.throughput); training needs the prepared data")
         epoch, first, end = self._unit_steps(unit)
         ranges = self.train_sched.ranges(epoch, self.args.seed, self.args.shuffle)
         return _Unit(self, ranges[first:end])
@@ -232,9 +252,13 @@ class DLRMWorkload(Workload):
     # -- data -----------------------------------------------------------------------------
     def prepare(self, start: int, stop: int, log: data.BinaryClickLog | None = None):
         """(dense, labels, plan or ids) of this rank for the global batch ``[start, stop)``."""
-        batch = (log or self.train_log).read(start, stop)
-        bounds = (self.bounds if stop - start == self.args.batch_size
-                  else data.split_bounds(stop - start, self.env.world_size))
+        return self._place((log or self.train_log).read(start, stop))
+
+    def _place(self, batch: data.Batch):
+        """This rank's slice of a global batch (its index plan for hybrid), on the device."""
+        n = batch.labels.numel()
+        bounds = (self.bounds if n == self.args.batch_size
+                  else data.split_bounds(n, self.env.world_size))
         lo, hi = bounds[self.env.rank], bounds[self.env.rank + 1]
         dev = self.env.device
         move = dict(device=dev, non_blocking=dev.type == "cuda")
@@ -316,6 +340,11 @@ class DLRMWorkload(Workload):
         widths_top = [d + n * (n - 1) // 2] + top
         mlp = sum(i * o for w in (bottom, widths_top) for i, o in zip(w[:-1], w[1:]))
         return 3 * 2 * (mlp + n * n * d)
+
+    def synthetic_batch(self, batch_size: int):
+        """This rank's share of a synthetic *global* batch of ``batch_size`` (DLRM's batch is
+        global; every rank draws the same one), with its index plan, on the device."""
+        return self._place(data.synthetic_batch(batch_size, self.sizes, self.synthetic_rng))
 
     def infer_step(self, dense, labels, idx) -> torch.Tensor:
         with torch.no_grad():

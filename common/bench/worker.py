@@ -17,7 +17,6 @@ import importlib
 import inspect
 import itertools
 import json
-import math
 import shlex
 import sys
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 
 from common import dist
+from common.bench.record import point_record
 from common.cli import OneLineParser
 from common.cuda_graph import GraphedStep
 from common.errors import UserError, one_line
@@ -142,7 +142,6 @@ def measure(a, env: dist.DistEnv) -> dict:
         # this rank's share of a step, scaled to a sample of the global batch (spatial groups
         # split each sample over ranks)
         flops = count_flops(step, first) * a.batch_size * env.world_size / per_step
-    flops_note = "forward+backward" if a.mode == "train" else "forward"
     reset_peak_memory(env.device)
     out = step(*first)
     for _ in range(warmup - 1):
@@ -167,25 +166,9 @@ def measure(a, env: dist.DistEnv) -> dict:
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(stats, op=torch.distributed.ReduceOp.MAX)
     window, core, peak = stats.tolist()
-    samples = a.iters * per_step
-    lat = sorted(s * 1000 for s in steps)
-    return {
-        "samples": samples, "seconds": window, "samples_per_s": samples / window,
-        "core_seconds": core, "p_core": samples / core, "p_train": samples / window,
-        "total_samples": (warmup + a.iters) * per_step,
-        "warmup": warmup, "peak_memory_bytes": int(peak),
-        "flops_per_sample": flops, "flops_counted": flops_note,
-        "latency_ms": {"mean": sum(lat) / len(lat), **{f"p{q}": percentile(lat, q)
-                                                       for q in (50, 90, 95, 99)}},
-        "output_finite": finite,
-    }
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default) of already sorted values."""
-    pos = (len(sorted_values) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+    return point_record(iters=a.iters, warmup=warmup, per_step=per_step, window=window,
+                        core=core, steps=steps, peak_memory=int(peak), flops=flops,
+                        mode=a.mode, finite=finite)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -53,6 +53,18 @@ def test_tiny_config_reaches_target(tmp_path):
     e2e_logs.keep("bert", log)
 
 
+@pytest.mark.slow
+def test_unpadded_run_on_two_processes_reaches_target(tmp_path):
+    """The whole run on 2 gloo processes (same global batch) with the bucketed unpadded path
+    and the sharded LAMB."""
+    proc = run({"CONFIG": "cpu_tiny", "TINY_NPROC": "2", "LOGDIR": str(tmp_path), "SEED": "1",
+                "EXTRA_ARGS": "--batch-size 16 --attention unpad --unpad-bucket 128"})
+    log = tmp_path / "result_0.txt"
+    summary = summarize(log)
+    assert summary.status == "success" and summary.last_quality >= 0.72, proc.stderr[-3000:]
+    assert check_log(log).compliant and proc.returncode == 0, proc.stderr[-3000:]
+
+
 def test_one_step_run_logs_samples_as_epochs(tmp_path, small_fixture):
     proc = run_module("--data-dir", str(small_fixture), "--log-file", str(tmp_path / "log.txt"),
                       "--seed", "2")
