@@ -229,11 +229,14 @@ class SpatialInstanceNorm3d(nn.Module):
         x = x.float()
         count = x[0, 0].numel() * self.sg.size
         dims = (2, 3, 4)
-        mean = _AllReduceSum.apply(x.sum(dims, keepdim=True), self.sg.group) / count
-        centred = x - mean
-        var = _AllReduceSum.apply(centred.square().sum(dims, keepdim=True), self.sg.group) / count
-        y = centred * torch.rsqrt(var + self.eps)
-        y = y * self.weight.view(1, -1, 1, 1, 1) + self.bias.view(1, -1, 1, 1, 1)
+        # sum and sum of squares per (sample, channel) in one collective
+        sums = _AllReduceSum.apply(torch.stack((x.sum(dims), x.square().sum(dims))),
+                                   self.sg.group) / count
+        mean = sums[0]
+        var = (sums[1] - mean.square()).clamp_min(0)
+        scale = torch.rsqrt(var + self.eps) * self.weight
+        shift = self.bias - mean * scale
+        y = torch.addcmul(shift[..., None, None, None], x, scale[..., None, None, None])
         return y.to(dtype)
 
 
