@@ -342,8 +342,12 @@ class DLRMWorkload(Workload):
         return 3 * 2 * (mlp + n * n * d)
 
     def synthetic_batch(self, batch_size: int):
-        """This rank's share of a synthetic *global* batch of ``batch_size`` (DLRM's batch is
-        global; every rank draws the same one), with its index plan, on the device."""
+        """This rank's share of a synthetic global batch (every rank draws the same one), with
+        its index plan, on the device. DLRM's ``--batch-size`` is global: ``batch_size`` must
+        equal it, so the loss scale and the samples counted match the batch."""
+        if batch_size != self.args.batch_size:
+            raise UserError(f"dlrm's synthetic batch is the global --batch-size "
+                            f"{self.args.batch_size}, not {batch_size}: pass the same value")
         return self._place(data.synthetic_batch(batch_size, self.sizes, self.synthetic_rng))
 
     def infer_step(self, dense, labels, idx) -> torch.Tensor:

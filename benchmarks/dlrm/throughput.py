@@ -1,0 +1,157 @@
+"""DLRM training throughput (samples/s) on a device-resident synthetic batch, ours vs plain.
+
+    python -m benchmarks.dlrm.throughput --batch-size 55296 --max-ind-range 10000000 \\
+        --precision amp-bf16 --variants ours-plain,ours
+    torchrun --nproc_per_node 8 -m benchmarks.dlrm.throughput --max-ind-range 40000000 \\
+        --variants ours-model-parallel,ours
+
+Every variant is the workload's real ``train_step`` on one global batch of
+``--batch-size`` whose category ids follow a power law over each table
+(Zipf-like, as the fixture draws them; ``data.power_law_ids``), built once
+with its index plan (real runs build plans ahead, ``--prefetch``), so the
+figure leaves out the input pipeline. ``ours``: hybrid embeddings (rows seen
+at least ``--frequent-threshold`` = 20 times in 20 synthetic batches
+replicated, the rest sharded), fused SGD that also writes the bf16 copy the
+lookups read; ``ours-plain``: the plain DLRM step (one ``nn.EmbeddingBag``
+per table, ``torch.optim.SGD``), single process only;
+``ours-model-parallel``: hybrid with ``--frequent-threshold inf`` (every row
+sharded, the all-to-all carries every lookup). Under torchrun each rank
+trains its share of the global batch; rank 0 prints the global samples/s.
+
+The reference's 40M-capped tables (``--max-ind-range 40000000``) hold 187.8M
+rows x 128 = 96 GB in fp32 (plus a 48 GB bf16 copy for ``ours``): more than
+one 80 GB H100. The default caps tables at 10M rows (54.1M rows, as
+config_1xH100.sh). A variant whose embedding tables would not fit the free
+device memory is skipped with one line. ``--profile`` adds each variant's GPU
+kernel time by kernel family.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+import sys
+
+import torch
+
+from benchmarks.dlrm import data
+from benchmarks.dlrm.workload import SYNTHETIC, DLRMWorkload
+from common import dist
+from common.cli import OneLineParser, one_line_errors
+from common.kernel_profile import kernel_breakdown
+from common.precision import PRECISIONS, Precision
+from common.progress import say
+from common.throughput import gpu_variants, time_steps
+from common.training import build_parser
+
+# variant -> workload flags
+VARIANTS = {"ours": [], "ours-plain": ["--embedding", "plain"],
+            "ours-model-parallel": ["--frequent-threshold", "inf"]}
+DEFAULT_VARIANTS = {False: "ours-plain,ours", True: "ours-model-parallel,ours"}  # by distributed
+
+
+def workload_args(variant: str, a):
+    return build_parser(DLRMWorkload).parse_args(
+        ["--data-dir", SYNTHETIC, "--precision", a.precision, "--seed", "0", "--no-cuda-graph",
+         "--batch-size", str(a.batch_size), "--max-ind-range", str(a.max_ind_range),
+         *VARIANTS[variant]])
+
+
+def table_bytes(args, world: int, lp_bytes: int) -> int:
+    """Device bytes of one rank's embedding tables (an upper bound for hybrid).
+
+    Plain: every row in fp32. Hybrid: the frequent rows (at most the
+    statistics' lookups / threshold) plus this rank's share of the rest, each
+    in fp32 plus its ``lp_bytes`` low-precision copy.
+    """
+    total = sum(data.cap_sizes(data.CRITEO_TB_SIZES, args.max_ind_range))
+    if args.embedding == "plain":
+        return total * args.embedding_dim * 4
+    lookups = args.stats_batches * args.batch_size * data.NUM_SPARSE
+    threshold = args.frequent_threshold
+    frequent = total if threshold <= 0 else min(total, math.floor(lookups / threshold))
+    return (frequent + -(-total // world)) * args.embedding_dim * (4 + lp_bytes)
+
+
+def fits(variant: str, need: int, env: dist.DistEnv) -> bool:
+    """Whether ``need`` bytes are free on every rank's GPU; says why not (rank 0)."""
+    free = torch.cuda.mem_get_info(env.device)[0]
+    short = dist.all_reduce_sum(torch.tensor(float(need > free), device=env.device)).item() > 0
+    if short:
+        say(f"{variant}: skipped: its embedding tables need {need / 2**30:.1f} GiB per GPU, "
+            f"{free / 2**30:.1f} GiB are free (lower --max-ind-range)", env.is_main)
+    return not short
+
+
+@one_line_errors
+def main(argv=None) -> int:
+    p = OneLineParser(prog="python -m benchmarks.dlrm.throughput", description=__doc__)
+    p.add_argument("--batch-size", type=int, default=55296, help="global batch")
+    p.add_argument("--max-ind-range", type=int, default=10_000_000,
+                   help="cap on every table's rows (40000000: the reference's full tables)")
+    p.add_argument("--precision", default="amp-bf16", choices=PRECISIONS)
+    p.add_argument("--variants", default=None,
+                   help=f"comma-separated, of {', '.join(VARIANTS)} (default: "
+                        f"{DEFAULT_VARIANTS[False]}; under torchrun {DEFAULT_VARIANTS[True]})")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--json", default=None, help="write the results here too")
+    p.add_argument("--profile", action="store_true",
+                   help="print each variant's GPU kernel time per step by kernel family")
+    a = p.parse_args(argv)
+    variants = gpu_variants(p, a.variants or ",".join(VARIANTS), VARIANTS)
+    env = dist.init_distributed("cuda")
+    if a.variants is None:
+        variants = DEFAULT_VARIANTS[env.distributed].split(",")
+    try:
+        return _run(p, a, variants, env)
+    finally:
+        dist.shutdown()
+
+
+def _run(p, a, variants: list[str], env: dist.DistEnv) -> int:
+    if env.distributed and "ours-plain" in variants:
+        p.error("ours-plain is the single-process reference step: run it without torchrun")
+    precision = Precision(a.precision, "cuda")
+    precision.apply_backend_flags()
+    lp = precision.autocast_dtype
+    rows = []
+    for v in variants:
+        args = workload_args(v, a)
+        need = table_bytes(args, env.world_size, lp.itemsize if lp else 0)
+        if not fits(v, need, env):
+            rows.append({"variant": v, "skipped": "embedding tables exceed free GPU memory",
+                         "table_gib_per_gpu": need / 2**30})
+            continue
+        wl = DLRMWorkload(args, env, precision)
+        wl.build()
+        batch = wl.synthetic_batch(a.batch_size)
+        m = time_steps(v, wl.train_step, batch, env.device, a.warmup, a.iters)
+        rate = a.batch_size * m.iters / m.seconds
+        rows.append({"variant": v, "samples_per_second": rate,
+                     "peak_memory_gib": m.peak_memory_bytes / 2**30,
+                     "table_gib_per_gpu": need / 2**30})
+        say(f"{v:20s} batch {a.batch_size} on {env.world_size} GPU(s) {a.precision}: "
+            f"{rate:10.0f} samples/s  peak {m.peak_memory_bytes / 2**30:5.1f} GiB (rank 0)",
+            env.is_main)
+        if a.profile:
+            say(kernel_breakdown(wl.train_step, batch, top=25), env.is_main)
+        del wl, batch
+        gc.collect()
+        torch.cuda.empty_cache()
+    timed = [r for r in rows if "samples_per_second" in r]
+    for r in timed[1:]:
+        say(f"{r['variant']:20s} x{r['samples_per_second'] / timed[0]['samples_per_second']:.2f} "
+            f"vs {timed[0]['variant']}", env.is_main)
+    if a.json and env.is_main:
+        with open(a.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "world_size": env.world_size, "batch_size": a.batch_size,
+                       "max_ind_range": a.max_ind_range, "precision": a.precision,
+                       "results": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

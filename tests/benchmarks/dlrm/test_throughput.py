@@ -1,0 +1,81 @@
+"""The DLRM throughput tool on the CPU: its errors, the synthetic batches and the workload hook."""
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from benchmarks.dlrm import data, throughput
+from benchmarks.dlrm.workload import DLRMWorkload
+from common.dist import DistEnv
+from common.errors import UserError
+from common.precision import Precision
+from tests.entry_points import REPO, error_lines
+
+
+def test_without_cuda_exits_2_with_one_line():
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.dlrm.throughput"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert len(error_lines(proc)) == 1 and "needs a CUDA device" in proc.stderr
+
+
+def test_unknown_variant_exits_2_with_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(SystemExit) as exc:
+        throughput.main(["--variants", "ours,ours-fast"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exc.value.code == 2 and len(err) == 1 and "['ours-fast']" in err[0]
+
+
+def test_power_law_ids_stay_in_their_tables_and_are_skewed():
+    sizes = [2000, 7, 1]
+    ids = data.power_law_ids(200_000, sizes, torch.Generator().manual_seed(0))
+    assert ids.shape == (200_000, 3) and ids.dtype == torch.int64
+    for t, n in enumerate(sizes):
+        assert 0 <= int(ids[:, t].min()) and int(ids[:, t].max()) < n
+    counts = torch.bincount(ids[:, 0], minlength=2000).sort(descending=True).values.double()
+    assert counts[:20].sum() > 0.3 * counts.sum()          # top 1% of ids: uniform gives 1%
+    ranks = torch.arange(5, 200, dtype=torch.float64)     # log count falls ~1.1 per log rank
+    x, y = ranks.log(), counts[5:200].log()
+    slope = ((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum()
+    assert -1.4 < slope < -0.8
+    again = data.power_law_ids(200_000, sizes, torch.Generator().manual_seed(0))
+    assert torch.equal(ids, again)                        # every rank draws the same batch
+
+
+def _tool_args(variant: str):
+    return throughput.workload_args(variant, argparse.Namespace(
+        precision="amp-bf16", batch_size=64, max_ind_range=50))
+
+
+@pytest.mark.parametrize("variant", list(throughput.VARIANTS))
+def test_synthetic_workload_trains_on_cpu(variant):
+    args = _tool_args(variant)
+    wl = DLRMWorkload(args, DistEnv(), Precision(args.precision, "cpu"))
+    wl.build()
+    dense, labels, idx = wl.synthetic_batch(64)
+    assert dense.shape == (64, data.NUM_DENSE) and labels.shape == (64,)
+    losses = [float(wl.train_step(dense, labels, idx)) for _ in range(2)]
+    assert all(math.isfinite(x) for x in losses) and losses[0] != losses[1]
+    with pytest.raises(UserError, match="throughput runs"):
+        wl.epoch_batches(1)
+    with pytest.raises(UserError, match="global --batch-size 64"):
+        wl.synthetic_batch(32)
+
+
+@pytest.mark.parametrize("variant", list(throughput.VARIANTS))
+def test_table_estimate_bounds_the_tables_built(variant):
+    args = _tool_args(variant)
+    wl = DLRMWorkload(args, DistEnv(), Precision("fp32", "cpu"))
+    wl.build()
+    tables = ([wl.emb.freq_weight, wl.emb.rare_weight] if variant != "ours-plain"
+              else [bag.weight for bag in wl.emb.tables])
+    built = sum(t.numel() * t.element_size() for t in tables)
+    estimate = throughput.table_bytes(args, world=1, lp_bytes=0)
+    assert built == estimate if variant != "ours" else 0 < built <= estimate
