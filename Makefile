@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 CONFIG ?= cpu_tiny
 
-.PHONY: venv run test lint clean compliance-ci
+.PHONY: venv mxnet-venv run test lint clean compliance-ci
 
 venv: $(VENV)/.installed
 
@@ -16,6 +16,16 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+# MXNet in its own venv (mxnet 1.9.1 needs numpy<1.24, which .venv cannot take): the second
+# framework of `python -m common.bench resnet --baseline mxnet` (CPU only, see README).
+MXNET_VENV := .venv-mxnet
+mxnet-venv: $(MXNET_VENV)/.installed
+
+$(MXNET_VENV)/.installed: Makefile
+	$(PYTHON) -m venv $(MXNET_VENV)
+	$(MXNET_VENV)/bin/python -m pip install -q "mxnet==1.9.1" "numpy<1.24"
 	touch $@
 
 run: venv
@@ -40,4 +50,4 @@ lint: venv
 	$(PY) -m ruff check .
 
 clean:
-	rm -rf $(VENV) results .fixtures
+	rm -rf $(VENV) $(MXNET_VENV) results .fixtures

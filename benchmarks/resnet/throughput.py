@@ -24,6 +24,7 @@ import time
 import torch
 
 from benchmarks.resnet.workload import ResNetWorkload
+from common.bench.external import ExternalWorker
 from common.cli import OneLineParser
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
@@ -89,9 +90,20 @@ def _torchvision(compiled: bool):
     return factory
 
 
-# Baselines for ``python -m common.bench resnet --baseline torchvision``: variant -> factory.
+# MXNet Gluon (``mxnet_worker``) in its own venv: mxnet 1.9.1 needs numpy<1.24.
+MXNET = ExternalWorker(
+    framework="mxnet", module="benchmarks.resnet.mxnet_worker", python_var="MXNET_PYTHON",
+    venv=".venv-mxnet", install="make mxnet-venv",
+    cuda_reason=("MXNet runs on the CPU only here: the only MXNet GPU builds for recent CUDA "
+                 "are mxnet-cu112/mxnet-cu117 1.9.1, a 499.4 MB wheel, and the GPU machines "
+                 "have no network and take at most 64 MiB of carried files; add --device cpu "
+                 "to time it on the host CPU"))
+
+# Baselines for ``python -m common.bench resnet --baseline torchvision|mxnet``: variant ->
+# factory (torch, under torchrun) or ExternalWorker (another framework).
 BASELINES = {"torchvision": {"torchvision-eager": _torchvision(False),
-                             "torchvision-compile": _torchvision(True)}}
+                             "torchvision-compile": _torchvision(True)},
+             "mxnet": {"mxnet-gluon": MXNET}}
 
 
 def jpeg_pipeline(jpeg_dir: str, batch_size: int, device, seconds: float = 20.0) -> dict:

@@ -2,14 +2,16 @@
 
     python -m common.bench resnet -n 1,2,4,8 -b 64,128,256 \
         --precision fp32,tf32,amp-bf16,amp-fp16 --mode train,infer --iters 100 --warmup 20 \
-        --data synthetic -o report/ [--baseline torchvision]
+        --data synthetic -o report/ [--baseline torchvision,mxnet]
     python -m common.bench --compare A/report.json B/report.json
 
-Each point runs under torchrun (``common.bench.worker``) and writes its own
-JSON; points the machine cannot run are skipped with the reason. The report
-holds samples/s, FlagPerf's e2e_time, p_whole, p_train, p_core, peak memory,
-weak-scaling efficiency, speed-ups against fp32/tf32, inference latency
-percentiles and model-FLOPs utilisation against the measured matmul peak.
+Each point runs under torchrun (``common.bench.worker``), or, for a baseline in
+another framework, in that framework's own Python (``common.bench.external``),
+and writes its own JSON; points the machine cannot run are skipped with the
+reason. The report holds samples/s, FlagPerf's e2e_time, p_whole, p_train,
+p_core, peak memory, weak-scaling efficiency, speed-ups against fp32/tf32,
+inference latency percentiles and model-FLOPs utilisation against the measured
+matmul peak.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ import datetime
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from common.bench import report
+from common.bench.external import ExternalWorker
 from common.cli import OneLineParser
 from common.precision import PRECISIONS
 
@@ -56,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
                    help="capture our training step as one CUDA graph (as the trainer does)")
     p.add_argument("--workload-args", default="", help="extra workload flags, one string")
     p.add_argument("--baseline", type=csv_list(str), default=[],
-                   help="baselines from benchmarks/<name>/throughput.py, e.g. torchvision")
+                   help="baselines from benchmarks/<name>/throughput.py, e.g. torchvision,mxnet")
     p.add_argument("--timeout", type=int, default=900, help="seconds per point")
     p.add_argument("-o", "--out", type=Path, default=Path("report"))
     p.add_argument("--compare", nargs=2, type=Path, metavar=("A.json", "B.json"))
@@ -106,16 +110,27 @@ def plan(a, env: dict) -> tuple[list[dict], list[dict]]:
     return run, skipped
 
 
-def baseline_variants(workload: str, name: str) -> list[str]:
+def baseline_groups(workload: str) -> dict:
+    """``benchmarks.<workload>.throughput.BASELINES``: group -> {variant: factory or
+    ExternalWorker}."""
     try:
         module = importlib.import_module(f"benchmarks.{workload}.throughput")
     except ModuleNotFoundError:
-        module = None
-    groups = getattr(module, "BASELINES", {})
+        return {}
+    return getattr(module, "BASELINES", {})
+
+
+def baseline_variants(workload: str, name: str) -> list[str]:
+    groups = baseline_groups(workload)
     group = groups.get(name) or [v for g in groups.values() for v in g if v == name]
     if not group:
         raise SystemExit(f"python -m common.bench: error: {workload} has no baseline {name!r}")
     return list(group)
+
+
+def external_worker(workload: str, impl: str) -> ExternalWorker | None:
+    entry = next((g[impl] for g in baseline_groups(workload).values() if impl in g), None)
+    return entry if isinstance(entry, ExternalWorker) else None
 
 
 def skip_reason(a, env: dict, cuda: bool, p: dict) -> str | None:
@@ -128,11 +143,14 @@ def skip_reason(a, env: dict, cuda: bool, p: dict) -> str | None:
         return "tf32 is a CUDA matmul mode: no CUDA device here"
     if prec == "amp-bf16" and cuda and not env["bf16_supported"]:
         return f"{env['gpu']} has no bf16"
+    if impl != "ours" and a.data != "synthetic":
+        return "baselines run on synthetic data only"
+    external = None if impl == "ours" else external_worker(a.workload, impl)
+    if external:
+        return external.skip_reason(impl, cuda, n, REPO)
     if impl != "ours" and not cuda:
         return (f"{impl} needs torchvision, which cannot be imported with the CPU-only torch "
                 "wheel (its ops need libtorch_cuda)")
-    if impl != "ours" and a.data != "synthetic":
-        return "baselines run on synthetic data only"
     if (impl == "ours" and prec == "amp-fp16" and p["stage"] == "train" and cuda
             and a.cuda_graph):
         return ("amp-fp16 loss scaling reads overflow flags on the host and cannot run inside "
@@ -144,19 +162,39 @@ def point_id(p: dict) -> str:
     return f"{p['implementation']}_{p['stage']}_{p['precision']}_b{p['batch_size']}_n{p['gpus']}"
 
 
+_EXCEPTION = re.compile(r"^\s*(?:\[rank\d+\]:\s*)?((?:\w+\.)*\w*(?:Error|Exception)\b.*)")
+
+
+def failure_line(output: str) -> str:
+    """The line of a failed point's output that says why: the worker's own exception (not
+    torchrun's ChildFailedError summary), else the last line mentioning an error."""
+    lines = [x.strip() for x in output.splitlines() if x.strip()]
+    for line in reversed(lines):
+        m = _EXCEPTION.match(line)
+        if m and "ChildFailedError" not in line:
+            return m.group(1)
+    return next((x for x in reversed(lines) if "error" in x.lower()),
+                lines[-1] if lines else "no output")
+
+
 def launch(a, p: dict, out: Path, cuda_here: bool) -> tuple[dict | None, str]:
     """Run one point; (record, '') or (None, why it failed)."""
     pid = point_id(p)
     result = out / "points" / f"{pid}.json"
     result.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc_per_node", str(p["gpus"]), "-m", "common.bench.worker",
-           "--workload", a.workload, "--implementation", p["implementation"],
-           "--mode", p["stage"], "--precision", p["precision"],
-           "--batch-size", str(p["batch_size"]), "--iters", str(a.iters),
-           "--warmup", str(a.warmup), "--data", a.data, "--device", a.device,
-           "--cuda-graph" if a.cuda_graph else "--no-cuda-graph",
-           "--workload-args", a.workload_args, "--out", str(result)]
+    flags = ["--mode", p["stage"], "--precision", p["precision"],
+             "--batch-size", str(p["batch_size"]), "--iters", str(a.iters),
+             "--warmup", str(a.warmup), f"--workload-args={a.workload_args}",
+             "--out", str(result)]
+    external = external_worker(a.workload, p["implementation"])
+    if external:
+        cmd = [str(external.python(REPO)), "-m", external.module, *flags]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", str(p["gpus"]), "-m", "common.bench.worker",
+               "--workload", a.workload, "--implementation", p["implementation"],
+               "--data", a.data, "--device", a.device,
+               "--cuda-graph" if a.cuda_graph else "--no-cuda-graph", *flags]
     log = out / "logs" / f"{pid}.txt"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
@@ -172,10 +210,8 @@ def launch(a, p: dict, out: Path, cuda_here: bool) -> tuple[dict | None, str]:
         return None, f"timed out after {a.timeout} s (log: {log})"
     e2e = time.perf_counter() - t0
     if proc.returncode != 0 or not result.is_file():
-        lines = [x for x in log.read_text(errors="replace").splitlines() if x.strip()]
-        last = next((x for x in reversed(lines) if "error" in x.lower()), lines[-1] if lines
-                    else "no output")
-        return None, f"exit {proc.returncode}: {last.strip()[:300]} (log: {log})"
+        why = failure_line(log.read_text(errors="replace"))
+        return None, f"exit {proc.returncode}: {why[:300]} (log: {log})"
     record = json.loads(result.read_text())
     if "skipped" in record:
         return {"skipped": record["skipped"]}, ""

@@ -23,7 +23,10 @@ def sweep(tmp_path_factory):
          "--precision", "fp32,tf32", "--mode", "train,infer", "--iters", "3", "--warmup", "1",
          "--device", "cpu", "--workload-args", "--image-size 32", "-o", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    logs = "".join(f"\n--- {f.name}:\n" + f.read_text()[-2000:]
+                   for f in sorted((out / "logs").glob("*.txt")) if f"{f.stem} ... FAILED"
+                   in proc.stdout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + logs
     return out, proc.stdout
 
 
@@ -97,3 +100,15 @@ def test_bad_flags():
     proc = subprocess.run([sys.executable, "-m", "common.bench", "nope"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no workload 'nope'" in proc.stderr
+
+
+def test_failure_line_is_the_workers_exception_not_torchruns_summary():
+    from common.bench.__main__ import failure_line
+
+    torchrun = ("Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                "[rank1]: RuntimeError: Connection closed by peer\n"
+                "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+                "  error_file: <N/A>\n  traceback : To enable traceback see: https://x\n")
+    assert failure_line(torchrun) == "RuntimeError: Connection closed by peer"
+    assert failure_line("loading\nerror: bad flag --x\n") == "error: bad flag --x"
+    assert failure_line("") == "no output"
