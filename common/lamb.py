@@ -95,12 +95,11 @@ class ShardedLamb:
             lengths.append(pad)
             owner.append(len(flat.params))
         self.lengths = lengths
-        self.lengths_t = torch.tensor(lengths, device=dev)
         self.owner = torch.tensor(owner, device=dev)
         decay_t = torch.tensor(list(decay) + [False], device=dev)
         self.decay = decay_t
         self.wd = (decay_t[self.owner].float() * h.weight_decay).repeat_interleave(
-            self.lengths_t, output_size=flat.shard_size)
+            torch.tensor(lengths, device=dev), output_size=flat.shard_size)
         self.m = torch.zeros(flat.shard_size, device=dev)
         self.v = torch.zeros(flat.shard_size, device=dev)
         self.t = torch.zeros((), device=dev)
@@ -151,9 +150,9 @@ class ShardedLamb:
             dist.all_reduce(sums)
         wn, un = sums.sqrt().unbind(1)
         ratio = torch.where(self.decay & (wn > 0) & (un > 0), wn / un, 1.0)
-        scale = ratio[self.owner].repeat_interleave(self.lengths_t,
-                                                    output_size=self.flat.shard_size)
-        w.sub_(u.mul_(scale).mul_(lr))
+        # each piece of u times its tensor's lr * trust ratio (device scalars), then one update
+        torch._foreach_mul_(u.split(self.lengths), list((ratio[self.owner] * lr).unbind()))
+        w.sub_(u)
         if self.sharded:
             src = w if self._nccl else w.clone()  # NCCL gathers in place
             dist.all_gather_into_tensor(self.flat.data, src)

@@ -69,15 +69,41 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return F.gelu(x + bias)
 
 
-_fused_bias_gelu = None
+def bias_dropout_add_layer_norm(x, bias, residual, weight, ln_bias, p: float, eps: float):
+    """LayerNorm(dropout(x + bias) + residual): the unfused reference of
+    ``fused_bias_dropout_add_layer_norm``."""
+    y = F.dropout(x + bias, p) + residual
+    return F.layer_norm(y, (y.shape[-1],), weight, ln_bias, eps)
+
+
+_compiled: dict = {}
+
+
+def _compiled_once(fn):
+    """``fn`` compiled by Inductor into fused kernels (forward and backward), built on first use."""
+    if fn not in _compiled:
+        _compiled[fn] = torch.compile(fn, dynamic=True)
+    return _compiled[fn]
 
 
 def fused_bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``bias_gelu`` as one Inductor-generated kernel (forward and backward)."""
-    global _fused_bias_gelu
-    if _fused_bias_gelu is None:
-        _fused_bias_gelu = torch.compile(bias_gelu, dynamic=True)
-    return _fused_bias_gelu(x, bias)
+    return _compiled_once(bias_gelu)(x, bias)
+
+
+def fused_bias_dropout_add_layer_norm(x, bias, residual, weight, ln_bias, p: float, eps: float):
+    """``bias_dropout_add_layer_norm`` as Inductor-generated kernels (dropout drawn by
+    Inductor's own generator: the same distribution, not the same mask as eager)."""
+    return _compiled_once(bias_dropout_add_layer_norm)(x, bias, residual, weight, ln_bias, p,
+                                                       eps)
+
+
+@dataclass(frozen=True)
+class Fusions:
+    """Which elementwise chains run as compiled kernels instead of eager ops."""
+
+    bias_gelu: bool = False
+    dropout_add_layer_norm: bool = False
 
 
 @dataclass
@@ -216,42 +242,48 @@ class SelfAttention(nn.Module):
 class DenseLayerNorm(nn.Module):
     """dense -> dropout -> + residual -> LayerNorm (``attention.output`` and ``output``)."""
 
-    def __init__(self, c: BertConfig, d_in: int):
+    def __init__(self, c: BertConfig, d_in: int, fused: bool):
         super().__init__()
         self.dense = nn.Linear(d_in, c.hidden_size)
         self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.dropout = nn.Dropout(c.hidden_dropout_prob)
+        self.fused = fused
 
     def forward(self, x, residual):
-        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+        if not self.fused:  # the bias stays in the GEMM
+            return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+        p = self.dropout.p if self.training else 0.0
+        return fused_bias_dropout_add_layer_norm(
+            F.linear(x, self.dense.weight), self.dense.bias, residual, self.LayerNorm.weight,
+            self.LayerNorm.bias, p, self.LayerNorm.eps)
 
 
 class Attention(nn.Module):
-    def __init__(self, c: BertConfig, impl: str):
+    def __init__(self, c: BertConfig, impl: str, fused: Fusions):
         super().__init__()
         self.self = SelfAttention(c, impl)
-        self.output = DenseLayerNorm(c, c.hidden_size)
+        self.output = DenseLayerNorm(c, c.hidden_size, fused.dropout_add_layer_norm)
 
     def forward(self, x, mask, packing):
         return self.output(self.self(x, mask, packing), x)
 
 
 class Intermediate(nn.Module):
-    def __init__(self, c: BertConfig, fused_gelu: bool):
+    def __init__(self, c: BertConfig, fused: Fusions):
         super().__init__()
         self.dense = nn.Linear(c.hidden_size, c.intermediate_size)
-        self.act = fused_bias_gelu if fused_gelu else bias_gelu
+        self.act = fused_bias_gelu if fused.bias_gelu else bias_gelu
 
     def forward(self, x):
         return self.act(F.linear(x, self.dense.weight), self.dense.bias)
 
 
 class Layer(nn.Module):
-    def __init__(self, c: BertConfig, impl: str, fused_gelu: bool):
+    def __init__(self, c: BertConfig, impl: str, fused: Fusions):
         super().__init__()
-        self.attention = Attention(c, impl)
-        self.intermediate = Intermediate(c, fused_gelu)
-        self.output = DenseLayerNorm(c, c.intermediate_size)
+        self.attention = Attention(c, impl, fused)
+        self.intermediate = Intermediate(c, fused)
+        self.output = DenseLayerNorm(c, c.intermediate_size, fused.dropout_add_layer_norm)
 
     def forward(self, x, mask, packing):
         x = self.attention(x, mask, packing)
@@ -259,9 +291,9 @@ class Layer(nn.Module):
 
 
 class Encoder(nn.Module):
-    def __init__(self, c: BertConfig, impl: str, fused_gelu: bool):
+    def __init__(self, c: BertConfig, impl: str, fused: Fusions):
         super().__init__()
-        self.layer = nn.ModuleList(Layer(c, impl, fused_gelu) for _ in range(c.num_hidden_layers))
+        self.layer = nn.ModuleList(Layer(c, impl, fused) for _ in range(c.num_hidden_layers))
 
     def forward(self, x, mask, packing):
         for layer in self.layer:
@@ -279,10 +311,10 @@ class Pooler(nn.Module):
 
 
 class BertModel(nn.Module):
-    def __init__(self, c: BertConfig, impl: str, fused_gelu: bool):
+    def __init__(self, c: BertConfig, impl: str, fused: Fusions):
         super().__init__()
         self.embeddings = Embeddings(c)
-        self.encoder = Encoder(c, impl, fused_gelu)
+        self.encoder = Encoder(c, impl, fused)
         self.pooler = Pooler(c)
 
 
@@ -318,10 +350,10 @@ class PreTrainingHeads(nn.Module):
 class BertForPreTraining(nn.Module):
     """Returns masked-LM logits ``[batch, predictions, vocab]`` and NSP logits ``[batch, 2]``."""
 
-    def __init__(self, c: BertConfig, attention: str = "plain", fused_gelu: bool = False):
+    def __init__(self, c: BertConfig, attention: str = "plain", fused: Fusions = Fusions()):
         super().__init__()
         self.config, self.attention = c, attention
-        self.bert = BertModel(c, attention, fused_gelu)
+        self.bert = BertModel(c, attention, fused)
         self.cls = PreTrainingHeads(c, self.bert.embeddings.word_embeddings)
         self.apply(self._init_weights)
 

@@ -8,7 +8,8 @@ and the rest padding (0.6: about the reference Wikipedia data's mean fill).
 ``ours-unpad``: the suite's real step (flat parameters, LAMB, masked-LM head
 on the masked positions only) with padding removed (flash attention on the
 packed sequences, token count rounded to a 512 bucket) as one CUDA graph;
-``ours-unpad-eager``: the same without the graph;
+``ours-unpad-eager``: the same without the graph; ``ours-unpad-fused-ln``: with
+bias+dropout+residual+LayerNorm also compiled into fused kernels;
 ``ours-sdpa-graph``: the same step on padded SDPA as one CUDA graph;
 ``ours-plain``: the plain model (explicit softmax attention, per-tensor LAMB).
 ``hf-sdpa``: ``transformers.BertForPreTraining`` with SDPA attention and
@@ -34,6 +35,7 @@ from common.throughput import gpu_variants, time_steps
 from common.training import build_parser
 
 OURS = {"ours-unpad": ("unpad", True, ["--fused-gelu"]),
+        "ours-unpad-fused-ln": ("unpad", True, ["--fused-gelu", "--fused-layernorm"]),
         "ours-unpad-eager": ("unpad", False, ["--fused-gelu"]),
         "ours-sdpa-graph": ("sdpa", True, ["--fused-gelu"]),
         "ours-plain": ("plain", False, ["--no-flat-params"])}

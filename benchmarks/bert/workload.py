@@ -24,6 +24,7 @@ from benchmarks.bert.model import (
     ATTENTION_IMPLS,
     BertConfig,
     BertForPreTraining,
+    Fusions,
     bucketed_packing,
     mllog_tensor_names,
     no_weight_decay,
@@ -101,6 +102,8 @@ class BertWorkload(Workload):
                             "so a few CUDA graphs (one per bucket) serve all batches")
         p.add_argument("--fused-gelu", action=argparse.BooleanOptionalAction, default=False,
                        help="bias+GELU as one compiled kernel")
+        p.add_argument("--fused-layernorm", action=argparse.BooleanOptionalAction,
+                       default=False, help="bias+dropout+residual+LayerNorm as compiled kernels")
         p.add_argument("--flat-params", action=argparse.BooleanOptionalAction, default=True,
                        help="parameters and gradients in one buffer, LAMB on the flat buffer")
         p.add_argument("--sharded-optimizer", action=argparse.BooleanOptionalAction,
@@ -151,7 +154,8 @@ class BertWorkload(Workload):
                                                  a.max_seq_length, a.max_predictions)
             self.eval_shards = data.Shards.scan(a.eval_dir or a.data_dir / "eval",
                                                 a.max_seq_length, a.max_predictions)
-        model = BertForPreTraining(self.config, a.attention, a.fused_gelu)
+        model = BertForPreTraining(self.config, a.attention,
+                                   Fusions(a.fused_gelu, a.fused_layernorm))
         if a.init_checkpoint:
             load_checkpoint(model, a.init_checkpoint)
         self.tensor_names = mllog_tensor_names(model)

@@ -11,8 +11,11 @@ from benchmarks.bert.model import (
     ATTENTION_IMPLS,
     BertConfig,
     BertForPreTraining,
+    Fusions,
+    bias_dropout_add_layer_norm,
     bias_gelu,
     bucketed_packing,
+    fused_bias_dropout_add_layer_norm,
     fused_bias_gelu,
     mllog_tensor_names,
 )
@@ -161,6 +164,32 @@ def test_fused_bias_gelu_matches_eager():
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(fx, gx)
     torch.testing.assert_close(fb, gb)
+
+
+def test_fused_bias_dropout_add_layer_norm_matches_eager():
+    g = torch.Generator().manual_seed(3)
+    x, b, r, w, lb = (torch.randn(*shape, generator=g, requires_grad=True)
+                      for shape in ((6, 32), (32,), (6, 32), (32,), (32,)))
+    ref = bias_dropout_add_layer_norm(x, b, r, w, lb, 0.0, 1e-12)
+    want = torch.autograd.grad(ref.square().sum(), (x, b, r, w, lb))
+    out = fused_bias_dropout_add_layer_norm(x, b, r, w, lb, 0.0, 1e-12)
+    got = torch.autograd.grad(out.square().sum(), (x, b, r, w, lb))
+    torch.testing.assert_close(out, ref)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e)
+    # with dropout, about p of the positions are dropped: after the row's LayerNorm the
+    # dropped zeros are the values below the row mean
+    y = fused_bias_dropout_add_layer_norm(torch.ones(4000, 32), torch.zeros(32),
+                                          torch.zeros(4000, 32), None, None, 0.25, 1e-12)
+    assert torch.isfinite(y).all() and abs((y < 0).float().mean().item() - 0.25) < 0.01
+
+
+def test_fused_model_matches_plain_model_without_dropout():
+    torch.manual_seed(0)
+    plain = BertForPreTraining(SMALL, "sdpa").eval()
+    fused = BertForPreTraining(SMALL, "sdpa", Fusions(True, True)).eval()
+    fused.load_state_dict(plain.state_dict())
+    torch.testing.assert_close(fused(*_batch()), plain(*_batch()), atol=1e-5, rtol=1e-5)
 
 
 def test_flat_buffer_model_is_bit_identical():
