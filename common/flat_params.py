@@ -29,6 +29,10 @@ class FlatParameters:
 
     Tied parameters appear once. Backward accumulates into the gradient views
     in place, so ``zero_grad`` must zero the buffer rather than drop the views.
+    With a low-precision ``dtype`` (bf16) the model's weights and gradients are
+    kept in it (no autocast weight casts, half the gradient traffic) and
+    ``self.master`` holds the fp32 weights the optimizer updates; in fp32,
+    ``master`` is ``data`` itself.
     """
 
     def __init__(self, module: nn.Module, world_size: int = 1, dtype=torch.float32):
@@ -40,17 +44,27 @@ class FlatParameters:
         self.world_size = world_size
         self.shard_size = -(-self.numel // world_size)
         device = self.params[0].device
-        self.data = torch.zeros(self.shard_size * world_size, dtype=dtype, device=device)
+        self.master = torch.zeros(self.shard_size * world_size, device=device)
+        self.data = self.master if dtype == torch.float32 else torch.zeros_like(self.master,
+                                                                                dtype=dtype)
         self.grad = torch.zeros_like(self.data)
         self.offsets = []
         offset = 0
         for p, n in zip(self.params, self.sizes):
             self.offsets.append(offset)
-            view = self.data[offset:offset + n]
-            view.copy_(p.detach().reshape(-1))
-            p.data = view.view_as(p)
-            p.grad = self.grad[offset:offset + n].view_as(p)
+            self.master[offset:offset + n].copy_(p.detach().reshape(-1))
+            p.data = self.data[offset:offset + n].view_as(p)
             offset += n
+        if self.data is not self.master:
+            self.data.copy_(self.master)
+        for p, off, n in zip(self.params, self.offsets, self.sizes):
+            p.grad = self.grad[off:off + n].view_as(p)
+
+    def broadcast(self, src: int = 0) -> None:
+        """Every rank takes rank ``src``'s weights (master and model copy)."""
+        torch.distributed.broadcast(self.master, src)
+        if self.data is not self.master:
+            self.data.copy_(self.master)
 
     def zero_grad(self) -> None:
         self.grad.zero_()

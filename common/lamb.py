@@ -8,8 +8,9 @@ and for weight-decayed tensors the layer-wise trust ratio ``|w| / |u|``
 ``Lamb`` is the plain per-tensor reference. ``ShardedLamb`` runs the same
 maths on a ``FlatParameters`` buffer: one gradient reduce-scatter (the
 1/world_size folded into the collective), each rank updating only its shard
-with whole-shard and multi-tensor (``torch._foreach_*``) kernels, per-tensor
-norms completed by one small all-reduce, then one parameter all-gather.
+of the fp32 master weights with whole-shard and multi-tensor
+(``torch._foreach_*``) kernels, per-tensor norms completed by one small
+all-reduce, then one all-gather of the model's (possibly bf16) weights.
 Learning rate and step count are device tensors, so a step is CUDA-graph
 capturable.
 """
@@ -103,7 +104,8 @@ class ShardedLamb:
         self.m = torch.zeros(flat.shard_size, device=dev)
         self.v = torch.zeros(flat.shard_size, device=dev)
         self.t = torch.zeros((), device=dev)
-        self.grad_shard = torch.zeros(flat.shard_size, device=dev) if self.sharded else None
+        self.grad_shard = (torch.zeros(flat.shard_size, dtype=flat.grad.dtype, device=dev)
+                           if self.sharded else None)
         self._nccl = dist.is_initialized() and dist.get_backend() == "nccl"
 
     def zero_grad(self) -> None:
@@ -133,11 +135,11 @@ class ShardedLamb:
     def step(self, lr: torch.Tensor) -> None:
         h = self.h
         g = self._reduce_gradients()
-        w = self.flat.shard(self.flat.data, self.rank)
-        sq = g.pow(2).sum()
+        w = self.flat.shard(self.flat.master, self.rank)   # fp32
+        sq = torch.linalg.vector_norm(g, dtype=torch.float32).square()
         if self.sharded:
             dist.all_reduce(sq)
-        g = g * _clip_coef(sq, h.max_grad_norm)
+        g = g.float() * _clip_coef(sq, h.max_grad_norm)
         self.t += 1
         bc1, bc2 = 1 - h.beta1 ** self.t, 1 - h.beta2 ** self.t
         self.m.mul_(h.beta1).add_(g, alpha=1 - h.beta1)
@@ -153,6 +155,9 @@ class ShardedLamb:
         # each piece of u times its tensor's lr * trust ratio (device scalars), then one update
         torch._foreach_mul_(u.split(self.lengths), list((ratio[self.owner] * lr).unbind()))
         w.sub_(u)
+        mine = self.flat.shard(self.flat.data, self.rank)
+        if self.flat.data is not self.flat.master:
+            mine.copy_(w)   # the model's low-precision copy of the updated shard
         if self.sharded:
-            src = w if self._nccl else w.clone()  # NCCL gathers in place
+            src = mine if self._nccl else mine.clone()  # NCCL gathers in place
             dist.all_gather_into_tensor(self.flat.data, src)

@@ -106,6 +106,9 @@ class BertWorkload(Workload):
                        default=False, help="bias+dropout+residual+LayerNorm as compiled kernels")
         p.add_argument("--flat-params", action=argparse.BooleanOptionalAction, default=True,
                        help="parameters and gradients in one buffer, LAMB on the flat buffer")
+        p.add_argument("--bf16-weights", action=argparse.BooleanOptionalAction, default=False,
+                       help="amp-bf16 with --flat-params: bf16 model weights and gradients, "
+                            "fp32 master weights inside LAMB (no per-step weight casts)")
         p.add_argument("--sharded-optimizer", action=argparse.BooleanOptionalAction,
                        default=True, help="each rank updates its shard, then one all-gather")
 
@@ -122,6 +125,8 @@ class BertWorkload(Workload):
         if a.attention == "unpad" and env.device.type == "cuda" and a.precision != "amp-bf16":
             raise UserError(f"--attention unpad runs flash attention, which has no "
                             f"{a.precision} kernel: use --precision amp-bf16")
+        if a.bf16_weights and not (a.flat_params and a.precision == "amp-bf16"):
+            raise UserError("--bf16-weights needs --flat-params and --precision amp-bf16")
         if a.unpad_bucket < 1:
             raise UserError(f"--unpad-bucket must be >= 1 token, not {a.unpad_bucket}")
         if cuda_graph and not a.flat_params and env.distributed:
@@ -164,9 +169,10 @@ class BertWorkload(Workload):
         h = LambHyper(a.beta1, a.beta2, a.epsilon, a.weight_decay, a.max_grad_norm)
         if a.flat_params:
             shards = env.world_size if a.sharded_optimizer else 1
-            flat = FlatParameters(model, shards)
+            flat = FlatParameters(model, shards,
+                                  torch.bfloat16 if a.bf16_weights else torch.float32)
             if env.distributed:
-                torch.distributed.broadcast(flat.data, 0)  # same initial weights everywhere
+                flat.broadcast(0)  # the same initial weights everywhere
             decay = [not no_weight_decay(n) for n in flat.names]
             self.optimizer = ShardedLamb(flat, decay, h, env.rank, env.world_size,
                                          a.sharded_optimizer)

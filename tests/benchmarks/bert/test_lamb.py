@@ -33,17 +33,29 @@ def _grads(step, rank, world):
     return [g[rank] for g in full]
 
 
-def _run_flat(rank, world, sharded=True):
+def _run_flat(rank, world, sharded=True, dtype=torch.float32, grad_dtype=None):
     model = _model()
-    flat = FlatParameters(model, world if sharded else 1)
+    flat = FlatParameters(model, world if sharded else 1, dtype)
     opt = ShardedLamb(flat, _decay(model), H, rank, world, sharded)
     lr = torch.tensor(0.05)
     for step in range(STEPS):
         opt.zero_grad()
         for p, g in zip(flat.params, _grads(step, rank, world)):
-            p.grad.add_(g)
+            p.grad.add_(g.to(grad_dtype or dtype))
         opt.step(lr)
-    return [p.detach().clone() for p in model.parameters()]
+    if dtype != torch.float32:
+        torch.testing.assert_close(flat.data, flat.master.to(dtype), atol=0, rtol=0)
+    return [flat.master[o:o + n].view_as(p).clone()
+            for p, o, n in zip(flat.params, flat.offsets, flat.sizes)]
+
+
+def test_bf16_weights_keep_an_fp32_master_updated_like_fp32_lamb():
+    """bf16 model weights and gradients: the fp32 master follows fp32 LAMB fed the same
+    (bf16-rounded) gradients, and the model's weights are the master rounded to bf16."""
+    want = _run_flat(0, 1, grad_dtype=torch.bfloat16)
+    got = _run_flat(0, 1, dtype=torch.bfloat16)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
 
 
 def _reference():

@@ -54,11 +54,13 @@ def test_tiny_config_reaches_target(tmp_path):
 
 
 @pytest.mark.slow
-def test_unpadded_run_on_two_processes_reaches_target(tmp_path):
-    """The whole run on 2 gloo processes (same global batch) with the bucketed unpadded path
-    and the sharded LAMB."""
+def test_unpadded_bf16_weights_run_on_two_processes_reaches_target(tmp_path):
+    """The whole run on 2 gloo processes (same global batch) with the bucketed unpadded path,
+    the sharded LAMB and bf16 model weights over an fp32 master."""
     proc = run({"CONFIG": "cpu_tiny", "TINY_NPROC": "2", "LOGDIR": str(tmp_path), "SEED": "1",
-                "EXTRA_ARGS": "--batch-size 16 --attention unpad --unpad-bucket 128"})
+                "PRECISION": "amp-bf16",
+                "EXTRA_ARGS": "--batch-size 16 --attention unpad --unpad-bucket 128 "
+                              "--bf16-weights"})
     log = tmp_path / "result_0.txt"
     summary = summarize(log)
     assert summary.status == "success" and summary.last_quality >= 0.72, proc.stderr[-3000:]
