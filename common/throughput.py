@@ -13,7 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from common.cli import OneLineParser
 from common.metering import Throughput, peak_memory_bytes, reset_peak_memory
+from common.precision import PRECISIONS
 
 
 @dataclass(frozen=True)
@@ -57,3 +59,19 @@ def gpu_variants(parser: argparse.ArgumentParser, text: str, known) -> list[str]
     if unknown:
         parser.error(f"unknown variant(s) {sorted(unknown)}; choose from {', '.join(known)}")
     return variants
+
+
+def tool_parser(prog: str, doc: str, variants: str | None, warmup: int, iters: int,
+                precision: bool = True, variants_help: str | None = None) -> OneLineParser:
+    """The flags every workload's GPU comparison tool shares: ``--precision`` (unless the
+    variants fix it), ``--variants``, ``--warmup``, ``--iters``, ``--json``, ``--profile``."""
+    p = OneLineParser(prog=prog, description=doc)
+    if precision:
+        p.add_argument("--precision", default="amp-bf16", choices=PRECISIONS)
+    p.add_argument("--variants", default=variants, help=variants_help)
+    p.add_argument("--warmup", type=int, default=warmup)
+    p.add_argument("--iters", type=int, default=iters)
+    p.add_argument("--json", default=None, help="write the results here too")
+    p.add_argument("--profile", action="store_true",
+                   help="print each variant's GPU kernel time per step by kernel family")
+    return p

@@ -27,12 +27,11 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.bert.workload import SYNTHETIC, BertWorkload
-from common.cli import OneLineParser
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
 from common.kernel_profile import kernel_breakdown
-from common.precision import PRECISIONS, Precision
-from common.throughput import gpu_variants, time_steps
+from common.precision import Precision
+from common.throughput import gpu_variants, time_steps, tool_parser
 from common.training import build_parser
 
 OURS = {"ours-unpad": ("unpad", True, ["--fused-gelu"]),
@@ -79,17 +78,11 @@ def hf(a, precision: Precision, device, batch):
 
 
 def main(argv=None) -> int:
-    p = OneLineParser(prog="python -m benchmarks.bert.throughput", description=__doc__)
+    p = tool_parser("python -m benchmarks.bert.throughput", __doc__, ",".join(VARIANTS),
+                    warmup=15, iters=20)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--fill", type=float, default=0.6)
-    p.add_argument("--precision", default="amp-bf16", choices=PRECISIONS)
-    p.add_argument("--variants", default=",".join(VARIANTS))
-    p.add_argument("--warmup", type=int, default=15)
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--json", default=None, help="write the results here")
-    p.add_argument("--profile", action="store_true",
-                   help="print each variant's GPU kernel time per step by kernel family")
     a = p.parse_args(argv)
     variants = gpu_variants(p, a.variants, VARIANTS)
     device = torch.device("cuda")

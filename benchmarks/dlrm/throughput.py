@@ -38,11 +38,11 @@ import torch
 from benchmarks.dlrm import data
 from benchmarks.dlrm.workload import SYNTHETIC, DLRMWorkload
 from common import dist
-from common.cli import OneLineParser, one_line_errors
+from common.cli import one_line_errors
 from common.kernel_profile import kernel_breakdown
-from common.precision import PRECISIONS, Precision
+from common.precision import Precision
 from common.progress import say
-from common.throughput import gpu_variants, time_steps
+from common.throughput import gpu_variants, time_steps, tool_parser
 from common.training import build_parser
 
 # variant -> workload flags
@@ -86,19 +86,13 @@ def fits(variant: str, need: int, env: dist.DistEnv) -> bool:
 
 @one_line_errors
 def main(argv=None) -> int:
-    p = OneLineParser(prog="python -m benchmarks.dlrm.throughput", description=__doc__)
+    p = tool_parser("python -m benchmarks.dlrm.throughput", __doc__, None, warmup=10, iters=30,
+                    variants_help=f"comma-separated, of {', '.join(VARIANTS)} (default: "
+                                  f"{DEFAULT_VARIANTS[False]}; under torchrun "
+                                  f"{DEFAULT_VARIANTS[True]})")
     p.add_argument("--batch-size", type=int, default=55296, help="global batch")
     p.add_argument("--max-ind-range", type=int, default=10_000_000,
                    help="cap on every table's rows (40000000: the reference's full tables)")
-    p.add_argument("--precision", default="amp-bf16", choices=PRECISIONS)
-    p.add_argument("--variants", default=None,
-                   help=f"comma-separated, of {', '.join(VARIANTS)} (default: "
-                        f"{DEFAULT_VARIANTS[False]}; under torchrun {DEFAULT_VARIANTS[True]})")
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--iters", type=int, default=30)
-    p.add_argument("--json", default=None, help="write the results here too")
-    p.add_argument("--profile", action="store_true",
-                   help="print each variant's GPU kernel time per step by kernel family")
     a = p.parse_args(argv)
     variants = gpu_variants(p, a.variants or ",".join(VARIANTS), VARIANTS)
     env = dist.init_distributed("cuda")

@@ -25,12 +25,11 @@ import torch
 
 from benchmarks.resnet.workload import ResNetWorkload
 from common.bench.external import ExternalWorker
-from common.cli import OneLineParser
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
 from common.kernel_profile import kernel_breakdown
-from common.precision import PRECISIONS, Precision
-from common.throughput import Measurement, gpu_variants, time_steps
+from common.precision import Precision
+from common.throughput import Measurement, gpu_variants, time_steps, tool_parser
 from common.training import build_parser
 
 # variant -> (CUDA graph, torch.compile mode) for ours
@@ -131,16 +130,10 @@ def jpeg_pipeline(jpeg_dir: str, batch_size: int, device, seconds: float = 20.0)
 
 
 def main(argv=None) -> int:
-    p = OneLineParser(prog="python -m benchmarks.resnet.throughput", description=__doc__)
+    p = tool_parser("python -m benchmarks.resnet.throughput", __doc__,
+                    "ours,ours-eager,torchvision-eager,torchvision-compile", warmup=30, iters=100)
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--precision", default="amp-bf16", choices=PRECISIONS)
-    p.add_argument("--variants", default="ours,ours-eager,torchvision-eager,torchvision-compile")
-    p.add_argument("--warmup", type=int, default=30)
-    p.add_argument("--iters", type=int, default=100)
     p.add_argument("--jpeg-dir", default=None)
-    p.add_argument("--json", default=None, help="write the results here too")
-    p.add_argument("--profile", action="store_true",
-                   help="print each variant's GPU kernel time per step by kernel family")
     args = p.parse_args(argv)
     variants = gpu_variants(p, args.variants, VARIANTS)
     device = torch.device("cuda")

@@ -16,11 +16,11 @@ import sys
 import torch
 
 from benchmarks.unet3d.workload import Unet3DWorkload
-from common.cli import OneLineParser
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
+from common.kernel_profile import kernel_breakdown
 from common.precision import Precision
-from common.throughput import gpu_variants, time_steps
+from common.throughput import gpu_variants, time_steps, tool_parser
 from common.training import build_parser
 
 # variant -> (precision, channels_last_3d, CUDA graph)
@@ -44,13 +44,10 @@ def build(variant: str, batch_size: int, shape: str, device):
 
 
 def main(argv=None) -> int:
-    p = OneLineParser(prog="python -m benchmarks.unet3d.throughput", description=__doc__)
+    p = tool_parser("python -m benchmarks.unet3d.throughput", __doc__, ",".join(VARIANTS),
+                    warmup=15, iters=20, precision=False)
     p.add_argument("--batch-size", type=int, default=2)
     p.add_argument("--shape", default="128,128,128")
-    p.add_argument("--variants", default=",".join(VARIANTS))
-    p.add_argument("--warmup", type=int, default=15)
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--json", default=None, help="write the results here too")
     a = p.parse_args(argv)
     variants = gpu_variants(p, a.variants, VARIANTS)
     device = torch.device("cuda")
@@ -64,6 +61,8 @@ def main(argv=None) -> int:
                      "peak_memory_gib": m.peak_memory_bytes / 2**30})
         print(f"{v:14s} batch {a.batch_size} {a.shape}: {m.samples_per_second:7.2f} samples/s, "
               f"peak {m.peak_memory_bytes / 2**30:.1f} GiB", flush=True)
+        if a.profile:
+            print(kernel_breakdown(step, batch), flush=True)
         del step, batch
         torch.cuda.empty_cache()
     base = rows[0]["samples_per_second"]
