@@ -13,13 +13,14 @@ import torch
 
 # (family, substrings of the lower-cased kernel name), first match wins.
 FAMILIES = (
+    ("attention", ("flash", "fmha", "attention", "sdpa")),  # first: their names mention cutlass
     ("conv/gemm", ("conv", "xmma", "implicit", "dgrad", "wgrad", "cudnn", "cutlass", "gemm",
                    "nvjet", "fprop")),
     ("triton-fused", ("triton",)),
     ("optimizer (foreach)", ("multi_tensor", "foreach")),
     ("batchnorm", ("batch_norm", "welford")),
     ("communication", ("nccl",)),
-    ("attention", ("flash", "fmha", "attention")),
+    ("embedding/gather", ("embedding", "indexselect", "index_select", "gather", "scatter")),
     ("elementwise/reduce", ("elementwise", "reduce")),
 )
 

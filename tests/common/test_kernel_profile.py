@@ -12,3 +12,7 @@ def test_kernel_names_fall_into_families():
     assert family("void at::native::vectorized_elementwise_kernel<8, add>") == \
         "elementwise/reduce"
     assert family("memcpy") == "other"
+    assert family("void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<"
+                  "Flash_bwd_kernel_traits<64, 128, 128, 8, cutlass::bfloat16_t>>") == "attention"
+    assert family("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16") == "attention"
+    assert family("void at::native::indexSelectLargeIndex<float, long>") == "embedding/gather"
