@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from common.dist import DistEnv
+from common.errors import UserError
 from common.precision import Precision
 
 COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs")
@@ -143,16 +144,26 @@ class Workload(abc.ABC):
     # -- throughput harness (common.bench) --------------------------------------------------
     flops_per_sample: float | None = None  # training FLOPs per sample (forward + backward)
 
+    # the --data-dir value that builds the workload without a dataset, for synthetic runs
+    synthetic_data_dir: str | None = None
+
     @classmethod
     def parse_bench_args(cls, parser: argparse.ArgumentParser, argv: list[str], data: str,
                          batch_size: int) -> argparse.Namespace:
         """Flags for a throughput run with per-rank ``batch_size`` on ``synthetic`` data
-        (device-resident batches, nothing read) or ``real`` data (the training reader).
+        (device-resident batches, nothing read) or ``real`` data (the training reader);
+        ``argv`` holds the user's extra workload flags.
 
-        Workloads override this to set their batch flag and to build without a
-        dataset for synthetic runs; ``argv`` holds the user's extra workload flags.
+        By default ``--batch-size`` is the per-rank batch and synthetic runs pass
+        ``synthetic_data_dir`` as ``--data-dir``; workloads whose flags differ override this.
         """
-        return parser.parse_args(argv)
+        pre = ["--batch-size", str(batch_size)]
+        if data == "synthetic":
+            if cls.synthetic_data_dir is None:
+                raise UserError(f"{cls.name} has no synthetic mode for the harness: use "
+                                f"python -m benchmarks.{cls.name}.throughput")
+            pre += ["--data-dir", cls.synthetic_data_dir]
+        return parser.parse_args(pre + argv)
 
     def synthetic_batch(self, batch_size: int) -> tuple[torch.Tensor, ...]:
         """A device-resident batch of this rank for throughput runs (never used for training)."""

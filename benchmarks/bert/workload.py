@@ -58,6 +58,7 @@ class _Unit:
 
 class BertWorkload(Workload):
     name = constants.BERT
+    synthetic_data_dir = SYNTHETIC
     quality_target = 0.720
     quality_metric = "masked-LM accuracy"
     unit_name = "eval interval"

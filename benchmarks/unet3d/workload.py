@@ -57,6 +57,7 @@ def lr_at(epoch: int, a: argparse.Namespace) -> float:
 
 class Unet3DWorkload(Workload):
     name = constants.UNET3D
+    synthetic_data_dir = SYNTHETIC
     quality_target = 0.908
     quality_metric = "mean Dice"
 
@@ -201,13 +202,6 @@ class Unet3DWorkload(Workload):
             start = blocks[-1].last_epoch + 1
             blocks.append(Block(start, min(a.evaluate_every, a.epochs - start + 1)))
         return blocks
-
-    # -- throughput harness ---------------------------------------------------------------
-    @classmethod
-    def parse_bench_args(cls, parser, argv, data, batch_size):
-        pre = ["--batch-size", str(batch_size)]
-        return parser.parse_args(pre + (["--data-dir", SYNTHETIC] if data == "synthetic" else [])
-                                 + argv)
 
     # -- steps ----------------------------------------------------------------------------
     def epoch_batches(self, epoch: int):

@@ -112,3 +112,27 @@ def test_failure_line_is_the_workers_exception_not_torchruns_summary():
     assert failure_line(torchrun) == "RuntimeError: Connection closed by peer"
     assert failure_line("loading\nerror: bad flag --x\n") == "error: bad flag --x"
     assert failure_line("") == "no output"
+
+
+@pytest.mark.slow
+def test_bert_runs_under_the_harness_with_its_flops(tmp_path):
+    """Any workload with a synthetic mode runs under the same command: a tiny BERT here."""
+    config = tmp_path / "bert_config.json"
+    config.write_text(json.dumps({"vocab_size": 61, "hidden_size": 32, "num_hidden_layers": 1,
+                                  "num_attention_heads": 2, "intermediate_size": 64,
+                                  "max_position_embeddings": 16}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "common.bench", "bert", "-n", "1", "-b", "2", "--precision", "fp32",
+         "--mode", "train,infer", "--iters", "2", "--warmup", "1", "--device", "cpu",
+         "--workload-args", f"--bert-config {config} --max-seq-length 16 --max-predictions 3",
+         "-o", str(tmp_path / "out")],
+        cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+        timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    points = json.loads((tmp_path / "out" / "report.json").read_text())["points"]
+    assert {p["stage"] for p in points} == {"train", "infer"}
+    train = next(p for p in points if p["stage"] == "train")
+    # the workload's own count: 6 * dense params * seq + attention's 12 * layers * seq^2 * h
+    dense = 4 * 32 * 32 + 2 * 32 * 64
+    assert train["flops_per_sample"] == 6 * dense * 16 + 12 * 16 * 16 * 32
+    assert train["samples"] == 4 and train["samples_per_s"] > 0
