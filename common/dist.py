@@ -5,6 +5,7 @@ NCCL on CUDA, gloo on the CPU, so multi-process logic runs in CI on 2 CPU proces
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 from dataclasses import dataclass
@@ -84,7 +85,17 @@ def init_distributed(device: str = "auto") -> DistEnv:
 
 
 def shutdown() -> None:
+    """Destroy the process groups while the interpreter is fully alive.
+
+    Callers drop their own references (the workload, its DDP module) first;
+    ``gc.collect`` then frees whatever cycles still hold a group, so destroying
+    it really joins gloo's worker threads. A group that outlives this call is
+    destroyed during interpreter finalisation instead, where a gloo thread
+    still holding a finished work's tensors can abort the process
+    ("terminate called without an active exception").
+    """
     if dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 
 import torch
 
@@ -111,6 +112,15 @@ def run(wl: Workload, log: MLLog, args, env) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class _Closing:
+    """The workload facts the closing message prints after the process group is gone."""
+
+    quality_metric: str
+    quality_target: float
+    dataset: str
+
+
 def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
     args = build_parser(workload_cls).parse_args(argv)
     if args.seed is None:
@@ -163,6 +173,8 @@ def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
     finally:
         log.end(constants.RUN_STOP, metadata={constants.STATUS: status})
         log.close()
+        # keep what the closing lines need, and no reference to the process groups
+        wl = _Closing(wl.quality_metric, wl.quality_target, wl.dataset) if run_started else None
         dist.shutdown()
     if run_started and env.is_main:
         seconds = time.perf_counter() - t_run
