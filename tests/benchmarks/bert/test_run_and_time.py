@@ -99,6 +99,19 @@ def test_sequence_length_mismatch(tmp_path, small_fixture):
     assert len(lines) == 1 and "sequence length" in lines[0]
 
 
+@pytest.mark.parametrize("flags, words", [
+    (["--bf16-weights", "--no-flat-params"], "--bf16-weights needs --flat-params"),
+    (["--bf16-weights"], "--precision amp-bf16"),          # these runs are fp32
+    (["--attention", "unpad", "--unpad-bucket", "0"], "--unpad-bucket must be >= 1"),
+])
+def test_bad_optimisation_flags(tmp_path, small_fixture, flags, words):
+    proc = run_module("--data-dir", str(small_fixture), "--log-file", str(tmp_path / "l.txt"),
+                      *flags)
+    assert proc.returncode == 2
+    lines = error_lines(proc)
+    assert len(lines) == 1 and words in lines[0], lines
+
+
 def test_vocab_config_mismatch(tmp_path, small_fixture):
     data = tmp_path / "d"
     shutil.copytree(small_fixture, data)
