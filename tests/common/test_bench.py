@@ -136,3 +136,25 @@ def test_bert_runs_under_the_harness_with_its_flops(tmp_path):
     dense = 4 * 32 * 32 + 2 * 32 * 64
     assert train["flops_per_sample"] == 6 * dense * 16 + 12 * 16 * 16 * 32
     assert train["samples"] == 4 and train["samples_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_spatial_group_counts_each_shared_sample_once(tmp_path):
+    """U-Net split over 2 ranks: one sample per step for the pair, FLOPs of a whole sample."""
+    args = "--input-shape 64,64,64 --filters 8,16,32,64,80"
+    records = {}
+    for n, group in ((1, 1), (2, 2)):
+        out = tmp_path / f"n{n}"
+        proc = subprocess.run(
+            [sys.executable, "-m", "common.bench", "unet3d", "-n", str(n), "-b", "1",
+             "--precision", "fp32", "--mode", "train", "--iters", "2", "--warmup", "1",
+             "--device", "cpu", "--workload-args", f"{args} --spatial-group {group}",
+             "-o", str(out)],
+            cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+            timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        (records[n],) = json.loads((out / "report.json").read_text())["points"]
+    assert records[1]["samples"] == records[2]["samples"] == 2
+    # the halo slices add a little work on the split; otherwise the same whole-sample count
+    assert records[2]["flops_per_sample"] == pytest.approx(records[1]["flops_per_sample"],
+                                                           rel=0.05)
