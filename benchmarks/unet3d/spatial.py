@@ -129,10 +129,12 @@ def _wait(reqs: list) -> None:
         r.wait()
 
 
-def _zeros_like_slices(x: torch.Tensor, n: int) -> torch.Tensor:
+def _halo_like(x: torch.Tensor, n: int, neighbour: int | None) -> torch.Tensor:
+    """``n`` depth slices shaped like ``x``: zeros (the padding) at a volume end, else an
+    uninitialised buffer that the neighbour's message fills."""
     shape = list(x.shape)
     shape[DEPTH] = n
-    return x.new_zeros(shape)
+    return x.new_zeros(shape) if neighbour is None else x.new_empty(shape)
 
 
 class _HaloConv(torch.autograd.Function):
@@ -150,7 +152,7 @@ class _HaloConv(torch.autograd.Function):
         x, weight = x.to(dtype), weight.to(dtype)
         lo_w, hi_w = p, k - s - p
         length = x.shape[DEPTH]
-        lo, hi = _zeros_like_slices(x, lo_w), _zeros_like_slices(x, hi_w)
+        lo, hi = _halo_like(x, lo_w, sg.prev), _halo_like(x, hi_w, sg.next)
         reqs = _exchange(sg, x[:, :, :hi_w], x[:, :, length - lo_w:], lo, hi)
 
         def conv(t):
@@ -187,8 +189,8 @@ class _HaloConv(torch.autograd.Function):
         args = (grad, padded, weight, None, [s] * 3, [0, p, p], [1] * 3, False, [0] * 3, 1)
         g_padded = torch.ops.aten.convolution_backward(*args, [True, False, False])[0]
         # The halos' gradients belong to the neighbours' edge slices.
-        from_next = _zeros_like_slices(x, lo_w)   # for my last lo_w slices
-        from_prev = _zeros_like_slices(x, hi_w)   # for my first hi_w slices
+        from_next = _halo_like(x, lo_w, sg.next)   # for my last lo_w slices
+        from_prev = _halo_like(x, hi_w, sg.prev)   # for my first hi_w slices
         reqs = _exchange(sg, g_padded[:, :, :lo_w], g_padded[:, :, lo_w + length:],
                          from_prev, from_next)
         g_weight = torch.ops.aten.convolution_backward(*args, [False, True, False])[1]
