@@ -26,6 +26,15 @@ def models(device):
     return a.to(device), copy.deepcopy(a).to(device)
 
 
+def plain_and_graphed(device, warmup_steps):
+    """The same SGD step twice from the same weights: plain, and through GraphedStep."""
+    a, b = models(device)
+    plain = make_step(a, torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9))
+    graphed = GraphedStep(make_step(b, torch.optim.SGD(b.parameters(), lr=0.1, momentum=0.9)),
+                          warmup_steps=warmup_steps)
+    return plain, graphed
+
+
 def batches(device, n=15):
     g = torch.Generator().manual_seed(1)
     return [(torch.randn(4, 8, generator=g).to(device), torch.randn(4, 1, generator=g).to(device))
@@ -33,10 +42,7 @@ def batches(device, n=15):
 
 
 def test_eager_fallback_equals_plain_step():
-    a, b = models("cpu")
-    plain = make_step(a, torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9))
-    graphed = GraphedStep(make_step(b, torch.optim.SGD(b.parameters(), lr=0.1, momentum=0.9)),
-                          warmup_steps=2)
+    plain, graphed = plain_and_graphed("cpu", 2)
     data = batches("cpu")
     assert torch.equal(run(plain, data), run(graphed, data))
     assert not graphed.captured
@@ -45,10 +51,7 @@ def test_eager_fallback_equals_plain_step():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_captured_graph_equals_eager_on_gpu():
-    a, b = models("cuda")
-    plain = make_step(a, torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9))
-    graphed = GraphedStep(make_step(b, torch.optim.SGD(b.parameters(), lr=0.1, momentum=0.9)),
-                          warmup_steps=3)
+    plain, graphed = plain_and_graphed("cuda", 3)
     data = batches("cuda")
     want, got = run(plain, data), run(graphed, data)
     assert graphed.captured
@@ -58,10 +61,7 @@ def test_captured_graph_equals_eager_on_gpu():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_one_graph_per_input_shape_on_gpu():
-    a, b = models("cuda")
-    plain = make_step(a, torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9))
-    graphed = GraphedStep(make_step(b, torch.optim.SGD(b.parameters(), lr=0.1, momentum=0.9)),
-                          warmup_steps=3)
+    plain, graphed = plain_and_graphed("cuda", 3)
     g = torch.Generator().manual_seed(2)
     data = [(torch.randn(n, 8, generator=g).cuda(), torch.randn(n, 1, generator=g).cuda())
             for n in (4, 4, 4, 4, 6, 4, 6, 2, 6, 4, 2)]
