@@ -143,6 +143,11 @@ def eval_batches(shards: Shards, vocab_size: int, batch: int, rank: int, world: 
             return
 
 
+def synthetic_length(seq_len: int, max_pred: int, fill: float) -> int:
+    """Real tokens per sequence of a synthetic batch with ``fill`` (room for the predictions)."""
+    return min(seq_len, max(max_pred + 1, round(fill * seq_len)))
+
+
 def synthetic_batch(batch: int, seq_len: int, max_pred: int, vocab_size: int, fill: float,
                     device) -> tuple[torch.Tensor, ...]:
     """A device-resident random batch for throughput runs (never for training).
@@ -151,7 +156,7 @@ def synthetic_batch(batch: int, seq_len: int, max_pred: int, vocab_size: int, fi
     and ``max_pred`` masked positions among the real tokens.
     """
     g = torch.Generator().manual_seed(0)
-    real = min(seq_len, max(max_pred + 1, round(fill * seq_len)))
+    real = synthetic_length(seq_len, max_pred, fill)
     max_pred = min(max_pred, real - 1)
     ids = torch.randint(5, vocab_size, (batch, seq_len), generator=g)
     mask = (torch.arange(seq_len) < real).long().expand(batch, -1).contiguous()

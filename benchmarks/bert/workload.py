@@ -101,6 +101,9 @@ class BertWorkload(Workload):
         p.add_argument("--unpad-bucket", type=int, default=512,
                        help="unpad: round each batch's token count up to a multiple of this, "
                             "so a few CUDA graphs (one per bucket) serve all batches")
+        p.add_argument("--synthetic-fill", type=float, default=1.0,
+                       help="throughput runs on synthetic data: the fraction of each sequence "
+                            "that is real tokens (the rest padding; the reference data: ~0.6)")
         p.add_argument("--fused-gelu", action=argparse.BooleanOptionalAction, default=False,
                        help="bias+GELU as one compiled kernel")
         p.add_argument("--fused-layernorm", action=argparse.BooleanOptionalAction,
@@ -128,6 +131,8 @@ class BertWorkload(Workload):
                             f"{a.precision} kernel: use --precision amp-bf16")
         if a.bf16_weights and not (a.flat_params and a.precision == "amp-bf16"):
             raise UserError("--bf16-weights needs --flat-params and --precision amp-bf16")
+        if not 0 < a.synthetic_fill <= 1:
+            raise UserError(f"--synthetic-fill must be in (0, 1], not {a.synthetic_fill}")
         if a.unpad_bucket < 1:
             raise UserError(f"--unpad-bucket must be >= 1 token, not {a.unpad_bucket}")
         if cuda_graph and not a.flat_params and env.distributed:
@@ -309,14 +314,19 @@ class BertWorkload(Workload):
     # -- throughput harness ---------------------------------------------------------------
     @property
     def flops_per_sample(self) -> float:
-        c, s = self.config, self.args.max_seq_length
+        """Training FLOPs of a synthetic sequence's real tokens (``--synthetic-fill``): the
+        useful work, so FLOPs spent on padding do not count towards utilisation."""
+        a, c = self.args, self.config
+        s = data.synthetic_length(a.max_seq_length, a.max_predictions, a.synthetic_fill)
         h, f, layers = c.hidden_size, c.intermediate_size, c.num_hidden_layers
         dense = layers * (4 * h * h + 2 * h * f)
         return 6.0 * dense * s + 12.0 * layers * s * s * h
 
-    def synthetic_batch(self, batch_size: int, fill: float = 1.0) -> tuple[torch.Tensor, ...]:
-        """Random tokens; each sequence has ``fill`` of its positions real, the rest padding
-        (plus the bucketed packing for ``--attention unpad``)."""
+    def synthetic_batch(self, batch_size: int, fill: float | None = None
+                        ) -> tuple[torch.Tensor, ...]:
+        """Random tokens; each sequence has ``fill`` (default ``--synthetic-fill``) of its
+        positions real, the rest padding (plus the bucketed packing for ``--attention unpad``)."""
+        fill = self.args.synthetic_fill if fill is None else fill
         batch = data.synthetic_batch(batch_size, self.args.max_seq_length,
                                      self.args.max_predictions, self.config.vocab_size, fill,
                                      self.env.device)

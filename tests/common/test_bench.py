@@ -124,7 +124,8 @@ def test_bert_runs_under_the_harness_with_its_flops(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "common.bench", "bert", "-n", "1", "-b", "2", "--precision", "fp32",
          "--mode", "train,infer", "--iters", "2", "--warmup", "1", "--device", "cpu",
-         "--workload-args", f"--bert-config {config} --max-seq-length 16 --max-predictions 3",
+         "--workload-args", f"--bert-config {config} --max-seq-length 16 --max-predictions 3 "
+                            "--attention unpad --unpad-bucket 16 --synthetic-fill 0.5",
          "-o", str(tmp_path / "out")],
         cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
         timeout=600)
@@ -132,9 +133,10 @@ def test_bert_runs_under_the_harness_with_its_flops(tmp_path):
     points = json.loads((tmp_path / "out" / "report.json").read_text())["points"]
     assert {p["stage"] for p in points} == {"train", "infer"}
     train = next(p for p in points if p["stage"] == "train")
-    # the workload's own count: 6 * dense params * seq + attention's 12 * layers * seq^2 * h
+    # the workload's own count over the 8 real tokens of each 16 (fill 0.5):
+    # 6 * dense params * tokens + attention's 12 * layers * tokens^2 * h
     dense = 4 * 32 * 32 + 2 * 32 * 64
-    assert train["flops_per_sample"] == 6 * dense * 16 + 12 * 16 * 16 * 32
+    assert train["flops_per_sample"] == 6 * dense * 8 + 12 * 8 * 8 * 32
     assert train["samples"] == 4 and train["samples_per_s"] > 0
 
 
