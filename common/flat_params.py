@@ -55,14 +55,17 @@ class FlatParameters:
             self.master[offset:offset + n].copy_(p.detach().reshape(-1))
             p.data = self.data[offset:offset + n].view_as(p)
             offset += n
-        if self.data is not self.master:
-            self.data.copy_(self.master)
+        self._refresh_data()
         for p, off, n in zip(self.params, self.offsets, self.sizes):
             p.grad = self.grad[off:off + n].view_as(p)
 
     def broadcast(self, src: int = 0) -> None:
         """Every rank takes rank ``src``'s weights (master and model copy)."""
         torch.distributed.broadcast(self.master, src)
+        self._refresh_data()
+
+    def _refresh_data(self) -> None:
+        """The model's low-precision weights from the master (nothing to do in fp32)."""
         if self.data is not self.master:
             self.data.copy_(self.master)
 

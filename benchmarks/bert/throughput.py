@@ -48,11 +48,11 @@ def ours(variant: str, a, precision: Precision, device):
     args = build_parser(BertWorkload).parse_args(
         ["--data-dir", SYNTHETIC, "--precision", precision.name, "--seed", "0",
          "--attention", attention, "--max-seq-length", str(a.seq_len),
-         "--batch-size", str(a.batch_size),
+         "--batch-size", str(a.batch_size), "--synthetic-fill", str(a.fill),
          "--cuda-graph" if graph else "--no-cuda-graph", *extra])
     wl = BertWorkload(args, DistEnv(device=device), precision)
     wl.build()
-    return GraphedStep(wl.train_step, enabled=graph), wl.synthetic_batch(a.batch_size, a.fill)
+    return GraphedStep(wl.train_step, enabled=graph), wl.synthetic_batch(a.batch_size)
 
 
 def hf(a, precision: Precision, device, batch):

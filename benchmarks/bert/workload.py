@@ -322,14 +322,12 @@ class BertWorkload(Workload):
         dense = layers * (4 * h * h + 2 * h * f)
         return 6.0 * dense * s + 12.0 * layers * s * s * h
 
-    def synthetic_batch(self, batch_size: int, fill: float | None = None
-                        ) -> tuple[torch.Tensor, ...]:
-        """Random tokens; each sequence has ``fill`` (default ``--synthetic-fill``) of its
-        positions real, the rest padding (plus the bucketed packing for ``--attention unpad``)."""
-        fill = self.args.synthetic_fill if fill is None else fill
+    def synthetic_batch(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+        """Random tokens; each sequence has ``--synthetic-fill`` of its positions real, the
+        rest padding (plus the bucketed packing for ``--attention unpad``)."""
         batch = data.synthetic_batch(batch_size, self.args.max_seq_length,
-                                     self.args.max_predictions, self.config.vocab_size, fill,
-                                     self.env.device)
+                                     self.args.max_predictions, self.config.vocab_size,
+                                     self.args.synthetic_fill, self.env.device)
         packing = self._packing(batch[2].cpu().numpy())
         return batch + tuple(torch.from_numpy(t).to(self.env.device) for t in packing)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import json
 import os
 import re
@@ -28,7 +27,7 @@ import time
 from pathlib import Path
 
 from common.bench import report
-from common.bench.external import ExternalWorker
+from common.bench.external import ExternalWorker, baseline_groups
 from common.cli import OneLineParser
 from common.precision import PRECISIONS
 
@@ -108,16 +107,6 @@ def plan(a, env: dict) -> tuple[list[dict], list[dict]]:
                         (skipped if reason else run).append(
                             {**point, "reason": reason} if reason else point)
     return run, skipped
-
-
-def baseline_groups(workload: str) -> dict:
-    """``benchmarks.<workload>.throughput.BASELINES``: group -> {variant: factory or
-    ExternalWorker}."""
-    try:
-        module = importlib.import_module(f"benchmarks.{workload}.throughput")
-    except ModuleNotFoundError:
-        return {}
-    return getattr(module, "BASELINES", {})
 
 
 def baseline_variants(workload: str, name: str) -> list[str]:

@@ -9,6 +9,7 @@ outside torchrun; the module writes the record that ``common.bench.record`` buil
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,3 +37,13 @@ class ExternalWorker:
             return (f"{name} needs {self.framework}'s own Python and {python} is missing: "
                     f"run `{self.install}` (or set {self.python_var})")
         return None
+
+
+def baseline_groups(workload: str) -> dict:
+    """``benchmarks.<workload>.throughput.BASELINES``: group -> {variant: torch factory or
+    ``ExternalWorker``}; empty when the workload declares none."""
+    try:
+        module = importlib.import_module(f"benchmarks.{workload}.throughput")
+    except ModuleNotFoundError:
+        return {}
+    return getattr(module, "BASELINES", {})

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from common import dist
-from common.bench.external import ExternalWorker
+from common.bench.external import ExternalWorker, baseline_groups
 from common.bench.record import point_record
 from common.cli import OneLineParser
 from common.cuda_graph import GraphedStep
@@ -54,11 +54,7 @@ def workload_class(name: str) -> type[Workload]:
 def baselines(name: str) -> dict:
     """variant -> factory from ``benchmarks.<name>.throughput.BASELINES`` (flattened; the
     harness runs ``ExternalWorker`` entries outside torchrun)."""
-    try:
-        module = importlib.import_module(f"benchmarks.{name}.throughput")
-    except ModuleNotFoundError:
-        return {}
-    return {v: f for group in getattr(module, "BASELINES", {}).values() for v, f in group.items()
+    return {v: f for group in baseline_groups(name).values() for v, f in group.items()
             if not isinstance(f, ExternalWorker)}
 
 
