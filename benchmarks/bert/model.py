@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.errors import UserError
+from common.fusion import compiled
 
 ATTENTION_IMPLS = ("plain", "sdpa", "unpad")
 
@@ -69,32 +70,38 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     return F.gelu(x + bias)
 
 
+def layer_norm(x, weight, bias, eps: float) -> torch.Tensor:
+    """LayerNorm over the last dimension. With low-precision weights (``--bf16-weights``) the
+    output keeps their dtype (statistics still in fp32) instead of autocast's fp32, so the
+    residual stream stays bf16 from layer to layer."""
+    if weight is None or weight.dtype == torch.float32:
+        return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+    with torch.autocast(x.device.type, enabled=False):
+        return F.layer_norm(x.to(weight.dtype), (x.shape[-1],), weight, bias, eps)
+
+
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` through ``layer_norm``: bf16 output when its weights are bf16."""
+
+    def forward(self, x):
+        return layer_norm(x, self.weight, self.bias, self.eps)
+
+
 def bias_dropout_add_layer_norm(x, bias, residual, weight, ln_bias, p: float, eps: float):
     """LayerNorm(dropout(x + bias) + residual): the unfused reference of
     ``fused_bias_dropout_add_layer_norm``."""
-    y = F.dropout(x + bias, p) + residual
-    return F.layer_norm(y, (y.shape[-1],), weight, ln_bias, eps)
-
-
-_compiled: dict = {}
-
-
-def _compiled_once(fn):
-    """``fn`` compiled by Inductor into fused kernels (forward and backward), built on first use."""
-    if fn not in _compiled:
-        _compiled[fn] = torch.compile(fn, dynamic=True)
-    return _compiled[fn]
+    return layer_norm(F.dropout(x + bias, p) + residual, weight, ln_bias, eps)
 
 
 def fused_bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``bias_gelu`` as one Inductor-generated kernel (forward and backward)."""
-    return _compiled_once(bias_gelu)(x, bias)
+    return compiled(bias_gelu)(x, bias)
 
 
 def fused_bias_dropout_add_layer_norm(x, bias, residual, weight, ln_bias, p: float, eps: float):
     """``bias_dropout_add_layer_norm`` as Inductor-generated kernels (dropout drawn by
     Inductor's own generator: the same distribution, not the same mask as eager)."""
-    return _compiled_once(bias_dropout_add_layer_norm)(x, bias, residual, weight, ln_bias, p,
+    return compiled(bias_dropout_add_layer_norm)(x, bias, residual, weight, ln_bias, p,
                                                        eps)
 
 
@@ -195,7 +202,7 @@ class Embeddings(nn.Module):
         self.word_embeddings = nn.Embedding(c.padded_vocab_size, c.hidden_size)
         self.position_embeddings = nn.Embedding(c.max_position_embeddings, c.hidden_size)
         self.token_type_embeddings = nn.Embedding(c.type_vocab_size, c.hidden_size)
-        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.LayerNorm = LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.dropout = nn.Dropout(c.hidden_dropout_prob)
 
     def forward(self, input_ids, segment_ids):
@@ -245,7 +252,7 @@ class DenseLayerNorm(nn.Module):
     def __init__(self, c: BertConfig, d_in: int, fused: bool):
         super().__init__()
         self.dense = nn.Linear(d_in, c.hidden_size)
-        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.LayerNorm = LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         self.dropout = nn.Dropout(c.hidden_dropout_prob)
         self.fused = fused
 
@@ -322,7 +329,7 @@ class HeadTransform(nn.Module):
     def __init__(self, c: BertConfig):
         super().__init__()
         self.dense = nn.Linear(c.hidden_size, c.hidden_size)
-        self.LayerNorm = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
+        self.LayerNorm = LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
 
     def forward(self, x):
         return self.LayerNorm(F.gelu(self.dense(x)))

@@ -10,7 +10,8 @@ on the masked positions only) with padding removed (flash attention on the
 packed sequences, token count rounded to a 512 bucket) as one CUDA graph;
 ``ours-unpad-eager``: the same without the graph; ``ours-unpad-fused-ln``: with
 bias+dropout+residual+LayerNorm also compiled into fused kernels;
-``ours-unpad-bf16w``: with bf16 model weights and gradients (fp32 master in LAMB);
+``ours-unpad-bf16w``: with bf16 model weights, gradients and residual stream (fp32
+master in LAMB); ``ours-unpad-bf16w-fused-ln``: both;
 ``ours-sdpa-graph``: the same step on padded SDPA as one CUDA graph;
 ``ours-plain``: the plain model (explicit softmax attention, per-tensor LAMB).
 ``hf-sdpa``: ``transformers.BertForPreTraining`` with SDPA attention and
@@ -37,6 +38,8 @@ from common.training import build_parser
 OURS = {"ours-unpad": ("unpad", True, ["--fused-gelu"]),
         "ours-unpad-fused-ln": ("unpad", True, ["--fused-gelu", "--fused-layernorm"]),
         "ours-unpad-bf16w": ("unpad", True, ["--fused-gelu", "--bf16-weights"]),
+        "ours-unpad-bf16w-fused-ln": ("unpad", True, ["--fused-gelu", "--bf16-weights",
+                                                      "--fused-layernorm"]),
         "ours-unpad-eager": ("unpad", False, ["--fused-gelu"]),
         "ours-sdpa-graph": ("sdpa", True, ["--fused-gelu"]),
         "ours-plain": ("plain", False, ["--no-flat-params"])}

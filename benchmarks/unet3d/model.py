@@ -2,7 +2,7 @@
 
 Input block, four down blocks and a bottleneck (``down4``), five up blocks, a
 1x1x1 output convolution. Every block is conv 3x3x3 (no bias) + instance norm
-(affine) + ReLU; down blocks start with a stride-2 conv, up blocks with a
+(affine) + ReLU (``InstanceNormReLU``); down blocks start with a stride-2 conv, up blocks with a
 2x2x2 stride-2 transposed conv (with bias) whose output is concatenated with
 the skip. Module names give the ruleset's ``weights_initialization`` tensor names.
 """
@@ -13,19 +13,56 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.fusion import compiled
+
 FILTERS = (32, 64, 128, 256, 320)   # the reference's channels; the bottleneck repeats the last
 NUM_CLASSES = 3                     # background, kidney, tumour
 
 
+def norm_sums(x: torch.Tensor) -> torch.Tensor:
+    """Per (sample, channel) sum and sum of squares of ``x`` [N, C, D, H, W], fp32 [2, N, C]."""
+    x = x.float()
+    return torch.stack((x.sum((2, 3, 4)), x.square().sum((2, 3, 4))))
+
+
+def norm_relu(x, moments, weight, bias, eps: float) -> torch.Tensor:
+    """ReLU of the affine instance norm of ``x`` given ``moments`` = (mean, mean of squares)
+    [2, N, C], in ``x``'s dtype (arithmetic in fp32)."""
+    mean, mean_sq = moments
+    scale = torch.rsqrt((mean_sq - mean.square()).clamp_min(0) + eps) * weight
+    shift = bias - mean * scale
+    y = torch.addcmul(shift[..., None, None, None], x.float(), scale[..., None, None, None])
+    return F.relu(y).to(x.dtype)
+
+
+class InstanceNormReLU(nn.InstanceNorm3d):
+    """Affine instance norm, then ReLU.
+
+    ``fused``: the statistics (one reduction) and normalise+ReLU (one pass) as
+    Inductor kernels that read channels_last_3d activations in place, instead
+    of ``F.instance_norm``, which copies them to NCDHW and back.
+    """
+
+    def __init__(self, channels: int, fused: bool = False):
+        super().__init__(channels, affine=True)
+        self.fused = fused
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fused:
+            return F.relu(super().forward(x))
+        moments = compiled(norm_sums)(x) / x[0, 0].numel()
+        return compiled(norm_relu)(x, moments, self.weight, self.bias, self.eps)
+
+
 class ConvBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, name: str, stride: int = 1):
+    def __init__(self, cin: int, cout: int, name: str, stride: int = 1, fused: bool = False):
         super().__init__()
         self.name = name
         self.conv = nn.Conv3d(cin, cout, 3, stride=stride, padding=1, bias=False)
-        self.norm = nn.InstanceNorm3d(cout, affine=True)
+        self.norm = InstanceNormReLU(cout, fused)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(self.norm(self.conv(x)))
+        return self.norm(self.conv(x))
 
     def tensor_names(self) -> list[str]:
         return [f"{self.name}_conv", f"{self.name}_instancenorm"]
@@ -34,10 +71,10 @@ class ConvBlock(nn.Module):
 class TwoConvs(nn.Module):
     """``<name>_block_0`` (optionally strided) then ``<name>_block_1``."""
 
-    def __init__(self, cin: int, cout: int, name: str, stride: int = 1):
+    def __init__(self, cin: int, cout: int, name: str, stride: int = 1, fused: bool = False):
         super().__init__()
-        self.block_0 = ConvBlock(cin, cout, f"{name}_block_0", stride)
-        self.block_1 = ConvBlock(cout, cout, f"{name}_block_1")
+        self.block_0 = ConvBlock(cin, cout, f"{name}_block_0", stride, fused)
+        self.block_1 = ConvBlock(cout, cout, f"{name}_block_1", fused=fused)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.block_1(self.block_0(x))
@@ -47,11 +84,11 @@ class TwoConvs(nn.Module):
 
 
 class UpBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, name: str):
+    def __init__(self, cin: int, cout: int, name: str, fused: bool = False):
         super().__init__()
         self.name = name
         self.deconv = nn.ConvTranspose3d(cin, cout, 2, stride=2, bias=True)
-        self.convs = TwoConvs(2 * cout, cout, name)
+        self.convs = TwoConvs(2 * cout, cout, name, fused=fused)
 
     def forward(self, x: torch.Tensor, skip: torch.Tensor) -> torch.Tensor:
         return self.convs(torch.cat((self.deconv(x), skip), dim=1))
@@ -61,19 +98,22 @@ class UpBlock(nn.Module):
 
 
 class Unet3D(nn.Module):
+    """``fused_norm``: every instance norm + ReLU as ``InstanceNormReLU(fused=True)``."""
+
     def __init__(self, filters: tuple[int, ...] = FILTERS, in_channels: int = 1,
-                 num_classes: int = NUM_CLASSES):
+                 num_classes: int = NUM_CLASSES, fused_norm: bool = False):
         super().__init__()
         if len(filters) != 5:
             raise ValueError(f"the 3D U-Net has 5 filter levels, got {filters}")
         self.filters = tuple(filters)
-        self.input_block = TwoConvs(in_channels, filters[0], "input")
+        f = fused_norm
+        self.input_block = TwoConvs(in_channels, filters[0], "input", fused=f)
         self.downsample = nn.ModuleList(
-            TwoConvs(i, o, f"down{n}", stride=2)
+            TwoConvs(i, o, f"down{n}", 2, f)
             for n, (i, o) in enumerate(zip(filters[:-1], filters[1:])))
-        self.bottleneck = TwoConvs(filters[-1], filters[-1], "down4", stride=2)
+        self.bottleneck = TwoConvs(filters[-1], filters[-1], "down4", 2, f)
         ups = [(filters[-1], filters[-1])] + list(zip(filters[:0:-1], filters[-2::-1]))
-        self.upsample = nn.ModuleList(UpBlock(i, o, f"up{n}") for n, (i, o) in enumerate(ups))
+        self.upsample = nn.ModuleList(UpBlock(i, o, f"up{n}", f) for n, (i, o) in enumerate(ups))
         self.output = nn.Conv3d(filters[0], num_classes, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -9,10 +9,10 @@ the plain model's parameters and replaces
   which need no halo, are convolved; the boundary slices follow once the
   halos arrive. Backward sends the halos' gradients back the same way and
   overlaps that exchange with the weight-gradient convolution;
-- every instance norm by ``SpatialInstanceNorm3d``: the per-channel mean and
-  variance are reduced over the group, so they are the whole volume's.
+- every instance norm (+ ReLU) by ``SpatialInstanceNormReLU``: the per-channel
+  mean and variance are reduced over the group, so they are the whole volume's.
 
-Transposed 2x2x2 and 1x1x1 convolutions, ReLU and the skip concatenation are
+Transposed 2x2x2 and 1x1x1 convolutions and the skip concatenation are
 local. ``spatial_loss`` reduces the partial Dice sums and cross-entropy
 terms over the group, which gives exactly the single-rank loss on every
 rank. Each rank's parameter gradients are then its slab's share: their sum
@@ -31,6 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.unet3d import loss as losses
+from benchmarks.unet3d.model import InstanceNormReLU, norm_relu, norm_sums
+from common.fusion import compiled
 
 DEPTH = 2  # the split axis of (N, C, D, H, W)
 
@@ -219,35 +221,28 @@ class HaloConv3d(nn.Module):
         return _HaloConv.apply(x, self.weight, self.sg, *self.geometry)
 
 
-class SpatialInstanceNorm3d(nn.Module):
-    """Instance norm whose statistics cover the whole volume (equal slabs on every rank)."""
+class SpatialInstanceNormReLU(nn.Module):
+    """``InstanceNormReLU`` whose statistics cover the whole volume (equal slabs on every
+    rank): one all-reduce of the per-channel sums and sums of squares."""
 
-    def __init__(self, norm: nn.InstanceNorm3d, sg: SpatialGroup):
+    def __init__(self, norm: InstanceNormReLU, sg: SpatialGroup):
         super().__init__()
         self.weight, self.bias, self.eps, self.sg = norm.weight, norm.bias, norm.eps, sg
+        self.fused = norm.fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        count = x[0, 0].numel() * self.sg.size
-        dims = (2, 3, 4)
-        # sum and sum of squares per (sample, channel) in one collective
-        sums = _AllReduceSum.apply(torch.stack((x.sum(dims), x.square().sum(dims))),
-                                   self.sg.group) / count
-        mean = sums[0]
-        var = (sums[1] - mean.square()).clamp_min(0)
-        scale = torch.rsqrt(var + self.eps) * self.weight
-        shift = self.bias - mean * scale
-        y = torch.addcmul(shift[..., None, None, None], x, scale[..., None, None, None])
-        return y.to(dtype)
+        sums, apply = ((compiled(norm_sums), compiled(norm_relu)) if self.fused
+                       else (norm_sums, norm_relu))
+        moments = _AllReduceSum.apply(sums(x), self.sg.group) / (x[0, 0].numel() * self.sg.size)
+        return apply(x, moments, self.weight, self.bias, self.eps)
 
 
 def spatial_parallel(module: nn.Module, sg: SpatialGroup) -> nn.Module:
     """A copy of ``module``'s structure that runs on depth slabs, sharing its parameters."""
     if isinstance(module, nn.Conv3d) and max(module.kernel_size) > 1:
         return HaloConv3d(module, sg)
-    if isinstance(module, nn.InstanceNorm3d):
-        return SpatialInstanceNorm3d(module, sg)
+    if isinstance(module, InstanceNormReLU):
+        return SpatialInstanceNormReLU(module, sg)
     clone = copy.copy(module)
     clone._modules = {name: spatial_parallel(child, sg) if child is not None else None
                       for name, child in module._modules.items()}

@@ -5,7 +5,9 @@
 Every variant is the workload's real ``train_step`` (model, Dice + CE loss,
 Nesterov SGD) on synthetic 128^3 batches: ``plain`` is fp32 in NCDHW, eager;
 ``amp`` autocasts to bf16; ``amp-cl`` also keeps activations channels_last_3d;
-``amp-cl-graph`` captures the whole step as one CUDA graph.
+``amp-cl-graph`` captures the whole step as one CUDA graph; ``amp-cl-fused``
+and ``amp-cl-fused-graph`` also run instance norm + ReLU as fused compiled
+kernels on the channels_last_3d activations (``--fused-norm``).
 """
 
 from __future__ import annotations
@@ -23,18 +25,21 @@ from common.precision import Precision
 from common.throughput import gpu_variants, time_steps, tool_parser
 from common.training import build_parser
 
-# variant -> (precision, channels_last_3d, CUDA graph)
-VARIANTS = {"plain": ("fp32", False, False), "tf32": ("tf32", False, False),
-            "amp": ("amp-bf16", False, False), "amp-cl": ("amp-bf16", True, False),
-            "amp-cl-graph": ("amp-bf16", True, True)}
+# variant -> (precision, channels_last_3d, CUDA graph, fused instance norm + ReLU)
+VARIANTS = {"plain": ("fp32", False, False, False), "tf32": ("tf32", False, False, False),
+            "amp": ("amp-bf16", False, False, False), "amp-cl": ("amp-bf16", True, False, False),
+            "amp-cl-graph": ("amp-bf16", True, True, False),
+            "amp-cl-fused": ("amp-bf16", True, False, True),
+            "amp-cl-fused-graph": ("amp-bf16", True, True, True)}
 
 
 def build(variant: str, batch_size: int, shape: str, device):
-    precision_name, channels_last, graph = VARIANTS[variant]
+    precision_name, channels_last, graph, fused = VARIANTS[variant]
     precision = Precision(precision_name, device.type)
     precision.apply_backend_flags()
     flags = ["--precision", precision_name, "--seed", "0", "--input-shape", shape,
-             "--channels-last" if channels_last else "--no-channels-last"]
+             "--channels-last" if channels_last else "--no-channels-last",
+             "--fused-norm" if fused else "--no-fused-norm"]
     args = Unet3DWorkload.parse_bench_args(build_parser(Unet3DWorkload), flags, "synthetic",
                                            batch_size)
     wl = Unet3DWorkload(args, DistEnv(device=device), precision)
@@ -59,7 +64,7 @@ def main(argv=None) -> int:
         rows.append({"variant": v, "batch_size": a.batch_size, "shape": a.shape,
                      "samples_per_second": m.samples_per_second,
                      "peak_memory_gib": m.peak_memory_bytes / 2**30})
-        print(f"{v:14s} batch {a.batch_size} {a.shape}: {m.samples_per_second:7.2f} samples/s, "
+        print(f"{v:18s} batch {a.batch_size} {a.shape}: {m.samples_per_second:7.2f} samples/s, "
               f"peak {m.peak_memory_bytes / 2**30:.1f} GiB", flush=True)
         if a.profile:
             print(kernel_breakdown(step, batch), flush=True)
@@ -67,7 +72,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     base = rows[0]["samples_per_second"]
     for r in rows:
-        print(f"{r['variant']:14s} x{r['samples_per_second'] / base:.2f} vs {rows[0]['variant']}")
+        print(f"{r['variant']:18s} x{r['samples_per_second'] / base:.2f} vs {rows[0]['variant']}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -89,6 +89,9 @@ class Unet3DWorkload(Workload):
                        help="ranks sharing one sample, split along depth")
         p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=False,
                        help="channels_last_3d activations (plain model only)")
+        p.add_argument("--fused-norm", action=argparse.BooleanOptionalAction, default=False,
+                       help="instance norm + ReLU as compiled kernels that read channels_last_3d "
+                            "in place")
         p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
 
     # -- set-up ---------------------------------------------------------------------------
@@ -112,7 +115,7 @@ class Unet3DWorkload(Workload):
         self.eval_set: list | None = None  # read at the first evaluation, inside the timed run
 
         torch.manual_seed(a.seed)   # the same initial weights on every rank
-        self.net = Unet3D(a.filters, 1, NUM_CLASSES).to(env.device)
+        self.net = Unet3D(a.filters, 1, NUM_CLASSES, a.fused_norm).to(env.device)
         if a.channels_last:
             self.net = self.net.to(memory_format=torch.channels_last_3d)
         train_net = spatial.spatial_parallel(self.net, self.sg) if self.sg else self.net

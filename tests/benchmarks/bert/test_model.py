@@ -192,6 +192,29 @@ def test_fused_model_matches_plain_model_without_dropout():
     torch.testing.assert_close(fused(*_batch()), plain(*_batch()), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_bf16_weights_keep_the_residual_stream_bf16(fused):
+    """bf16 weights under autocast: every LayerNorm returns bf16 (not autocast's fp32), and the
+    outputs stay close to the fp32 model's."""
+    torch.manual_seed(0)
+    ref = BertForPreTraining(SMALL, "unpad").eval()
+    low = BertForPreTraining(SMALL, "unpad", Fusions(fused, fused)).eval()
+    low.load_state_dict(ref.state_dict())
+    low.to(torch.bfloat16)
+    seen = []
+    for m in low.modules():
+        if isinstance(m, torch.nn.LayerNorm):
+            m.register_forward_hook(lambda mod, args, out: seen.append(out.dtype))
+    with torch.autocast("cpu", torch.bfloat16):
+        got = low(*_batch())
+        want = ref(*_batch())
+    if not fused:
+        assert seen and set(seen) == {torch.bfloat16}
+    for g, w in zip(got, want):
+        assert g.dtype == torch.bfloat16
+        torch.testing.assert_close(g.float(), w.float(), atol=0.05, rtol=0.05)
+
+
 def test_flat_buffer_model_is_bit_identical():
     torch.manual_seed(0)
     plain = BertForPreTraining(SMALL, "sdpa").eval()

@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from benchmarks.unet3d.model import FILTERS, Unet3D
+from benchmarks.unet3d.model import FILTERS, InstanceNormReLU, Unet3D
 
 RULES = (Path(mlperf_logging.__file__).parent
          / "compliance_checker/training_1.1.0/closed_unet3d.yaml")
@@ -58,3 +58,40 @@ def test_tiny_filters_keep_the_structure():
     tiny, full = Unet3D((4, 8, 16, 32, 40)), Unet3D()
     assert tiny.tensor_names() == full.tensor_names()
     assert [n for n, _ in tiny.named_parameters()] == [n for n, _ in full.named_parameters()]
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_fused_norm_matches_instance_norm_and_relu(channels_last):
+    """The compiled instance norm + ReLU equals ``nn.InstanceNorm3d`` then ReLU, forward and
+    backward, and keeps the input's memory format."""
+    torch.manual_seed(0)
+    plain, fused = InstanceNormReLU(6), InstanceNormReLU(6, fused=True)
+    with torch.no_grad():
+        plain.weight.uniform_(0.5, 1.5)
+        plain.bias.uniform_(-0.5, 0.5)
+    fused.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 6, 8, 12, 10) * 3 + 1
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last_3d)
+    outs, grads = [], []
+    for m in (plain, fused):
+        xi = x.clone().requires_grad_(True)
+        y = m(xi)
+        (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+        outs.append(y)
+        grads.append((xi.grad, m.weight.grad, m.bias.grad))
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5)
+    assert (outs[1] >= 0).all()
+    for got, want in zip(grads[1], grads[0]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    if channels_last:
+        assert outs[1].is_contiguous(memory_format=torch.channels_last_3d)
+
+
+def test_fused_norm_model_matches_plain_model():
+    torch.manual_seed(0)
+    plain = Unet3D((4, 8, 16, 32, 40))
+    fused = Unet3D((4, 8, 16, 32, 40), fused_norm=True)
+    fused.load_state_dict(plain.state_dict())
+    x = torch.randn(1, 1, 32, 32, 64)
+    torch.testing.assert_close(fused(x), plain(x), rtol=1e-4, atol=1e-4)

@@ -60,7 +60,10 @@ def _worker(rank, world, port, out):
     soft = spatial.spatial_loss(_half(sg.index), sg.slab(y), sg)
     with torch.no_grad():
         windows = inference.sliding_window(net, _eval_image(), ROI, 0.5, 3, 2, rank, world)[0]
-    out[rank] = dict(windows=windows, logits=logits.detach(), loss=loss.detach(), x_grad=xs.grad,
+        fused = Unet3D(FILTERS, fused_norm=True)
+        fused.load_state_dict(net.state_dict())
+        fused_logits = spatial.spatial_parallel(fused, sg)(xs)
+    out[rank] = dict(windows=windows, fused_logits=fused_logits, logits=logits.detach(), loss=loss.detach(), x_grad=xs.grad,
                      grads={n: p.grad.clone() for n, p in net.named_parameters()},
                      names=[n for n, _ in model.named_parameters()], score=score,
                      soft=soft.detach())
@@ -97,6 +100,11 @@ def test_forward_matches_single_process(results, reference):
     # The slices next to the split and at both volume ends, explicitly.
     for d in (0, 31, 32, 63):
         torch.testing.assert_close(logits[:, :, d], reference["logits"][:, :, d], **TOL)
+
+
+def test_fused_norm_forward_matches_single_process(results, reference):
+    logits = torch.cat([results[0]["fused_logits"], results[1]["fused_logits"]], dim=2)
+    torch.testing.assert_close(logits, reference["logits"], rtol=1e-4, atol=1e-4)
 
 
 def test_loss_is_the_single_process_loss_on_every_rank(results, reference):
