@@ -51,7 +51,9 @@ def dot_interaction(bottom: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
     dots = torch.bmm(z, z.transpose(1, 2))
     n = z.shape[1]
     li, lj = torch.tril_indices(n, n, offset=-1, device=z.device)
-    return torch.cat([bottom, dots[:, li, lj]], dim=1)
+    # index_select on the flattened products: its backward is an index_add, not the
+    # sort-based accumulation that two-tensor advanced indexing needs
+    return torch.cat([bottom, dots.flatten(1).index_select(1, li * n + lj)], dim=1)
 
 
 class DenseArch(nn.Module):

@@ -138,6 +138,25 @@ def test_dot_interaction_is_lower_triangle_of_pairwise_dots():
     torch.testing.assert_close(z[:, 5], (e[:, 1] * e[:, 0]).sum(1))
 
 
+def test_dot_interaction_forward_and_gradients_match_explicit_pairs():
+    g = torch.Generator().manual_seed(0)
+    b, e = torch.randn(4, 5, generator=g), torch.randn(4, 6, 5, generator=g)
+    w = torch.randn(4, 5 + 21, generator=g)
+    grads = []
+    for explicit in (False, True):
+        bi, ei = b.clone().requires_grad_(True), e.clone().requires_grad_(True)
+        if explicit:
+            vecs = [bi] + [ei[:, t] for t in range(6)]
+            pairs = [(vecs[i] * vecs[j]).sum(1) for i in range(7) for j in range(i)]
+            out = torch.cat([bi, torch.stack(pairs, 1)], 1)
+        else:
+            out = dot_interaction(bi, ei)
+        (out * w).sum().backward()
+        grads.append((out.detach(), bi.grad, ei.grad))
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("threshold", [0.0, 3.0, float("inf")])
 def test_fused_sgd_steps_match_torch_sgd_on_plain_bags(threshold):
     sizes, dim, lr = [6, 40, 3], 4, 0.5
