@@ -6,7 +6,7 @@
 NPROC=8
 PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
-    --precision "$PRECISION" --workers 8 --spatial-group "${SPATIAL_GROUP:-1}"
+    --precision "$PRECISION" --workers 8 --channels-last --fused-norm --spatial-group "${SPATIAL_GROUP:-1}"
     --batch-size "${BATCH_SIZE:-7}" --eval-batch-size 4 --lr 2.0 --init-lr 1e-4
     --lr-warmup-epochs 1000 --momentum 0.9 --weight-decay 0 --oversampling 0.4
     --input-shape 128,128,128 --val-input-shape 128,128,128 --overlap 0.5

@@ -111,16 +111,17 @@ class _AllReduceReplicated(torch.autograd.Function):
 
 def _exchange(sg: SpatialGroup, to_prev: torch.Tensor | None, to_next: torch.Tensor | None,
               from_prev: torch.Tensor | None, from_next: torch.Tensor | None) -> list:
-    """Start the sends and receives with both neighbours; returns the requests to wait on."""
+    """Start the sends and receives with both neighbours; returns the requests to wait on.
+    Messages travel as raw memory, so each is sent in the layout its receive buffer has."""
     ops = []
     if sg.prev is not None:
         if to_prev is not None and to_prev.shape[DEPTH]:
-            ops.append(dist.P2POp(dist.isend, to_prev.contiguous(), sg.prev))
+            ops.append(dist.P2POp(dist.isend, _packed(to_prev), sg.prev))
         if from_prev is not None and from_prev.shape[DEPTH]:
             ops.append(dist.P2POp(dist.irecv, from_prev, sg.prev))
     if sg.next is not None:
         if to_next is not None and to_next.shape[DEPTH]:
-            ops.append(dist.P2POp(dist.isend, to_next.contiguous(), sg.next))
+            ops.append(dist.P2POp(dist.isend, _packed(to_next), sg.next))
         if from_next is not None and from_next.shape[DEPTH]:
             ops.append(dist.P2POp(dist.irecv, from_next, sg.next))
     return dist.batch_isend_irecv(ops) if ops else []
@@ -131,12 +132,24 @@ def _wait(reqs: list) -> None:
         r.wait()
 
 
+def _layout(x: torch.Tensor) -> torch.memory_format:
+    """channels_last_3d for an activation stored that way (its slices too), else contiguous."""
+    cl = x.is_contiguous(memory_format=torch.channels_last_3d) or x.stride(1) == 1
+    return torch.channels_last_3d if cl and x.shape[1] > 1 else torch.contiguous_format
+
+
+def _packed(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (a slab's edge slices) dense in its layout, as a message."""
+    return x.contiguous(memory_format=_layout(x))
+
+
 def _halo_like(x: torch.Tensor, n: int, neighbour: int | None) -> torch.Tensor:
-    """``n`` depth slices shaped like ``x``: zeros (the padding) at a volume end, else an
-    uninitialised buffer that the neighbour's message fills."""
+    """``n`` depth slices shaped and laid out like ``x``: zeros (the padding) at a volume end,
+    else an uninitialised buffer that the neighbour's message fills."""
     shape = list(x.shape)
     shape[DEPTH] = n
-    return x.new_zeros(shape) if neighbour is None else x.new_empty(shape)
+    out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=_layout(x))
+    return out.zero_() if neighbour is None else out
 
 
 class _HaloConv(torch.autograd.Function):

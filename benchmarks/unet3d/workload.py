@@ -88,7 +88,7 @@ class Unet3DWorkload(Workload):
         p.add_argument("--spatial-group", type=int, default=1,
                        help="ranks sharing one sample, split along depth")
         p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=False,
-                       help="channels_last_3d activations (plain model only)")
+                       help="channels_last_3d activations")
         p.add_argument("--fused-norm", action=argparse.BooleanOptionalAction, default=False,
                        help="instance norm + ReLU as compiled kernels that read channels_last_3d "
                             "in place")
@@ -140,9 +140,9 @@ class Unet3DWorkload(Workload):
         g = a.spatial_group
         if g < 1 or env.world_size % g:
             raise UserError(f"--spatial-group {g} must divide the {env.world_size} ranks")
-        if g > 1 and (a.input_shape[0] % (32 * g) or a.channels_last):
+        if g > 1 and a.input_shape[0] % (32 * g):
             raise UserError(f"--spatial-group {g}: the patch depth {a.input_shape[0]} must be a "
-                            f"multiple of {32 * g}, without --channels-last")
+                            f"multiple of {32 * g}")
 
     def _eval_case(self, case: data.Case) -> tuple[torch.Tensor, torch.Tensor]:
         image, label = data.load(case)

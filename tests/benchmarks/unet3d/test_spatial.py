@@ -63,7 +63,14 @@ def _worker(rank, world, port, out):
         fused = Unet3D(FILTERS, fused_norm=True)
         fused.load_state_dict(net.state_dict())
         fused_logits = spatial.spatial_parallel(fused, sg)(xs)
-    out[rank] = dict(windows=windows, fused_logits=fused_logits, logits=logits.detach(), loss=loss.detach(), x_grad=xs.grad,
+    # channels_last_3d activations: halos travel and land in that layout
+    cl_net = Unet3D(FILTERS).to(memory_format=torch.channels_last_3d)
+    cl_net.load_state_dict(net.state_dict())
+    xc = xs.detach().contiguous(memory_format=torch.channels_last_3d).requires_grad_(True)
+    cl_logits = spatial.spatial_parallel(cl_net, sg)(xc)
+    spatial.spatial_loss(cl_logits, sg.slab(y), sg).backward()
+    out[rank] = dict(windows=windows, fused_logits=fused_logits, cl_logits=cl_logits.detach(),
+                     cl_x_grad=xc.grad, logits=logits.detach(), loss=loss.detach(), x_grad=xs.grad,
                      grads={n: p.grad.clone() for n, p in net.named_parameters()},
                      names=[n for n, _ in model.named_parameters()], score=score,
                      soft=soft.detach())
@@ -105,6 +112,12 @@ def test_forward_matches_single_process(results, reference):
 def test_fused_norm_forward_matches_single_process(results, reference):
     logits = torch.cat([results[0]["fused_logits"], results[1]["fused_logits"]], dim=2)
     torch.testing.assert_close(logits, reference["logits"], rtol=1e-4, atol=1e-4)
+
+
+def test_channels_last_forward_and_backward_match_single_process(results, reference):
+    for key, want in (("cl_logits", reference["logits"]), ("cl_x_grad", reference["x_grad"])):
+        got = torch.cat([results[0][key], results[1][key]], dim=2)
+        torch.testing.assert_close(got, want, **TOL)
 
 
 def test_loss_is_the_single_process_loss_on_every_rank(results, reference):
