@@ -24,6 +24,7 @@ from benchmarks.dlrm.auc import roc_auc
 from benchmarks.dlrm.fused_sgd import dense_sgd_, sparse_sgd_, table_sgd_
 from benchmarks.dlrm.hybrid import HybridEmbedding, frequent_rows
 from benchmarks.dlrm.model import DenseArch, PlainEmbeddings, mllog_tensor_names, parse_mlp
+from benchmarks.dlrm.split_linear import wait_for_weight_grads
 from common import dist
 from common.errors import UserError
 from common.mllog import constants
@@ -110,6 +111,9 @@ class DLRMWorkload(Workload):
                        help="read the next batch and build its index plan during the current step")
         p.add_argument("--cache-eval", action=argparse.BooleanOptionalAction, default=True,
                        help="keep evaluation batches and their index plans after the first eval")
+        p.add_argument("--wgrad-stream", action=argparse.BooleanOptionalAction, default=True,
+                       help="MLP weight gradients on a side CUDA stream, concurrent with the "
+                            "data gradients (split_linear.py)")
 
     # -- set-up ---------------------------------------------------------------------------
     def build(self) -> None:
@@ -144,7 +148,8 @@ class DLRMWorkload(Workload):
         self.bounds = data.split_bounds(a.batch_size, env.world_size)
         self.tensor_names = mllog_tensor_names(bottom, top)
         try:
-            self.dense_arch = DenseArch(a.embedding_dim, data.NUM_SPARSE, bottom, top)
+            self.dense_arch = DenseArch(a.embedding_dim, data.NUM_SPARSE, bottom, top,
+                                        wgrad_stream=a.wgrad_stream)
         except ValueError as exc:
             raise UserError(f"--arch-mlp-bot/--arch-mlp-top: {exc}") from None
         self.dense_arch.to(env.device)
@@ -287,6 +292,7 @@ class DLRMWorkload(Workload):
         loss = F.binary_cross_entropy_with_logits(self._forward(dense, idx), labels,
                                                   reduction="sum")
         (loss / a.batch_size).backward()     # the gradient of the global batch's mean loss
+        wait_for_weight_grads()
         if isinstance(self.emb, HybridEmbedding):
             self._hybrid_update()
         else:

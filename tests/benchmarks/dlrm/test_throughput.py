@@ -78,4 +78,5 @@ def test_table_estimate_bounds_the_tables_built(variant):
               else [bag.weight for bag in wl.emb.tables])
     built = sum(t.numel() * t.element_size() for t in tables)
     estimate = throughput.table_bytes(args, world=1, lp_bytes=0)
-    assert built == estimate if variant != "ours" else 0 < built <= estimate
+    exact = variant in ("ours-plain", "ours-model-parallel")    # no frequent rows to bound
+    assert built == estimate if exact else 0 < built <= estimate
