@@ -12,12 +12,12 @@ with its index plan (real runs build plans ahead, ``--prefetch``), so the
 figure leaves out the input pipeline. ``ours``: hybrid embeddings (rows seen
 at least ``--frequent-threshold`` = 20 times in 20 synthetic batches
 replicated, the rest sharded), fused SGD that also writes the bf16 copy the
-lookups read, MLP weight gradients on a side CUDA stream (``--wgrad-stream``);
+lookups read;
 ``ours-plain``: the plain DLRM step (one ``nn.EmbeddingBag`` per table,
 ``torch.optim.SGD``), single process only; ``ours-model-parallel``: hybrid
 with ``--frequent-threshold inf`` (every row sharded, the all-to-all carries
-every lookup); ``ours-no-wgrad-stream``: ``ours`` with ``nn.Linear``'s own
-backward (weight gradients on the current stream). Under torchrun each rank
+every lookup); ``ours-wgrad-stream``: ``ours`` with the MLP weight gradients on
+a side CUDA stream (``--wgrad-stream``). Under torchrun each rank
 trains its share of the global batch; rank 0 prints the global samples/s.
 
 The reference's 40M-capped tables (``--max-ind-range 40000000``) hold 187.8M
@@ -50,7 +50,7 @@ from common.training import build_parser
 # variant -> workload flags
 VARIANTS = {"ours": [], "ours-plain": ["--embedding", "plain"],
             "ours-model-parallel": ["--frequent-threshold", "inf"],
-            "ours-no-wgrad-stream": ["--no-wgrad-stream"]}
+            "ours-wgrad-stream": ["--wgrad-stream"]}
 DEFAULT_VARIANTS = {False: "ours-plain,ours", True: "ours-model-parallel,ours"}  # by distributed
 
 

@@ -111,9 +111,9 @@ class DLRMWorkload(Workload):
                        help="read the next batch and build its index plan during the current step")
         p.add_argument("--cache-eval", action=argparse.BooleanOptionalAction, default=True,
                        help="keep evaluation batches and their index plans after the first eval")
-        p.add_argument("--wgrad-stream", action=argparse.BooleanOptionalAction, default=True,
+        p.add_argument("--wgrad-stream", action=argparse.BooleanOptionalAction, default=False,
                        help="MLP weight gradients on a side CUDA stream, concurrent with the "
-                            "data gradients (split_linear.py)")
+                            "data gradients (split_linear.py; measured slower on 2 GPUs)")
 
     # -- set-up ---------------------------------------------------------------------------
     def build(self) -> None:
