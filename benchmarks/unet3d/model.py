@@ -51,7 +51,12 @@ class InstanceNormReLU(nn.InstanceNorm3d):
         if not self.fused:
             return F.relu(super().forward(x))
         moments = compiled(norm_sums)(x) / x[0, 0].numel()
-        return compiled(norm_relu)(x, moments, self.weight, self.bias, self.eps)
+        return compiled(norm_relu)(x, moments, *self.affine_views(), self.eps)
+
+    def affine_views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Weight and bias as plain views for compiled code: Dynamo specialises the shapes
+        of Parameters, which would compile ``norm_relu`` once per channel count."""
+        return self.weight.view(-1), self.bias.view(-1)
 
 
 class ConvBlock(nn.Module):

@@ -240,14 +240,13 @@ class SpatialInstanceNormReLU(nn.Module):
 
     def __init__(self, norm: InstanceNormReLU, sg: SpatialGroup):
         super().__init__()
-        self.weight, self.bias, self.eps, self.sg = norm.weight, norm.bias, norm.eps, sg
-        self.fused = norm.fused
+        self.norm, self.sg = norm, sg
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        sums, apply = ((compiled(norm_sums), compiled(norm_relu)) if self.fused
+        sums, apply = ((compiled(norm_sums), compiled(norm_relu)) if self.norm.fused
                        else (norm_sums, norm_relu))
         moments = _AllReduceSum.apply(sums(x), self.sg.group) / (x[0, 0].numel() * self.sg.size)
-        return apply(x, moments, self.weight, self.bias, self.eps)
+        return apply(x, moments, *self.norm.affine_views(), self.norm.eps)
 
 
 def spatial_parallel(module: nn.Module, sg: SpatialGroup) -> nn.Module:
