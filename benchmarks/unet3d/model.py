@@ -35,6 +35,12 @@ def norm_relu(x, moments, weight, bias, eps: float) -> torch.Tensor:
     return F.relu(y).to(x.dtype)
 
 
+def plain_views(*params: torch.Tensor) -> list[torch.Tensor]:
+    """Parameters as plain views for compiled code: Dynamo specialises the shapes of
+    Parameters, which would compile a function once per channel count."""
+    return [p.view(p.shape) for p in params]
+
+
 class InstanceNormReLU(nn.InstanceNorm3d):
     """Affine instance norm, then ReLU.
 
@@ -51,12 +57,7 @@ class InstanceNormReLU(nn.InstanceNorm3d):
         if not self.fused:
             return F.relu(super().forward(x))
         moments = compiled(norm_sums)(x) / x[0, 0].numel()
-        return compiled(norm_relu)(x, moments, *self.affine_views(), self.eps)
-
-    def affine_views(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Weight and bias as plain views for compiled code: Dynamo specialises the shapes
-        of Parameters, which would compile ``norm_relu`` once per channel count."""
-        return self.weight.view(-1), self.bias.view(-1)
+        return compiled(norm_relu)(x, moments, *plain_views(self.weight, self.bias), self.eps)
 
 
 class ConvBlock(nn.Module):

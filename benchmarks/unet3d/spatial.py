@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.unet3d import loss as losses
-from benchmarks.unet3d.model import InstanceNormReLU, norm_relu, norm_sums
+from benchmarks.unet3d.model import InstanceNormReLU, norm_relu, norm_sums, plain_views
 from common.fusion import compiled
 
 DEPTH = 2  # the split axis of (N, C, D, H, W)
@@ -240,13 +240,14 @@ class SpatialInstanceNormReLU(nn.Module):
 
     def __init__(self, norm: InstanceNormReLU, sg: SpatialGroup):
         super().__init__()
-        self.norm, self.sg = norm, sg
+        self.weight, self.bias, self.eps, self.sg = norm.weight, norm.bias, norm.eps, sg
+        self.fused = norm.fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        sums, apply = ((compiled(norm_sums), compiled(norm_relu)) if self.norm.fused
+        sums, apply = ((compiled(norm_sums), compiled(norm_relu)) if self.fused
                        else (norm_sums, norm_relu))
         moments = _AllReduceSum.apply(sums(x), self.sg.group) / (x[0, 0].numel() * self.sg.size)
-        return apply(x, moments, *self.norm.affine_views(), self.norm.eps)
+        return apply(x, moments, *plain_views(self.weight, self.bias), self.eps)
 
 
 def spatial_parallel(module: nn.Module, sg: SpatialGroup) -> nn.Module:
