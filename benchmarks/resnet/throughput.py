@@ -6,9 +6,7 @@
 ``ours`` is the suite's real training step (ResNet-50 v1.5, LARS, label
 smoothing, channels-last) captured as one CUDA graph; ``ours-compile`` also
 runs the model through ``torch.compile`` inside that graph
-(``ours-compile-max``: with Inductor's autotuning); ``ours-fused-bn`` keeps
-cuDNN's convolutions eager and runs only batch norm (+ residual add) + ReLU as
-compiled kernels (``--fused-bn``); ``ours-eager`` is ``ours``
+(``ours-compile-max``: with Inductor's autotuning); ``ours-eager`` is the same
 step without the graph. The torchvision
 baselines are what a user would otherwise run: torchvision's resnet50 with
 momentum SGD, eager or ``torch.compile``-d. With ``--jpeg-dir`` the GPU JPEG
@@ -34,19 +32,18 @@ from common.precision import Precision
 from common.throughput import Measurement, gpu_variants, time_steps, tool_parser
 from common.training import build_parser
 
-# variant -> (CUDA graph, torch.compile mode, extra workload flags) for ours
-OURS = {"ours": (True, "none", []), "ours-eager": (False, "none", []),
-        "ours-fused-bn": (True, "none", ["--fused-bn"]),
-        "ours-compile": (True, "default", []),
-        "ours-compile-max": (True, "max-autotune-no-cudagraphs", [])}
+# variant -> (CUDA graph, torch.compile mode) for ours
+OURS = {"ours": (True, "none"), "ours-eager": (False, "none"),
+        "ours-compile": (True, "default"),
+        "ours-compile-max": (True, "max-autotune-no-cudagraphs")}
 VARIANTS = (*OURS, "torchvision-eager", "torchvision-compile")
 
 
 def ours(batch_size: int, precision: Precision, device, variant: str):
-    graph, compile_mode, extra = OURS[variant]
+    graph, compile_mode = OURS[variant]
     args = ResNetWorkload.parse_bench_args(
         build_parser(ResNetWorkload),
-        ["--precision", precision.name, "--seed", "0", "--compile", compile_mode, *extra],
+        ["--precision", precision.name, "--seed", "0", "--compile", compile_mode],
         "synthetic", batch_size)
     wl = ResNetWorkload(args, DistEnv(device=device), precision)
     wl.build()

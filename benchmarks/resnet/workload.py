@@ -61,9 +61,6 @@ class ResNetWorkload(Workload):
                        help="first evaluation after epoch offset+1 (MLPerf allows 0-3)")
         p.add_argument("--bn-group", type=int, default=1, help="ranks sharing BN statistics")
         p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True)
-        p.add_argument("--fused-bn", action=argparse.BooleanOptionalAction, default=False,
-                       help="batch norm (+ residual add) + ReLU as compiled kernels that read "
-                            "channels-last activations in place")
 
     # -- set-up ---------------------------------------------------------------------------
     def build(self) -> None:
@@ -79,10 +76,7 @@ class ResNetWorkload(Workload):
         else:
             self.index = data.ImageFolderIndex.scan(a.data_dir)
             num_classes = len(self.index.classes)
-        if a.fused_bn and a.bn_group > 1:
-            raise UserError("--fused-bn computes each rank's own batch statistics: it does not "
-                            "combine with --bn-group > 1")
-        model = ResNet50(num_classes, a.fused_bn)
+        model = ResNet50(num_classes)
         self.tensor_names = mllog_tensor_names(model)
         model = dist.group_norm_layers(model, env, a.bn_group)
         mem = torch.channels_last if a.channels_last else torch.contiguous_format
