@@ -2,9 +2,10 @@
 
 Input block, four down blocks and a bottleneck (``down4``), five up blocks, a
 1x1x1 output convolution. Every block is conv 3x3x3 (no bias) + instance norm
-(affine) + ReLU (``InstanceNormReLU``); down blocks start with a stride-2 conv, up blocks with a
-2x2x2 stride-2 transposed conv (with bias) whose output is concatenated with
-the skip. Module names give the ruleset's ``weights_initialization`` tensor names.
+(affine) + ReLU (``InstanceNormReLU``); down blocks start with a stride-2
+conv, up blocks with a 2x2x2 stride-2 transposed conv (with bias) whose
+output is concatenated with the skip. Module names give the ruleset's
+``weights_initialization`` tensor names.
 """
 
 from __future__ import annotations
