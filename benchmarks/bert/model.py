@@ -101,8 +101,7 @@ def fused_bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
 def fused_bias_dropout_add_layer_norm(x, bias, residual, weight, ln_bias, p: float, eps: float):
     """``bias_dropout_add_layer_norm`` as Inductor-generated kernels (dropout drawn by
     Inductor's own generator: the same distribution, not the same mask as eager)."""
-    return compiled(bias_dropout_add_layer_norm)(x, bias, residual, weight, ln_bias, p,
-                                                       eps)
+    return compiled(bias_dropout_add_layer_norm)(x, bias, residual, weight, ln_bias, p, eps)
 
 
 @dataclass(frozen=True)

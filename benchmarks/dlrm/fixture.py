@@ -31,6 +31,7 @@ from benchmarks.dlrm.data import (
     NUM_DENSE,
     NUM_SPARSE,
     TRAIN_FILE,
+    ZIPF_EXPONENT,
 )
 
 MARKER = "FIXTURE_COMPLETE"
@@ -47,7 +48,7 @@ class PlantedModel:
     def __init__(self, sizes: list[int], rng: np.random.Generator):
         self.sizes = sizes
         self.perm = [rng.permutation(n) for n in sizes]
-        zipf = [np.arange(1, n + 1, dtype=np.float64) ** -1.1 for n in sizes]
+        zipf = [np.arange(1, n + 1, dtype=np.float64) ** -ZIPF_EXPONENT for n in sizes]
         self.cdf = [np.cumsum(z) / z.sum() for z in zipf]
         self.effect = [rng.normal(0, 0.4, n) for n in sizes]
         self.vec = [rng.normal(0, 0.6, (n, LATENT)) for n in sizes]

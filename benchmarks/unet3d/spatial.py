@@ -133,9 +133,10 @@ def _wait(reqs: list) -> None:
 
 
 def _layout(x: torch.Tensor) -> torch.memory_format:
-    """channels_last_3d for an activation stored that way (its slices too), else contiguous."""
-    cl = x.is_contiguous(memory_format=torch.channels_last_3d) or x.stride(1) == 1
-    return torch.channels_last_3d if cl and x.shape[1] > 1 else torch.contiguous_format
+    """channels_last_3d for an activation stored that way (its slices too: channels are the
+    innermost dimension), else contiguous."""
+    cl = x.shape[1] > 1 and x.stride(1) == 1
+    return torch.channels_last_3d if cl else torch.contiguous_format
 
 
 def _packed(x: torch.Tensor) -> torch.Tensor:
