@@ -12,13 +12,16 @@ from collections.abc import Callable
 import torch
 
 # (family, substrings of the lower-cased kernel name), first match wins.
+# Attention, Triton and batch norm come before conv/gemm: flash kernels mention cutlass,
+# Inductor names its kernels after the ops they fuse (``..._convolution_backward_...``), and
+# cuDNN's own batch-norm kernels mention cudnn.
 FAMILIES = (
-    ("attention", ("flash", "fmha", "attention", "sdpa")),  # first: their names mention cutlass
+    ("attention", ("flash", "fmha", "attention", "sdpa")),
+    ("triton-fused", ("triton",)),
+    ("batchnorm", ("batch_norm", "batchnorm", "welford")),
     ("conv/gemm", ("conv", "xmma", "implicit", "dgrad", "wgrad", "cudnn", "cutlass", "gemm",
                    "nvjet", "fprop")),
-    ("triton-fused", ("triton",)),
     ("optimizer (foreach)", ("multi_tensor", "foreach")),
-    ("batchnorm", ("batch_norm", "welford")),
     ("communication", ("nccl",)),
     ("embedding/gather", ("embedding", "indexselect", "index_select", "gather", "scatter")),
     ("elementwise/reduce", ("elementwise", "reduce")),

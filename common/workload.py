@@ -21,10 +21,21 @@ def maybe_compile(module: torch.nn.Module, mode: str) -> torch.nn.Module:
 
     The compiled module still runs inside the whole-step CUDA graph; modes
     that add their own CUDA graphs are left out for that reason.
+
+    AOTAutograd's on-disk cache is turned off: in torch 2.11 its key records
+    whether autocast is on but not its dtype, so a model compiled under
+    amp-bf16 was served to a later amp-fp16 run (measured on the H100;
+    pytorch/pytorch#181564). Inductor's own cache, keyed on the traced graph
+    with its casts, stays on.
     """
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode must be one of {COMPILE_MODES}, not {mode!r}")
-    return module if mode == "none" else torch.compile(module, mode=mode)
+    if mode == "none":
+        return module
+    import torch._functorch.config as functorch_config
+
+    functorch_config.enable_autograd_cache = False
+    return torch.compile(module, mode=mode)
 
 
 @dataclass(frozen=True)

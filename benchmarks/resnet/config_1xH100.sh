@@ -7,5 +7,5 @@ TRAIN_ARGS=(
     --batch-size 1632 --grad-accum 4 --eval-batch-size 500
     --optimizer lars --lr 7.4 --end-lr 0.0001 --warmup-epochs 2 --poly-power 2
     --momentum 0.9 --weight-decay 5e-5 --lars-eta 0.001 --label-smoothing 0.1
-    --epochs 35 --eval-period 4 --eval-offset 2 --bn-group 1 --compile default
+    --epochs 35 --eval-period 4 --eval-offset 2 --bn-group 1 --compile default --space-to-depth
 )

@@ -7,5 +7,5 @@ TRAIN_ARGS=(
     --batch-size 408 --grad-accum 1 --eval-batch-size 500
     --optimizer lars --lr 10.5 --end-lr 0.0001 --warmup-epochs 2 --poly-power 2
     --momentum 0.9 --weight-decay 5e-5 --lars-eta 0.001 --label-smoothing 0.1
-    --epochs 37 --eval-period 4 --eval-offset 2 --bn-group 1 --compile default
+    --epochs 37 --eval-period 4 --eval-offset 2 --bn-group 1 --compile default --space-to-depth
 )

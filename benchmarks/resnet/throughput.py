@@ -6,8 +6,9 @@
 ``ours`` is the suite's real training step (ResNet-50 v1.5, LARS, label
 smoothing, channels-last) captured as one CUDA graph; ``ours-compile`` also
 runs the model through ``torch.compile`` inside that graph
-(``ours-compile-max``: with Inductor's autotuning); ``ours-eager`` is the same
-step without the graph. The torchvision
+(``ours-compile-max``: with Inductor's autotuning; ``-s2d``: with the stem
+convolution over 2x2 pixel blocks, ``--space-to-depth``); ``ours-eager`` is the
+same step without the graph. The torchvision
 baselines are what a user would otherwise run: torchvision's resnet50 with
 momentum SGD, eager or ``torch.compile``-d. With ``--jpeg-dir`` the GPU JPEG
 pipeline (nvJPEG decode, crop, resize, normalise) is timed on that folder;
@@ -32,18 +33,20 @@ from common.precision import Precision
 from common.throughput import Measurement, gpu_variants, time_steps, tool_parser
 from common.training import build_parser
 
-# variant -> (CUDA graph, torch.compile mode) for ours
-OURS = {"ours": (True, "none"), "ours-eager": (False, "none"),
-        "ours-compile": (True, "default"),
-        "ours-compile-max": (True, "max-autotune-no-cudagraphs")}
+# variant -> (CUDA graph, torch.compile mode, other workload flags) for ours
+OURS = {"ours": (True, "none", ()), "ours-eager": (False, "none", ()),
+        "ours-compile": (True, "default", ()),
+        "ours-compile-max": (True, "max-autotune-no-cudagraphs", ()),
+        "ours-compile-s2d": (True, "default", ("--space-to-depth",)),
+        "ours-compile-max-s2d": (True, "max-autotune-no-cudagraphs", ("--space-to-depth",))}
 VARIANTS = (*OURS, "torchvision-eager", "torchvision-compile")
 
 
 def ours(batch_size: int, precision: Precision, device, variant: str):
-    graph, compile_mode = OURS[variant]
+    graph, compile_mode, flags = OURS[variant]
     args = ResNetWorkload.parse_bench_args(
         build_parser(ResNetWorkload),
-        ["--precision", precision.name, "--seed", "0", "--compile", compile_mode],
+        ["--precision", precision.name, "--seed", "0", "--compile", compile_mode, *flags],
         "synthetic", batch_size)
     wl = ResNetWorkload(args, DistEnv(device=device), precision)
     wl.build()

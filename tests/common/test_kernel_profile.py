@@ -5,6 +5,11 @@ def test_kernel_names_fall_into_families():
     assert family("sm90_xmma_wgrad_indexed_implicit_gemm_bf16") == "conv/gemm"
     assert family("triton_poi_fused__native_batch_norm_legit_functional_add_relu_18") == \
         "triton-fused"
+    # Inductor names kernels after the ops it fused, convolution_backward included
+    assert family("triton_poi_fused__native_batch_norm_legit_functional_add_convolution_"
+                  "backward_native_batch_norm_backward_threshold_backward_61") == "triton-fused"
+    assert family("void cudnn::batchnorm_bwtr_nhwc_semiPersist<__half, float, __half>") == \
+        "batchnorm"
     assert family("void at::native::multi_tensor_apply_kernel<...>") == "optimizer (foreach)"
     assert family("void at::native::batch_norm_collect_statistics_channels_last_kernel") == \
         "batchnorm"

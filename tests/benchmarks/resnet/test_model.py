@@ -5,7 +5,7 @@ import pytest
 import torch
 import yaml
 
-from benchmarks.resnet.model import ResNet50, mllog_tensor_names
+from benchmarks.resnet.model import ResNet50, mllog_tensor_names, space_to_depth_conv
 
 RULESET = Path(mlperf_logging.__file__).parent / "compliance_checker/training_1.1.0"
 
@@ -51,3 +51,19 @@ def test_tensor_names_equal_the_ruleset_list(model):
     names = mllog_tensor_names(model)
     assert len(names) == len(set(names))
     assert sorted(names) == sorted(expected)
+
+
+@pytest.mark.parametrize("size", [224, 63])
+def test_space_to_depth_stem_equals_the_7x7_convolution(size):
+    """Same output and weight gradient as the stride-2 7x7 stem, even and odd image sizes."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, size, size, dtype=torch.float64).to(memory_format=torch.channels_last)
+    w = torch.randn(64, 3, 7, 7, dtype=torch.float64, requires_grad=True)
+    want = torch.nn.functional.conv2d(x, w, stride=2, padding=3)
+    got = space_to_depth_conv(x, w, channels=16)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want)
+    g = torch.randn_like(want)
+    grad_got, grad_want = (torch.autograd.grad(y, w, g)[0] for y in (got, want))
+    torch.testing.assert_close(grad_got, grad_want)
+    assert ResNet50(space_to_depth=True).stem_conv(x.float()).shape == want.shape
