@@ -1,4 +1,10 @@
-"""Precision modes: fp32, tf32, amp-bf16 and amp-fp16 (with dynamic loss scaling)."""
+"""Precision modes: fp32, tf32, amp-bf16 and amp-fp16 (with dynamic loss scaling).
+
+Two loss scalers: ``torch.amp.GradScaler`` (``Precision.grad_scaler``), whose ``step``
+reads the overflow flag on the host, and ``DeviceLossScaler``
+(``Precision.device_loss_scaler``), the same dynamic scaling with its state and
+overflow flag kept on the device, so a step using it can be captured in a CUDA graph.
+"""
 
 from __future__ import annotations
 
@@ -44,3 +50,58 @@ class Precision:
     def grad_scaler(self) -> torch.amp.GradScaler:
         """A loss scaler that is a pass-through unless the mode is amp-fp16."""
         return torch.amp.GradScaler(self.device_type, enabled=self.needs_loss_scaling)
+
+    def device_loss_scaler(self, device: torch.device | str) -> DeviceLossScaler:
+        """A host-sync free loss scaler that is a pass-through unless the mode is amp-fp16."""
+        return DeviceLossScaler(device, enabled=self.needs_loss_scaling)
+
+
+class DeviceLossScaler:
+    """Dynamic loss scaling as ``torch.amp.GradScaler`` does it, without host syncs.
+
+    The scale and growth tracker are 0-dim tensors on ``device``.
+    ``unscale_and_check`` returns the overflow flag as a device tensor (1.0: some
+    gradient was inf/nan, and every gradient has been zeroed) for the optimizer to
+    skip the step with; ``update`` then backs the scale off or grows it in place.
+    """
+
+    def __init__(self, device: torch.device | str, enabled: bool, init_scale: float = 2.**16,
+                 growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000):
+        self.device = torch.device(device)
+        self.enabled = enabled
+        self.growth_factor = growth_factor
+        self.backoff_factor = backoff_factor
+        self.growth_interval = growth_interval
+        self.loss_scale = torch.full((), init_scale, dtype=torch.float32, device=self.device)
+        self.growth_tracker = torch.zeros((), dtype=torch.int32, device=self.device)
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self.loss_scale if self.enabled else loss
+
+    def unscale_and_check(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """Divide ``grads`` by the scale in place; return 1.0 (and zero them all) on inf/nan."""
+        found_inf = torch.zeros((), device=self.device)
+        if not self.enabled:
+            return found_inf
+        inv_scale = self.loss_scale.reciprocal()
+        for group in _by_device_and_dtype(grads):
+            torch._amp_foreach_non_finite_check_and_unscale_(group, found_inf, inv_scale)
+        # Zeroed, the gradients of a skipped step cannot turn the optimizer's math into nan.
+        overflow = found_inf.bool()
+        for g in grads:
+            g.masked_fill_(overflow, 0.0)
+        return found_inf
+
+    def update(self, found_inf: torch.Tensor) -> None:
+        if self.enabled:
+            torch._amp_update_scale_(self.loss_scale, self.growth_tracker, found_inf,
+                                     self.growth_factor, self.backoff_factor,
+                                     self.growth_interval)
+
+
+def _by_device_and_dtype(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for t in tensors:
+        groups.setdefault((t.device, t.dtype), []).append(t)
+    return list(groups.values())

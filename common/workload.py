@@ -85,6 +85,9 @@ class Workload(abc.ABC):
     quality_target: float     # reached when evaluate() >= this value
     quality_metric: str       # what evaluate() returns, for people ("top-1 accuracy")
     unit_name = "epoch"       # what one training unit (one epoch_batches call) is, for people
+    # amp-fp16 steps keep the loss-scaling overflow check on the device (DeviceLossScaler),
+    # so they can be captured in a CUDA graph
+    fp16_graph_capturable = False
 
     def __init__(self, args: argparse.Namespace, env: DistEnv, precision: Precision):
         self.args, self.env, self.precision = args, env, precision

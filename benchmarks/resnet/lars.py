@@ -15,6 +15,16 @@ alternative optimizer the ruleset allows.
 ``lr`` may be a float or a 0-dim device tensor; with a tensor the whole step is
 host-sync free and can be captured in a CUDA graph. The math uses multi-tensor
 (``torch._foreach_*``) kernels.
+
+``step(skip=...)`` takes an optional 0-dim device tensor (1.0 after a loss-scaling
+overflow, else 0.0) and applies it without a host sync: with ``keep = 1 - skip``
+
+    v = (momentum * keep + skip) * v + keep * lr * trust * (g + wd * w)
+    w = w - keep * v
+
+so a skipped step leaves ``v`` and ``w`` as they were (the gradients must be
+finite, e.g. zeroed by ``DeviceLossScaler.unscale_and_check``; a zero entry may
+change its sign), and ``skip=0`` gives bit for bit the step without ``skip``.
 """
 
 from __future__ import annotations
@@ -32,8 +42,9 @@ class LARS(torch.optim.Optimizer):
         super().__init__(params, defaults)
 
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, skip: torch.Tensor | None = None):
         loss = closure() if closure is not None else None
+        keep = None if skip is None else 1 - skip
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if not params:
@@ -45,7 +56,9 @@ class LARS(torch.optim.Optimizer):
                 if "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(p)
                 bufs.append(state["momentum_buffer"])
-            lr, wd = group["lr"], group["weight_decay"]
+            lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
+            if keep is not None:
+                lr, momentum = lr * keep, momentum * keep + skip
             if wd:
                 updates = torch._foreach_add(grads, params, alpha=wd)
             else:
@@ -58,9 +71,9 @@ class LARS(torch.optim.Optimizer):
                 torch._foreach_mul_(updates, list((trust * lr).unbind(0)))
             else:
                 torch._foreach_mul_(updates, lr)
-            torch._foreach_mul_(bufs, group["momentum"])
+            torch._foreach_mul_(bufs, momentum)
             torch._foreach_add_(bufs, updates)
-            torch._foreach_sub_(params, bufs)
+            torch._foreach_sub_(params, bufs if keep is None else torch._foreach_mul(bufs, keep))
         return loss
 
 

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.resnet import fused_conv
+
 STAGE_DEPTHS = (3, 4, 6, 3)
 STAGE_WIDTHS = (64, 128, 256, 512)
 EXPANSION = 4
@@ -34,8 +36,11 @@ class Bottleneck(nn.Module):
         self.has_shortcut = stride != 1 or cin != cout
         if self.has_shortcut:
             self.conv1sc, self.bnsc = _conv(cin, cout, 1, stride), nn.BatchNorm2d(cout)
+        self.cudnn_fusion = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cudnn_fusion:
+            return fused_conv.bottleneck(self, x)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
@@ -61,9 +66,11 @@ def space_to_depth_conv(x: torch.Tensor, weight: torch.Tensor, channels: int) ->
 
 
 class ResNet50(nn.Module):
-    """``space_to_depth`` computes the stem convolution with :func:`space_to_depth_conv`."""
+    """``space_to_depth`` computes the stem convolution with :func:`space_to_depth_conv`;
+    ``cudnn_fusion`` runs the bottlenecks through :mod:`fused_conv` (same parameters)."""
 
-    def __init__(self, num_classes: int = 1000, space_to_depth: bool = False):
+    def __init__(self, num_classes: int = 1000, space_to_depth: bool = False,
+                 cudnn_fusion: bool = False):
         super().__init__()
         self.space_to_depth = space_to_depth
         self.conv0, self.bn0 = _conv(3, 64, 7, 2), nn.BatchNorm2d(64)
@@ -79,6 +86,9 @@ class ResNet50(nn.Module):
         self.pool1 = nn.AdaptiveAvgPool2d(1)
         self.fc1 = nn.Linear(cin, num_classes)
         self.reset_parameters()
+        for m in self.modules():
+            if isinstance(m, Bottleneck):
+                m.cudnn_fusion = cudnn_fusion
 
     def reset_parameters(self) -> None:
         for m in self.modules():

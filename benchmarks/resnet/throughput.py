@@ -7,8 +7,9 @@
 smoothing, channels-last) captured as one CUDA graph; ``ours-compile`` also
 runs the model through ``torch.compile`` inside that graph
 (``ours-compile-max``: with Inductor's autotuning; ``-s2d``: with the stem
-convolution over 2x2 pixel blocks, ``--space-to-depth``); ``ours-eager`` is the
-same step without the graph. The torchvision
+convolution over 2x2 pixel blocks, ``--space-to-depth``; ``ours-fused``: that plus
+batch norm inside cuDNN fusion graphs, ``--cudnn-fusion``, amp-fp16 only);
+``ours-eager`` is the same step without the graph. The torchvision
 baselines are what a user would otherwise run: torchvision's resnet50 with
 momentum SGD, eager or ``torch.compile``-d. With ``--jpeg-dir`` the GPU JPEG
 pipeline (nvJPEG decode, crop, resize, normalise) is timed on that folder;
@@ -38,7 +39,8 @@ OURS = {"ours": (True, "none", ()), "ours-eager": (False, "none", ()),
         "ours-compile": (True, "default", ()),
         "ours-compile-max": (True, "max-autotune-no-cudagraphs", ()),
         "ours-compile-s2d": (True, "default", ("--space-to-depth",)),
-        "ours-compile-max-s2d": (True, "max-autotune-no-cudagraphs", ("--space-to-depth",))}
+        "ours-compile-max-s2d": (True, "max-autotune-no-cudagraphs", ("--space-to-depth",)),
+        "ours-fused": (True, "default", ("--space-to-depth", "--cudnn-fusion"))}
 VARIANTS = (*OURS, "torchvision-eager", "torchvision-compile")
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from benchmarks.resnet import data
+from benchmarks.resnet import data, fused_conv
 from benchmarks.resnet.lars import LARS, param_groups
 from benchmarks.resnet.model import ResNet50, mllog_tensor_names
 from benchmarks.resnet.schedule import poly_warmup_lr
@@ -33,6 +33,7 @@ class ResNetWorkload(Workload):
     name = constants.RESNET
     quality_target = 0.759
     quality_metric = "top-1 accuracy"
+    fp16_graph_capturable = True
 
     @staticmethod
     def add_args(p: argparse.ArgumentParser) -> None:
@@ -64,6 +65,9 @@ class ResNetWorkload(Workload):
         p.add_argument("--space-to-depth", action="store_true",
                        help="compute the 7x7 stem convolution as a 4x4 one over 2x2 pixel "
                             "blocks (same result, faster cuDNN kernels)")
+        p.add_argument("--cudnn-fusion", action="store_true",
+                       help="batch norm folded into cuDNN fusion graphs around each bottleneck "
+                            "convolution (GPU: amp-fp16 and the nvidia-cudnn-frontend package)")
 
     # -- set-up ---------------------------------------------------------------------------
     def build(self) -> None:
@@ -71,15 +75,15 @@ class ResNetWorkload(Workload):
         if a.batch_size % a.grad_accum:
             raise UserError(f"--batch-size {a.batch_size} is not divisible by "
                             f"--grad-accum {a.grad_accum}")
-        if a.precision == "amp-fp16" and a.cuda_graph and env.device.type == "cuda":
-            raise UserError("amp-fp16 loss scaling reads overflow flags on the host and cannot "
-                            "run inside a CUDA graph: use --precision amp-bf16 or --no-cuda-graph")
         if getattr(a, "data_backend", None) == "synthetic":
             self.index, num_classes = None, 1000
         else:
             self.index = data.ImageFolderIndex.scan(a.data_dir)
             num_classes = len(self.index.classes)
-        model = ResNet50(num_classes, space_to_depth=a.space_to_depth)
+        if a.cudnn_fusion:
+            _check_cudnn_fusion(a, env)
+        model = ResNet50(num_classes, space_to_depth=a.space_to_depth,
+                         cudnn_fusion=a.cudnn_fusion)
         self.tensor_names = mllog_tensor_names(model)
         model = dist.group_norm_layers(model, env, a.bn_group)
         mem = torch.channels_last if a.channels_last else torch.contiguous_format
@@ -94,7 +98,7 @@ class ResNetWorkload(Workload):
         for g in groups:
             g["lr"] = self.lr
         self.optimizer = LARS(groups, lr=self.lr, momentum=a.momentum, eta=a.lars_eta)
-        self.scaler = self.precision.grad_scaler()
+        self.scaler = self.precision.device_loss_scaler(env.device)
         if self.index is not None:
             common = dict(index=self.index, backend=a.data_backend, image_size=a.image_size,
                           rank=env.rank, world_size=env.world_size, workers=a.workers,
@@ -213,8 +217,10 @@ class ResNetWorkload(Workload):
                     loss = self.criterion(self.model(x), y) / a.grad_accum
                 self.scaler.scale(loss).backward()
             total += loss.detach().float()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
+        overflow = self.scaler.unscale_and_check(
+            [p.grad for p in self.net.parameters() if p.grad is not None])
+        self.optimizer.step(skip=overflow)
+        self.scaler.update(overflow)
         self.step_count += 1
         return total
 
@@ -232,6 +238,23 @@ class ResNetWorkload(Workload):
         if int(seen) != self.eval_samples:
             raise RuntimeError(f"evaluated {int(seen)} images, expected {self.eval_samples}")
         return correct / seen
+
+
+def _check_cudnn_fusion(a: argparse.Namespace, env) -> None:
+    """``--cudnn-fusion`` keeps per-GPU statistics and, on a GPU, needs fp16 and cudnn-frontend."""
+    if a.bn_group != 1:
+        raise UserError(f"--cudnn-fusion computes batch-norm statistics per GPU: it cannot be "
+                        f"combined with --bn-group {a.bn_group}")
+    if env.device.type != "cuda":
+        return
+    if a.precision != "amp-fp16":
+        raise UserError(f"--cudnn-fusion needs --precision amp-fp16, not {a.precision}: "
+                        f"cuDNN has fusion engines for fp16 only")
+    try:
+        fused_conv.cudnn_frontend()
+    except ImportError as exc:
+        raise UserError(f"--cudnn-fusion needs the cuDNN frontend ({exc}): "
+                        f"pip install nvidia-cudnn-frontend") from exc
 
 
 @functools.lru_cache

@@ -1,8 +1,10 @@
 import math
 
+import pytest
 import torch
 
 from benchmarks.resnet.lars import LARS, param_groups
+from common.precision import DeviceLossScaler
 
 
 def test_lars_step_matches_hand_computation():
@@ -56,3 +58,53 @@ def test_param_groups_exclude_bn_and_bias_from_decay():
     assert {id(p) for p in decay["params"]} == {id(model[0].weight), id(model[3].weight)}
     assert len(no_decay["params"]) == 4 and no_decay["weight_decay"] == 0.0
     assert no_decay["lars"] is False and decay["lars"] is True
+
+
+def _two_group_lars(seed: int, momentum: float = 0.9):
+    """A LARS group and a plain momentum group, one step already taken (momentum buffers set)."""
+    torch.manual_seed(seed)
+    w, b = torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))
+    opt = LARS([dict(params=[w], weight_decay=1e-4, lars=True),
+                dict(params=[b], weight_decay=0.0, lars=False)],
+               lr=torch.tensor(0.5), momentum=momentum)
+    w.grad, b.grad = torch.randn(4, 3), torch.randn(3)
+    opt.step()
+    w.grad, b.grad = torch.randn(4, 3), torch.randn(3)
+    return opt, [w, b]
+
+
+def _state(opt, params):
+    return [p.detach().clone() for p in params] + \
+        [opt.state[p]["momentum_buffer"].clone() for p in params]
+
+
+def _bit_equal(xs, ys):
+    return all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(xs, ys))
+
+
+def test_skip_one_leaves_params_and_momentum_bit_identical():
+    opt, params = _two_group_lars(0)
+    before = _state(opt, params)
+    opt.step(skip=torch.tensor(1.0))
+    assert _bit_equal(_state(opt, params), before)
+
+
+@pytest.mark.parametrize("momentum", [0.9, 0.0])
+def test_skip_zero_is_bit_identical_to_a_step_without_skip(momentum):
+    opt_a, params_a = _two_group_lars(1, momentum)
+    opt_b, params_b = _two_group_lars(1, momentum)
+    opt_a.step()
+    opt_b.step(skip=torch.tensor(0.0))
+    assert _bit_equal(_state(opt_a, params_a), _state(opt_b, params_b))
+
+
+def test_overflowed_step_through_the_scaler_is_skipped():
+    opt, params = _two_group_lars(2)
+    before = _state(opt, params)
+    params[0].grad[1, 2] = float("inf")
+    scaler = DeviceLossScaler("cpu", enabled=True)
+    found_inf = scaler.unscale_and_check([p.grad for p in params])
+    opt.step(skip=found_inf)
+    after = _state(opt, params)
+    assert found_inf.item() == 1.0 and _bit_equal(after, before)
+    assert all(t.isfinite().all() for t in after)

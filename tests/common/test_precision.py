@@ -1,0 +1,53 @@
+import pytest
+import torch
+
+from common.precision import DeviceLossScaler, Precision
+
+
+def scaler(**kw) -> DeviceLossScaler:
+    return DeviceLossScaler("cpu", enabled=True, init_scale=8.0, **kw)
+
+
+def test_device_loss_scaler_is_only_enabled_for_amp_fp16():
+    assert Precision("amp-fp16", "cpu").device_loss_scaler("cpu").enabled
+    assert not Precision("amp-bf16", "cpu").device_loss_scaler("cpu").enabled
+
+
+def test_scale_multiplies_the_loss():
+    assert scaler().scale(torch.tensor(1.5)).item() == 12.0
+
+
+def test_finite_grads_are_divided_exactly_and_not_flagged():
+    grads = [torch.randn(3, 2), torch.randn(4), torch.randn(5).half()]
+    expected = [g / 8 for g in grads]
+    found_inf = scaler().unscale_and_check(grads)
+    assert found_inf.item() == 0.0 and found_inf.dim() == 0
+    assert all(torch.equal(g, e) for g, e in zip(grads, expected))
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_non_finite_grad_is_flagged_and_every_grad_zeroed(bad):
+    grads = [torch.tensor([1.0, bad]), torch.randn(3)]
+    assert scaler().unscale_and_check(grads).item() == 1.0
+    assert all(torch.equal(g, torch.zeros_like(g)) for g in grads)
+
+
+def test_update_backs_off_after_overflow_and_grows_after_clean_interval():
+    s = scaler(growth_interval=3)
+    s.update(torch.tensor(1.0))
+    assert s.loss_scale.item() == 4.0
+    for _ in range(2):
+        s.update(torch.tensor(0.0))
+    assert s.loss_scale.item() == 4.0
+    s.update(torch.tensor(0.0))
+    assert s.loss_scale.item() == 8.0 and s.growth_tracker.item() == 0
+
+
+def test_disabled_scaler_is_a_pass_through():
+    s = DeviceLossScaler("cpu", enabled=False)
+    loss, grads = torch.tensor(2.0), [torch.tensor([1.0, float("inf")])]
+    assert s.scale(loss) is loss
+    assert s.unscale_and_check(grads).item() == 0.0
+    assert grads[0][0] == 1.0 and grads[0][1].isinf()
+    s.update(torch.tensor(1.0))
+    assert s.loss_scale.item() == 2.0 ** 16
