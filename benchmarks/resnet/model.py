@@ -26,7 +26,7 @@ def _conv(cin: int, cout: int, k: int, stride: int = 1) -> nn.Conv2d:
 
 
 class Bottleneck(nn.Module):
-    def __init__(self, cin: int, width: int, stride: int):
+    def __init__(self, cin: int, width: int, stride: int, cudnn_fusion: bool = False):
         super().__init__()
         cout = width * EXPANSION
         self.conv1, self.bn1 = _conv(cin, width, 1), nn.BatchNorm2d(width)
@@ -36,7 +36,7 @@ class Bottleneck(nn.Module):
         self.has_shortcut = stride != 1 or cin != cout
         if self.has_shortcut:
             self.conv1sc, self.bnsc = _conv(cin, cout, 1, stride), nn.BatchNorm2d(cout)
-        self.cudnn_fusion = False
+        self.cudnn_fusion = cudnn_fusion
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.cudnn_fusion:
@@ -80,15 +80,13 @@ class ResNet50(nn.Module):
         for i, (depth, width) in enumerate(zip(STAGE_DEPTHS, STAGE_WIDTHS), 1):
             units = []
             for u in range(depth):
-                units.append(Bottleneck(cin, width, stride=2 if (u == 0 and i > 1) else 1))
+                units.append(Bottleneck(cin, width, stride=2 if (u == 0 and i > 1) else 1,
+                                        cudnn_fusion=cudnn_fusion))
                 cin = width * EXPANSION
             setattr(self, f"stage{i}", nn.Sequential(*units))
         self.pool1 = nn.AdaptiveAvgPool2d(1)
         self.fc1 = nn.Linear(cin, num_classes)
         self.reset_parameters()
-        for m in self.modules():
-            if isinstance(m, Bottleneck):
-                m.cudnn_fusion = cudnn_fusion
 
     def reset_parameters(self) -> None:
         for m in self.modules():

@@ -217,10 +217,13 @@ class ResNetWorkload(Workload):
                     loss = self.criterion(self.model(x), y) / a.grad_accum
                 self.scaler.scale(loss).backward()
             total += loss.detach().float()
-        overflow = self.scaler.unscale_and_check(
-            [p.grad for p in self.net.parameters() if p.grad is not None])
-        self.optimizer.step(skip=overflow)
-        self.scaler.update(overflow)
+        if self.scaler.enabled:  # amp-fp16: skip the update on overflow, on the device
+            overflow = self.scaler.unscale_and_check(
+                [p.grad for p in self.net.parameters() if p.grad is not None])
+            self.optimizer.step(skip=overflow)
+            self.scaler.update(overflow)
+        else:
+            self.optimizer.step()
         self.step_count += 1
         return total
 
