@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 # On a machine without CUDA, torch==2.13.0 resolves to the CPU wheel; on a GPU
 # machine the same pin takes the CUDA build.
 TORCH_SPEC ?= torch==2.13.0
+# Where nvidia-smi runs, .venv also gets the cuDNN frontend (extra "cudnn") for ResNet's
+# --cudnn-fusion, the GPU configs' setting.
 CONFIG ?= cpu_tiny
 
 .PHONY: venv mxnet-venv run test lint clean compliance-ci
@@ -16,6 +18,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test]"
+	if command -v nvidia-smi > /dev/null; then $(PY) -m pip install -q -e ".[test,cudnn]"; fi
 	touch $@
 
 # MXNet in its own venv (mxnet 1.9.1 needs numpy<1.24, which .venv cannot take): the second

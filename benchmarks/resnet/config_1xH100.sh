@@ -1,11 +1,16 @@
 # ResNet-50 on one H100: global batch 1632 as 4 micro-batches of 408, with the
 # hyper-parameters of the ruleset's reference convergence point for batch 1632.
 NPROC=1
-PRECISION=${PRECISION:-amp-bf16}
+PRECISION=${PRECISION:-amp-fp16}
+# In amp-fp16 batch norm runs inside cuDNN fusion graphs (cuDNN 9.19 has no bf16
+# fusion engines): pip install ".[cudnn]". Another PRECISION runs without them.
+FUSION=()
+[[ $PRECISION == amp-fp16 ]] && FUSION=(--cudnn-fusion)
 TRAIN_ARGS=(
     --precision "$PRECISION" --data-backend "${DATA_BACKEND:-gpu}" --workers 12
     --batch-size 1632 --grad-accum 4 --eval-batch-size 500
     --optimizer lars --lr 7.4 --end-lr 0.0001 --warmup-epochs 2 --poly-power 2
     --momentum 0.9 --weight-decay 5e-5 --lars-eta 0.001 --label-smoothing 0.1
     --epochs 35 --eval-period 4 --eval-offset 2 --bn-group 1 --compile default --space-to-depth
+    "${FUSION[@]}"
 )

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.resnet import fused_conv
+from benchmarks.resnet import fused_conv, pool
 
 STAGE_DEPTHS = (3, 4, 6, 3)
 STAGE_WIDTHS = (64, 128, 256, 512)
@@ -67,12 +67,15 @@ def space_to_depth_conv(x: torch.Tensor, weight: torch.Tensor, channels: int) ->
 
 class ResNet50(nn.Module):
     """``space_to_depth`` computes the stem convolution with :func:`space_to_depth_conv`;
-    ``cudnn_fusion`` runs the bottlenecks through :mod:`fused_conv` (same parameters)."""
+    ``cudnn_fusion`` runs the bottlenecks through :mod:`fused_conv` and the stem's max-pool
+    through :mod:`pool`, before its ReLU (the same result: ReLU is monotonic, and where
+    the order changes which zero takes a window's gradient, the ReLU's own gradient is
+    zero there)."""
 
     def __init__(self, num_classes: int = 1000, space_to_depth: bool = False,
                  cudnn_fusion: bool = False):
         super().__init__()
-        self.space_to_depth = space_to_depth
+        self.space_to_depth, self.cudnn_fusion = space_to_depth, cudnn_fusion
         self.conv0, self.bn0 = _conv(3, 64, 7, 2), nn.BatchNorm2d(64)
         self.relu = nn.ReLU(inplace=True)
         self.pool0 = nn.MaxPool2d(3, stride=2, padding=1)
@@ -107,7 +110,8 @@ class ResNet50(nn.Module):
         return self.conv0(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.pool0(self.relu(self.bn0(self.stem_conv(x))))
+        x = self.bn0(self.stem_conv(x))
+        x = self.relu(pool.max_pool_3x3_s2(x)) if self.cudnn_fusion else self.pool0(self.relu(x))
         x = self.stage4(self.stage3(self.stage2(self.stage1(x))))
         return self.fc1(torch.flatten(self.pool1(x), 1))
 

@@ -40,7 +40,9 @@ OURS = {"ours": (True, "none", ()), "ours-eager": (False, "none", ()),
         "ours-compile-max": (True, "max-autotune-no-cudagraphs", ()),
         "ours-compile-s2d": (True, "default", ("--space-to-depth",)),
         "ours-compile-max-s2d": (True, "max-autotune-no-cudagraphs", ("--space-to-depth",)),
-        "ours-fused": (True, "default", ("--space-to-depth", "--cudnn-fusion"))}
+        "ours-fused": (True, "default", ("--space-to-depth", "--cudnn-fusion")),
+        "ours-fused-max": (True, "max-autotune-no-cudagraphs",
+                           ("--space-to-depth", "--cudnn-fusion"))}
 VARIANTS = (*OURS, "torchvision-eager", "torchvision-compile")
 
 

@@ -67,7 +67,8 @@ class ResNetWorkload(Workload):
                             "blocks (same result, faster cuDNN kernels)")
         p.add_argument("--cudnn-fusion", action="store_true",
                        help="batch norm folded into cuDNN fusion graphs around each bottleneck "
-                            "convolution (GPU: amp-fp16 and the nvidia-cudnn-frontend package)")
+                            "convolution, and the stem's max-pool with a gather-free backward "
+                            "(GPU: amp-fp16 and the nvidia-cudnn-frontend package)")
 
     # -- set-up ---------------------------------------------------------------------------
     def build(self) -> None:
