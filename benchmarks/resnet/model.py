@@ -62,7 +62,7 @@ def space_to_depth_conv(x: torch.Tensor, weight: torch.Tensor, channels: int) ->
     pad = max(channels - 4 * c, 0)
     x = F.pad(x, (0, 0, 0, 0, 0, pad)).contiguous(memory_format=torch.channels_last)
     weight = F.pad(weight, (0, 0, 0, 0, 0, pad)).contiguous(memory_format=torch.channels_last)
-    return F.conv2d(x, weight)[:, :, : (h + 1) // 2, : (w + 1) // 2]
+    return F.conv2d(x, weight)  # (h + 1) // 2 x (w + 1) // 2, as the 7x7/2 convolution gives
 
 
 class ResNet50(nn.Module):
