@@ -17,8 +17,8 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[test]"
-	if command -v nvidia-smi > /dev/null; then $(PY) -m pip install -q -e ".[test,cudnn]"; fi
+	extras=test; if command -v nvidia-smi > /dev/null; then extras=test,cudnn; fi; \
+	$(PY) -m pip install -q -e ".[$$extras]"
 	touch $@
 
 # MXNet in its own venv (mxnet 1.9.1 needs numpy<1.24, which .venv cannot take): the second
