@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import argparse
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -16,10 +16,11 @@ from common.precision import Precision
 COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs")
 
 
-def maybe_compile(module: torch.nn.Module, mode: str) -> torch.nn.Module:
-    """``torch.compile`` (Inductor-fused kernels) unless ``mode`` is ``none``.
+def maybe_compile(module: Callable, mode: str) -> Callable:
+    """``torch.compile`` (Inductor-fused kernels) of a module or function unless ``mode``
+    is ``none``.
 
-    The compiled module still runs inside the whole-step CUDA graph; modes
+    The compiled code still runs inside the whole-step CUDA graph; modes
     that add their own CUDA graphs are left out for that reason.
 
     AOTAutograd's on-disk cache is turned off: in torch 2.11 its key records

@@ -40,6 +40,10 @@ class LARS(torch.optim.Optimizer):
         defaults = dict(lr=lr, momentum=momentum, weight_decay=weight_decay, eta=eta,
                         epsilon=epsilon, lars=True)
         super().__init__(params, defaults)
+        # Made here rather than at the first step, so a compiled step is traced only once.
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p)
 
     @torch.no_grad()
     def step(self, closure=None, skip: torch.Tensor | None = None):
@@ -50,12 +54,7 @@ class LARS(torch.optim.Optimizer):
             if not params:
                 continue
             grads = [p.grad for p in params]
-            bufs = []
-            for p in params:
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p)
-                bufs.append(state["momentum_buffer"])
+            bufs = [self.state[p]["momentum_buffer"] for p in params]
             lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
             if keep is not None:
                 lr, momentum = lr * keep, momentum * keep + skip

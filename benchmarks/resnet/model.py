@@ -67,10 +67,10 @@ def space_to_depth_conv(x: torch.Tensor, weight: torch.Tensor, channels: int) ->
 
 class ResNet50(nn.Module):
     """``space_to_depth`` computes the stem convolution with :func:`space_to_depth_conv`;
-    ``cudnn_fusion`` runs the bottlenecks through :mod:`fused_conv` and the stem's max-pool
-    through :mod:`pool`, before its ReLU (the same result: ReLU is monotonic, and where
-    the order changes which zero takes a window's gradient, the ReLU's own gradient is
-    zero there)."""
+    ``cudnn_fusion`` runs the bottlenecks through :mod:`fused_conv` and the stem's ReLU and
+    max-pool as one op from :mod:`pool` (the pool first: the same result, as ReLU is
+    monotonic, and where the order changes which zero takes a window's gradient, the
+    ReLU's own gradient is zero there)."""
 
     def __init__(self, num_classes: int = 1000, space_to_depth: bool = False,
                  cudnn_fusion: bool = False):
@@ -111,7 +111,7 @@ class ResNet50(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.bn0(self.stem_conv(x))
-        x = self.relu(pool.max_pool_3x3_s2(x)) if self.cudnn_fusion else self.pool0(self.relu(x))
+        x = pool.relu_max_pool_3x3_s2(x) if self.cudnn_fusion else self.pool0(self.relu(x))
         x = self.stage4(self.stage3(self.stage2(self.stage1(x))))
         return self.fc1(torch.flatten(self.pool1(x), 1))
 

@@ -100,6 +100,9 @@ class ResNetWorkload(Workload):
             g["lr"] = self.lr
         self.optimizer = LARS(groups, lr=self.lr, momentum=a.momentum, eta=a.lars_eta)
         self.scaler = self.precision.device_loss_scaler(env.device)
+        # One compiled update fuses the unscale, overflow check and LARS's per-tensor math
+        # into a few multi-tensor kernels (hundreds of small launches eager).
+        self.apply_update = maybe_compile(self._apply_update, a.compile)
         if self.index is not None:
             common = dict(index=self.index, backend=a.data_backend, image_size=a.image_size,
                           rank=env.rank, world_size=env.world_size, workers=a.workers,
@@ -218,6 +221,11 @@ class ResNetWorkload(Workload):
                     loss = self.criterion(self.model(x), y) / a.grad_accum
                 self.scaler.scale(loss).backward()
             total += loss.detach().float()
+        self.apply_update()
+        self.step_count += 1
+        return total
+
+    def _apply_update(self) -> None:
         if self.scaler.enabled:  # amp-fp16: skip the update on overflow, on the device
             overflow = self.scaler.unscale_and_check(
                 [p.grad for p in self.net.parameters() if p.grad is not None])
@@ -225,8 +233,6 @@ class ResNetWorkload(Workload):
             self.scaler.update(overflow)
         else:
             self.optimizer.step()
-        self.step_count += 1
-        return total
 
     def evaluate(self) -> float:
         self.model.eval()

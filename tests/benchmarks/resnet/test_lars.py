@@ -108,3 +108,27 @@ def test_overflowed_step_through_the_scaler_is_skipped():
     after = _state(opt, params)
     assert found_inf.item() == 1.0 and _bit_equal(after, before)
     assert all(t.isfinite().all() for t in after)
+
+
+@pytest.mark.parametrize("overflow", [False, True])
+def test_compiled_update_equals_eager(overflow):
+    """The workload compiles unscale + overflow check + LARS + scale update as one graph."""
+    runs = []
+    for compiled in (False, True):
+        opt, params = _two_group_lars(3)
+        params[0].grad *= 2.0 ** 16
+        params[1].grad *= 2.0 ** 16
+        if overflow:
+            params[1].grad[0] = float("nan")
+        scaler = DeviceLossScaler("cpu", enabled=True)
+
+        def update(opt, params, scaler):
+            found_inf = scaler.unscale_and_check([p.grad for p in params])
+            opt.step(skip=found_inf)
+            scaler.update(found_inf)
+
+        (torch.compile(update, fullgraph=True) if compiled else update)(opt, params, scaler)
+        runs.append(_state(opt, params) + [scaler.loss_scale.clone()])
+    eager, compiled = runs
+    torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=0)
+    assert eager[-1].item() == (2.0 ** 15 if overflow else 2.0 ** 16)
