@@ -16,7 +16,7 @@ from common.precision import Precision
 COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs")
 
 
-def maybe_compile(module: Callable, mode: str) -> Callable:
+def maybe_compile(fn: Callable, mode: str) -> Callable:
     """``torch.compile`` (Inductor-fused kernels) of a module or function unless ``mode``
     is ``none``.
 
@@ -32,11 +32,11 @@ def maybe_compile(module: Callable, mode: str) -> Callable:
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode must be one of {COMPILE_MODES}, not {mode!r}")
     if mode == "none":
-        return module
+        return fn
     import torch._functorch.config as functorch_config
 
     functorch_config.enable_autograd_cache = False
-    return torch.compile(module, mode=mode)
+    return torch.compile(fn, mode=mode)
 
 
 @dataclass(frozen=True)

@@ -67,8 +67,8 @@ class ResNetWorkload(Workload):
                             "blocks (same result, faster cuDNN kernels)")
         p.add_argument("--cudnn-fusion", action="store_true",
                        help="batch norm folded into cuDNN fusion graphs around each bottleneck "
-                            "convolution, and the stem's max-pool with a gather-free backward "
-                            "(GPU: amp-fp16 and the nvidia-cudnn-frontend package)")
+                            "convolution, and the stem's ReLU + max-pool with a gather-free "
+                            "backward (GPU: amp-fp16 and the nvidia-cudnn-frontend package)")
 
     # -- set-up ---------------------------------------------------------------------------
     def build(self) -> None:
@@ -100,8 +100,8 @@ class ResNetWorkload(Workload):
             g["lr"] = self.lr
         self.optimizer = LARS(groups, lr=self.lr, momentum=a.momentum, eta=a.lars_eta)
         self.scaler = self.precision.device_loss_scaler(env.device)
-        # One compiled update fuses the unscale, overflow check and LARS's per-tensor math
-        # into a few multi-tensor kernels (hundreds of small launches eager).
+        # Compiled, LARS's per-tensor math runs as a few multi-tensor kernels (the in-place
+        # unscale still writes each gradient back with a kernel of its own).
         self.apply_update = maybe_compile(self._apply_update, a.compile)
         if self.index is not None:
             common = dict(index=self.index, backend=a.data_backend, image_size=a.image_size,
