@@ -60,9 +60,10 @@ class DeviceLossScaler:
     """Dynamic loss scaling as ``torch.amp.GradScaler`` does it, without host syncs.
 
     The scale and growth tracker are 0-dim tensors on ``device``.
-    ``unscale_and_check`` returns the overflow flag as a device tensor (1.0: some
-    gradient was inf/nan, and every gradient has been zeroed) for the optimizer to
-    skip the step with; ``update`` then backs the scale off or grows it in place.
+    ``unscale`` returns the unscaled gradients and the overflow flag as a device tensor
+    (1.0: some gradient was inf/nan, and every unscaled gradient is zero) for the
+    optimizer to skip the step with; ``update`` then backs the scale off or grows it in
+    place.
     """
 
     def __init__(self, device: torch.device | str, enabled: bool, init_scale: float = 2.**16,
@@ -79,19 +80,23 @@ class DeviceLossScaler:
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self.loss_scale if self.enabled else loss
 
-    def unscale_and_check(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        """Divide ``grads`` by the scale in place; return 1.0 (and zero them all) on inf/nan."""
-        found_inf = torch.zeros((), device=self.device)
+    def unscale(self, grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """``grads`` divided by the scale, as new tensors, and the overflow flag.
+
+        The flag is a 0-dim device tensor: 1.0 when some gradient holds inf/nan (every
+        returned gradient is then zero), else 0.0. ``grads`` are left as they are, so a
+        compiled update fuses the division into the optimizer's reads instead of writing
+        each gradient back.
+        """
         if not self.enabled:
-            return found_inf
-        inv_scale = self.loss_scale.reciprocal()
-        for group in _by_device_and_dtype(grads):
-            torch._amp_foreach_non_finite_check_and_unscale_(group, found_inf, inv_scale)
+            return list(grads), torch.zeros((), device=self.device)
+        largest = torch.stack([n.float() for n in torch._foreach_norm(grads, float("inf"))])
+        overflow = ~largest.isfinite().all()
+        unscaled = torch._foreach_mul(grads, self.loss_scale.reciprocal())
         # Zeroed, the gradients of a skipped step cannot turn the optimizer's math into nan.
-        overflow = found_inf.bool()
-        for g in grads:
+        for g in unscaled:
             g.masked_fill_(overflow, 0.0)
-        return found_inf
+        return unscaled, overflow.float()
 
     def update(self, found_inf: torch.Tensor) -> None:
         if self.enabled:
@@ -99,9 +104,3 @@ class DeviceLossScaler:
                                      self.growth_factor, self.backoff_factor,
                                      self.growth_interval)
 
-
-def _by_device_and_dtype(tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
-    groups: dict[tuple, list[torch.Tensor]] = {}
-    for t in tensors:
-        groups.setdefault((t.device, t.dtype), []).append(t)
-    return list(groups.values())

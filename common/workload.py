@@ -16,9 +16,9 @@ from common.precision import Precision
 COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs")
 
 
-def maybe_compile(fn: Callable, mode: str) -> Callable:
+def maybe_compile(fn: Callable, mode: str, **inductor_options) -> Callable:
     """``torch.compile`` (Inductor-fused kernels) of a module or function unless ``mode``
-    is ``none``.
+    is ``none``; ``inductor_options`` (Inductor config names) are added to the mode's.
 
     The compiled code still runs inside the whole-step CUDA graph; modes
     that add their own CUDA graphs are left out for that reason.
@@ -36,7 +36,11 @@ def maybe_compile(fn: Callable, mode: str) -> Callable:
     import torch._functorch.config as functorch_config
 
     functorch_config.enable_autograd_cache = False
-    return torch.compile(fn, mode=mode)
+    if not inductor_options:
+        return torch.compile(fn, mode=mode)
+    from torch._inductor import list_mode_options
+
+    return torch.compile(fn, options={**list_mode_options(mode), **inductor_options})
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,12 @@ overflow, else 0.0) and applies it without a host sync: with ``keep = 1 - skip``
     w = w - keep * v
 
 so a skipped step leaves ``v`` and ``w`` as they were (the gradients must be
-finite, e.g. zeroed by ``DeviceLossScaler.unscale_and_check``; a zero entry may
-change its sign), and ``skip=0`` gives bit for bit the step without ``skip``.
+finite, e.g. zeroed by ``DeviceLossScaler.unscale``; a zero entry may change its
+sign), and ``skip=0`` gives bit for bit the step without ``skip``.
+
+``step(grads=...)`` takes the gradients to use instead of ``p.grad``: one tensor (or
+None) per parameter, in the order of the parameter groups, such as the unscaled
+gradients that ``DeviceLossScaler.unscale`` returns.
 """
 
 from __future__ import annotations
@@ -46,30 +50,37 @@ class LARS(torch.optim.Optimizer):
                 self.state[p]["momentum_buffer"] = torch.zeros_like(p)
 
     @torch.no_grad()
-    def step(self, closure=None, skip: torch.Tensor | None = None):
+    def step(self, closure=None, skip: torch.Tensor | None = None,
+             grads: list[torch.Tensor | None] | None = None):
         loss = closure() if closure is not None else None
         keep = None if skip is None else 1 - skip
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        if grads is None:
+            grads = [p.grad for p in all_params]
+        elif len(grads) != len(all_params):
+            raise ValueError(f"LARS.step got {len(grads)} gradients for {len(all_params)} "
+                             f"parameters")
+        start = 0
         for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
+            group_grads = grads[start:start + len(group["params"])]
+            start += len(group["params"])
+            params = [p for p, g in zip(group["params"], group_grads) if g is not None]
+            gs = [g for g in group_grads if g is not None]
             if not params:
                 continue
-            grads = [p.grad for p in params]
             bufs = [self.state[p]["momentum_buffer"] for p in params]
             lr, wd, momentum = group["lr"], group["weight_decay"], group["momentum"]
             if keep is not None:
                 lr, momentum = lr * keep, momentum * keep + skip
-            if wd:
-                updates = torch._foreach_add(grads, params, alpha=wd)
-            else:
-                updates = [g.clone() for g in grads]
+            updates = torch._foreach_add(gs, params, alpha=wd) if wd else gs
             if group["lars"]:
                 w_norm = torch.stack(torch._foreach_norm(params))
-                g_norm = torch.stack(torch._foreach_norm(grads))
+                g_norm = torch.stack(torch._foreach_norm(gs))
                 trust = group["eta"] * w_norm / (g_norm + wd * w_norm + group["epsilon"])
                 trust = torch.where((w_norm > 0) & (g_norm > 0), trust, torch.ones_like(trust))
-                torch._foreach_mul_(updates, list((trust * lr).unbind(0)))
+                updates = torch._foreach_mul(updates, list((trust * lr).unbind(0)))
             else:
-                torch._foreach_mul_(updates, lr)
+                updates = torch._foreach_mul(updates, lr)
             torch._foreach_mul_(bufs, momentum)
             torch._foreach_add_(bufs, updates)
             torch._foreach_sub_(params, bufs if keep is None else torch._foreach_mul(bufs, keep))

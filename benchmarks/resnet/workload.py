@@ -100,9 +100,12 @@ class ResNetWorkload(Workload):
             g["lr"] = self.lr
         self.optimizer = LARS(groups, lr=self.lr, momentum=a.momentum, eta=a.lars_eta)
         self.scaler = self.precision.device_loss_scaler(env.device)
-        # Compiled, LARS's per-tensor math runs as a few multi-tensor kernels (the in-place
-        # unscale still writes each gradient back with a kernel of its own).
-        self.apply_update = maybe_compile(self._apply_update, a.compile)
+        # Compiled, the unscale, overflow check and LARS's per-tensor math run as a few
+        # multi-tensor kernels; the unscaled gradients are never written to memory. Loop
+        # reordering is off for this graph: on a GPU, Inductor 2.11 fails an assertion
+        # (``reorder_loops_by_dep_pair``) when it tries it there.
+        self.apply_update = maybe_compile(self._apply_update, a.compile,
+                                          loop_ordering_after_fusion=False)
         if self.index is not None:
             common = dict(index=self.index, backend=a.data_backend, image_size=a.image_size,
                           rank=env.rank, world_size=env.world_size, workers=a.workers,
@@ -227,9 +230,9 @@ class ResNetWorkload(Workload):
 
     def _apply_update(self) -> None:
         if self.scaler.enabled:  # amp-fp16: skip the update on overflow, on the device
-            overflow = self.scaler.unscale_and_check(
-                [p.grad for p in self.net.parameters() if p.grad is not None])
-            self.optimizer.step(skip=overflow)
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            grads, overflow = self.scaler.unscale([p.grad for p in params])
+            self.optimizer.step(skip=overflow, grads=grads)
             self.scaler.update(overflow)
         else:
             self.optimizer.step()

@@ -19,17 +19,19 @@ def test_scale_multiplies_the_loss():
 
 def test_finite_grads_are_divided_exactly_and_not_flagged():
     grads = [torch.randn(3, 2), torch.randn(4), torch.randn(5).half()]
-    expected = [g / 8 for g in grads]
-    found_inf = scaler().unscale_and_check(grads)
+    before = [g.clone() for g in grads]
+    unscaled, found_inf = scaler().unscale(grads)
     assert found_inf.item() == 0.0 and found_inf.dim() == 0
-    assert all(torch.equal(g, e) for g, e in zip(grads, expected))
+    assert all(torch.equal(u, g / 8) and u.dtype == g.dtype for u, g in zip(unscaled, grads))
+    assert all(torch.equal(g, b) for g, b in zip(grads, before))
 
 
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])
-def test_non_finite_grad_is_flagged_and_every_grad_zeroed(bad):
-    grads = [torch.tensor([1.0, bad]), torch.randn(3)]
-    assert scaler().unscale_and_check(grads).item() == 1.0
-    assert all(torch.equal(g, torch.zeros_like(g)) for g in grads)
+def test_non_finite_grad_is_flagged_and_every_unscaled_grad_zeroed(bad):
+    grads = [torch.randn(3), torch.tensor([1.0, bad]).half()]
+    unscaled, found_inf = scaler().unscale(grads)
+    assert found_inf.item() == 1.0
+    assert all(torch.equal(u, torch.zeros_like(g)) for u, g in zip(unscaled, grads))
 
 
 def test_update_backs_off_after_overflow_and_grows_after_clean_interval():
@@ -47,7 +49,7 @@ def test_disabled_scaler_is_a_pass_through():
     s = DeviceLossScaler("cpu", enabled=False)
     loss, grads = torch.tensor(2.0), [torch.tensor([1.0, float("inf")])]
     assert s.scale(loss) is loss
-    assert s.unscale_and_check(grads).item() == 0.0
-    assert grads[0][0] == 1.0 and grads[0][1].isinf()
+    unscaled, found_inf = s.unscale(grads)
+    assert found_inf.item() == 0.0 and unscaled[0] is grads[0]
     s.update(torch.tensor(1.0))
     assert s.loss_scale.item() == 2.0 ** 16

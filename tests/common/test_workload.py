@@ -1,6 +1,7 @@
 import pytest
+import torch
 
-from common.workload import Block, blocks_every
+from common.workload import Block, blocks_every, maybe_compile
 
 
 def test_mlperf_resnet_schedule():
@@ -19,3 +20,11 @@ def test_every_epoch_schedule():
 def test_bad_schedules_rejected(period, offset, epochs):
     with pytest.raises(ValueError):
         blocks_every(period, offset, epochs)
+
+
+def test_maybe_compile_passes_inductor_options_and_rejects_unknown_ones():
+    x = torch.arange(4.0)
+    assert torch.equal(maybe_compile(lambda t: t * 2 + 1, "default",
+                                     loop_ordering_after_fusion=False)(x), x * 2 + 1)
+    with pytest.raises(RuntimeError, match="no_such_option"):
+        maybe_compile(lambda t: t, "default", no_such_option=1)

@@ -103,8 +103,8 @@ def test_overflowed_step_through_the_scaler_is_skipped():
     before = _state(opt, params)
     params[0].grad[1, 2] = float("inf")
     scaler = DeviceLossScaler("cpu", enabled=True)
-    found_inf = scaler.unscale_and_check([p.grad for p in params])
-    opt.step(skip=found_inf)
+    grads, found_inf = scaler.unscale([p.grad for p in params])
+    opt.step(skip=found_inf, grads=grads)
     after = _state(opt, params)
     assert found_inf.item() == 1.0 and _bit_equal(after, before)
     assert all(t.isfinite().all() for t in after)
@@ -123,8 +123,8 @@ def test_compiled_update_equals_eager(overflow):
         scaler = DeviceLossScaler("cpu", enabled=True)
 
         def update(opt, params, scaler):
-            found_inf = scaler.unscale_and_check([p.grad for p in params])
-            opt.step(skip=found_inf)
+            grads, found_inf = scaler.unscale([p.grad for p in params])
+            opt.step(skip=found_inf, grads=grads)
             scaler.update(found_inf)
 
         (torch.compile(update, fullgraph=True) if compiled else update)(opt, params, scaler)
@@ -132,3 +132,21 @@ def test_compiled_update_equals_eager(overflow):
     eager, compiled = runs
     torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=0)
     assert eager[-1].item() == (2.0 ** 15 if overflow else 2.0 ** 16)
+
+
+def test_given_grads_replace_p_grad_bit_for_bit():
+    opt_a, params_a = _two_group_lars(4)
+    opt_b, params_b = _two_group_lars(4)
+    given = [2 * p.grad for p in params_b]
+    for p in params_a:
+        p.grad *= 2
+    opt_a.step()
+    opt_b.step(grads=given)
+    assert _bit_equal(_state(opt_a, params_a), _state(opt_b, params_b))
+    assert all(torch.equal(2 * p.grad, g) for p, g in zip(params_b, given))
+
+
+def test_given_grads_must_match_the_parameters():
+    opt, params = _two_group_lars(5)
+    with pytest.raises(ValueError, match="1 gradients for 2 parameters"):
+        opt.step(grads=[params[0].grad])
