@@ -2,6 +2,8 @@
 
     python -m benchmarks.resnet.throughput --batch-size 256 --precision amp-bf16 \
         --variants ours,ours-eager,torchvision-eager,torchvision-compile [--jpeg-dir DIR]
+    python -m benchmarks.resnet.throughput --batch-size 256 \
+        --variants ours-fused-max@amp-fp16,torchvision-compile@amp-fp16,torchvision-compile@amp-bf16
 
 ``ours`` is the suite's real training step (ResNet-50 v1.5, LARS, label
 smoothing, channels-last) captured as one CUDA graph; ``ours-compile`` also
@@ -11,7 +13,9 @@ convolution over 2x2 pixel blocks, ``--space-to-depth``; ``ours-fused``: that pl
 batch norm inside cuDNN fusion graphs, ``--cudnn-fusion``, amp-fp16 only);
 ``ours-eager`` is the same step without the graph. The torchvision
 baselines are what a user would otherwise run: torchvision's resnet50 with
-momentum SGD, eager or ``torch.compile``-d. With ``--jpeg-dir`` the GPU JPEG
+momentum SGD, eager or ``torch.compile``-d (``torchvision-compile-max``: with
+Inductor's autotuning). A variant may name its own precision as
+``VARIANT@PRECISION``; the others run at ``--precision``. With ``--jpeg-dir`` the GPU JPEG
 pipeline (nvJPEG decode, crop, resize, normalise) is timed on that folder;
 ``--profile`` adds each variant's kernel time by family (convolution, fused
 Triton, optimizer, ...).
@@ -30,8 +34,8 @@ from common.bench.external import ExternalWorker
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
 from common.kernel_profile import kernel_breakdown
-from common.precision import Precision
-from common.throughput import Measurement, gpu_variants, time_steps, tool_parser
+from common.precision import PRECISIONS, Precision
+from common.throughput import gpu_variants, time_steps, tool_parser
 from common.training import build_parser
 
 # variant -> (CUDA graph, torch.compile mode, other workload flags) for ours
@@ -43,7 +47,10 @@ OURS = {"ours": (True, "none", ()), "ours-eager": (False, "none", ()),
         "ours-fused": (True, "default", ("--space-to-depth", "--cudnn-fusion")),
         "ours-fused-max": (True, "max-autotune-no-cudagraphs",
                            ("--space-to-depth", "--cudnn-fusion"))}
-VARIANTS = (*OURS, "torchvision-eager", "torchvision-compile")
+# variant -> torch.compile mode (None: eager) for torchvision's resnet50
+TORCHVISION = {"torchvision-eager": None, "torchvision-compile": "default",
+               "torchvision-compile-max": "max-autotune-no-cudagraphs"}
+VARIANTS = (*OURS, *TORCHVISION)
 
 
 def ours(batch_size: int, precision: Precision, device, variant: str):
@@ -58,15 +65,16 @@ def ours(batch_size: int, precision: Precision, device, variant: str):
     return step, wl.synthetic_batch(batch_size)
 
 
-def torchvision_step(batch_size: int, precision: Precision, device, compiled: bool,
+def torchvision_step(batch_size: int, precision: Precision, device, compile_mode: str | None,
                      mode: str = "train", image_size: int = 224):
-    """torchvision's resnet50 as a user would run it: momentum SGD, eager or torch.compile-d."""
+    """torchvision's resnet50 as a user would run it: momentum SGD, eager (``compile_mode``
+    None) or torch.compile-d in that mode."""
     import torchvision  # GPU machines only: the CPU wheels cannot load it
 
     model = torchvision.models.resnet50().to(device, memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-5)
     crit = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
-    fwd = torch.compile(model) if compiled else model
+    fwd = model if compile_mode is None else torch.compile(model, mode=compile_mode)
 
     def step(x, y):
         opt.zero_grad(set_to_none=True)
@@ -89,9 +97,9 @@ def torchvision_step(batch_size: int, precision: Precision, device, compiled: bo
     return (step if mode == "train" else infer), (x, y)
 
 
-def _torchvision(compiled: bool):
+def _torchvision(compile_mode: str | None):
     def factory(batch_size, precision, device, mode, workload_args):
-        return torchvision_step(batch_size, precision, device, compiled, mode,
+        return torchvision_step(batch_size, precision, device, compile_mode, mode,
                                 workload_args.image_size)
     return factory
 
@@ -107,8 +115,7 @@ MXNET = ExternalWorker(
 
 # Baselines for ``python -m common.bench resnet --baseline torchvision|mxnet``: variant ->
 # factory (torch, under torchrun) or ExternalWorker (another framework).
-BASELINES = {"torchvision": {"torchvision-eager": _torchvision(False),
-                             "torchvision-compile": _torchvision(True)},
+BASELINES = {"torchvision": {name: _torchvision(mode) for name, mode in TORCHVISION.items()},
              "mxnet": {"mxnet-gluon": MXNET}}
 
 
@@ -136,27 +143,40 @@ def jpeg_pipeline(jpeg_dir: str, batch_size: int, device, seconds: float = 20.0)
             "train_images_in_folder": len(index.train)}
 
 
+def variant_precisions(parser, text: str, default: str) -> list[tuple[str, str]]:
+    """``VARIANT[@PRECISION],...`` as (variant, precision) pairs, ``default`` where no
+    precision is named; ``parser.error`` for an unknown variant or precision."""
+    pairs = [(name, precision or default)
+             for name, _, precision in (item.partition("@") for item in text.split(","))]
+    bad = sorted({precision for _, precision in pairs} - set(PRECISIONS))
+    if bad:
+        parser.error(f"unknown precision(s) {bad} in --variants; choose from "
+                     f"{', '.join(PRECISIONS)}")
+    gpu_variants(parser, ",".join(name for name, _ in pairs), VARIANTS)
+    return pairs
+
+
 def main(argv=None) -> int:
     p = tool_parser("python -m benchmarks.resnet.throughput", __doc__,
                     "ours,ours-eager,torchvision-eager,torchvision-compile", warmup=30, iters=100)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--jpeg-dir", default=None)
     args = p.parse_args(argv)
-    variants = gpu_variants(p, args.variants, VARIANTS)
+    runs = variant_precisions(p, args.variants, args.precision)
     device = torch.device("cuda")
-    precision = Precision(args.precision, "cuda")
-    precision.apply_backend_flags()
     torch.backends.cudnn.benchmark = True
-    results: list[Measurement] = []
-    for v in variants:
-        if v.startswith("ours"):
+    results: list[dict] = []
+    for v, precision_name in runs:
+        precision = Precision(precision_name, "cuda")
+        precision.apply_backend_flags()
+        if v in OURS:
             step, batch = ours(args.batch_size, precision, device, v)
         else:
-            step, batch = torchvision_step(args.batch_size, precision, device,
-                                           compiled=v.endswith("compile"))
+            step, batch = torchvision_step(args.batch_size, precision, device, TORCHVISION[v])
         m = time_steps(v, step, batch, device, args.warmup, args.iters)
-        results.append(m)
-        print(f"{v:22s} batch {m.batch_size:4d} {args.precision:9s} "
+        results.append(dict(m.__dict__, precision=precision_name,
+                            samples_per_second=m.samples_per_second))
+        print(f"{v:22s} batch {m.batch_size:4d} {precision_name:9s} "
               f"{m.samples_per_second:9.1f} img/s  peak {m.peak_memory_bytes / 2**30:5.1f} GiB",
               flush=True)
         if args.profile:
@@ -164,9 +184,7 @@ def main(argv=None) -> int:
         del step, batch
         torch.cuda.empty_cache()
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "precision": args.precision,
-              "train": [dict(m.__dict__, samples_per_second=m.samples_per_second)
-                        for m in results]}
+              "train": results}
     if args.jpeg_dir:
         report["gpu_jpeg_pipeline"] = jpeg_pipeline(args.jpeg_dir, args.batch_size, device)
         print(f"GPU JPEG pipeline (nvJPEG, 224px): "
