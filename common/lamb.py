@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from common.flat_params import FlatParameters
+from common.norms import stacked_norms
 
 
 @dataclass(frozen=True)
@@ -145,8 +146,7 @@ class ShardedLamb:
         self.m.mul_(h.beta1).add_(g, alpha=1 - h.beta1)
         self.v.mul_(h.beta2).addcmul_(g, g, value=1 - h.beta2)
         u = (self.m / bc1).div_((self.v / bc2).sqrt_().add_(h.eps)).addcmul_(self.wd, w)
-        norms = torch.stack([torch.stack(torch._foreach_norm(x.split(self.lengths)))
-                             for x in (w, u)], 1).pow(2)
+        norms = torch.stack([stacked_norms(list(x.split(self.lengths))) for x in (w, u)], 1).pow(2)
         sums = torch.zeros(len(self.decay), 2, device=w.device).index_add_(0, self.owner, norms)
         if self.sharded:
             dist.all_reduce(sums)

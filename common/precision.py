@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from common.norms import stacked_norms
+
 PRECISIONS = ("fp32", "tf32", "amp-bf16", "amp-fp16")
 
 
@@ -90,7 +92,7 @@ class DeviceLossScaler:
         """
         if not self.enabled:
             return list(grads), torch.zeros((), device=self.device)
-        largest = torch.stack([n.float() for n in torch._foreach_norm(grads, float("inf"))])
+        largest = stacked_norms(grads, float("inf"))
         overflow = ~largest.isfinite().all()
         unscaled = torch._foreach_mul(grads, self.loss_scale.reciprocal())
         # Zeroed, the gradients of a skipped step cannot turn the optimizer's math into nan.

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import torch
 
+from common.norms import stacked_norms
+
 
 class LARS(torch.optim.Optimizer):
     def __init__(self, params, lr, momentum: float = 0.9, weight_decay: float = 0.0,
@@ -74,8 +76,8 @@ class LARS(torch.optim.Optimizer):
                 lr, momentum = lr * keep, momentum * keep + skip
             updates = torch._foreach_add(gs, params, alpha=wd) if wd else gs
             if group["lars"]:
-                w_norm = torch.stack(torch._foreach_norm(params))
-                g_norm = torch.stack(torch._foreach_norm(gs))
+                w_norm = stacked_norms(params)
+                g_norm = stacked_norms(gs)
                 trust = group["eta"] * w_norm / (g_norm + wd * w_norm + group["epsilon"])
                 trust = torch.where((w_norm > 0) & (g_norm > 0), trust, torch.ones_like(trust))
                 updates = torch._foreach_mul(updates, list((trust * lr).unbind(0)))
