@@ -160,6 +160,19 @@ class Workload(abc.ABC):
     def evaluate(self) -> float:
         """The quality metric on the whole evaluation set (same value on every rank)."""
 
+    # -- warm-up before the clock (--init-steps) ---------------------------------------------
+    def training_state(self) -> list[torch.Tensor]:
+        """Every tensor a training step changes: weights and buffers, optimizer and
+        loss-scaler state, step and learning-rate tensors. ``--init-steps`` copies them
+        before its warm-up steps and back, in place, after."""
+        raise UserError(f"{self.name} does not support --init-steps: it does not list its "
+                        f"training state (Workload.training_state)")
+
+    def warm_up_eval(self) -> None:
+        """Run the evaluation forward once on a synthetic batch, so that it compiles before
+        the clock starts; by default nothing."""
+        return None
+
     # -- throughput harness (common.bench) --------------------------------------------------
     flops_per_sample: float | None = None  # training FLOPs per sample (forward + backward)
 

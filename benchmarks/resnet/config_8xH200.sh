@@ -6,9 +6,9 @@ PRECISION=${PRECISION:-amp-fp16}
 # fusion engines): pip install ".[cudnn]". Another PRECISION runs without them.
 FUSION=()
 [[ $PRECISION == amp-fp16 ]] && FUSION=(--cudnn-fusion)
-# Inductor autotunes its kernels (3% faster steps on the H100). The first run on a
-# machine spends minutes of its timed run autotuning; later runs reuse Inductor's
-# on-disk cache. COMPILE=default skips the autotuning.
+# Inductor autotunes its kernels (3% faster steps on the H100): minutes on a machine's
+# first run, then Inductor's on-disk cache. COMPILE=default skips the autotuning.
+# Compiling, autotuning and CUDA-graph capture happen before run_start (--init-steps).
 TRAIN_ARGS=(
     --precision "$PRECISION" --data-backend "${DATA_BACKEND:-gpu}" --workers 12
     --batch-size 408 --grad-accum 1 --eval-batch-size 500
@@ -16,4 +16,5 @@ TRAIN_ARGS=(
     --momentum 0.9 --weight-decay 5e-5 --lars-eta 0.001 --label-smoothing 0.1
     --epochs 37 --eval-period 4 --eval-offset 2 --bn-group 1
     --compile "${COMPILE:-max-autotune-no-cudagraphs}" --space-to-depth "${FUSION[@]}"
+    --init-steps 12
 )

@@ -83,6 +83,7 @@ class ResNetWorkload(Workload):
             num_classes = len(self.index.classes)
         if a.cudnn_fusion:
             _check_cudnn_fusion(a, env)
+        self.num_classes = num_classes
         model = ResNet50(num_classes, space_to_depth=a.space_to_depth,
                          cudnn_fusion=a.cudnn_fusion)
         self.tensor_names = mllog_tensor_names(model)
@@ -200,7 +201,16 @@ class ResNetWorkload(Workload):
         return self.train_loader.epoch(epoch)
 
     def synthetic_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return data.synthetic_batch(batch_size, self.args.image_size, 1000, self.env.device)
+        return data.synthetic_batch(batch_size, self.args.image_size, self.num_classes,
+                                    self.env.device)
+
+    def training_state(self) -> list[torch.Tensor]:
+        momenta = [s["momentum_buffer"] for s in self.optimizer.state.values()]
+        return [*self.net.state_dict(keep_vars=True).values(), *momenta, self.step_count,
+                self.lr, self.scaler.loss_scale, self.scaler.growth_tracker]
+
+    def warm_up_eval(self) -> None:
+        self.infer_step(*self.synthetic_batch(self.args.eval_batch_size))
 
     def infer_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         self.model.eval()

@@ -1,6 +1,11 @@
 import pytest
+import torch
 
-from common.training import EXIT_ABORTED, main
+from common.cuda_graph import GraphedStep
+from common.dist import DistEnv
+from common.precision import Precision
+from common.training import EXIT_ABORTED, build_parser, main, warm_up
+from common.workload import Workload
 from compliance.logs import read_events, summarize
 from tests.common.toy_workload import ToyWorkload
 
@@ -65,3 +70,43 @@ def test_one_line_keeps_worker_user_errors_and_joins_other_messages():
     assert one_line(RuntimeError("capture failed\n  detail (x)\n)")) == \
         "capture failed | detail (x) | )"
     assert len(one_line(RuntimeError("y\n" * 1000))) == MAX_CHARS
+
+
+def test_init_steps_train_before_the_clock_then_restore_weights_and_random_state():
+    wl = ToyWorkload(build_parser(ToyWorkload).parse_args([]), DistEnv(), Precision("fp32", "cpu"))
+    wl.build()
+    before = [t.clone() for t in wl.training_state()]
+    torch.manual_seed(5)
+    warm_up(wl, GraphedStep(wl.train_step, enabled=False), 3, DistEnv())
+    draw = torch.rand(3)
+    assert wl.steps_run == 3
+    for a, t in zip(before, wl.training_state()):
+        assert torch.equal(a, t)
+    torch.manual_seed(5)
+    assert torch.equal(draw, torch.rand(3))
+
+
+def test_init_steps_run_before_run_start(tmp_path, capsys):
+    code, log = run_toy(tmp_path, "--init-steps", "2")
+    assert code == 0 and summarize(log).status == "success"
+    out = capsys.readouterr().out
+    assert "init: 2 warm-up steps on synthetic batches, training state restored" in out
+
+
+class _NoStateToy(ToyWorkload):
+    training_state = Workload.training_state
+
+
+@pytest.mark.parametrize("workload, flags, message", [
+    (_NoStateToy, ["--init-steps", "2"], "toy does not support --init-steps"),
+    (ToyWorkload, ["--init-steps", "-1"], "must be 0 or more, not -1"),
+])
+def test_bad_init_steps_is_one_line_error(tmp_path, capsys, workload, flags, message):
+    try:
+        code = main(workload, ["--device", "cpu", "--precision", "fp32",
+                               "--log-file", str(tmp_path / "log.txt"), *flags])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]

@@ -26,6 +26,7 @@ class ToyWorkload(Workload):
         self.quality_target = self.args.target
         self.model = nn.Linear(8, 2)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.5)
+        self.steps_run = 0
 
     dataset = "toy (planted linear rule)"
     global_batch_size = 32
@@ -46,7 +47,14 @@ class ToyWorkload(Workload):
             raise RuntimeError("planted failure")
         return list(zip(self.x.split(32), self.y.split(32)))
 
+    def synthetic_batch(self, batch_size):
+        return torch.randn(batch_size, 8), torch.randint(0, 2, (batch_size,))
+
+    def training_state(self):
+        return list(self.model.parameters())
+
     def train_step(self, x, y):
+        self.steps_run += 1
         self.opt.zero_grad()
         loss = nn.functional.cross_entropy(self.model(x), y)
         loss.backward()

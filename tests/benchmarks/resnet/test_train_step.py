@@ -4,16 +4,18 @@ import pytest
 import torch
 
 from benchmarks.resnet.workload import ResNetWorkload
+from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
 from common.errors import UserError
 from common.precision import Precision
-from common.training import build_parser
+from common.training import build_parser, warm_up
 
 
 def _workload(*flags: str) -> ResNetWorkload:
     args = ResNetWorkload.parse_bench_args(
         build_parser(ResNetWorkload),
-        ["--precision", "amp-fp16", "--seed", "0", "--image-size", "32", *flags], "synthetic", 2)
+        ["--precision", "amp-fp16", "--seed", "0", "--image-size", "32", "--eval-batch-size", "2",
+         *flags], "synthetic", 2)
     wl = ResNetWorkload(args, DistEnv(), Precision("amp-fp16", "cpu"))
     wl.build()
     return wl
@@ -44,3 +46,33 @@ def test_fp16_step_trains_and_an_overflow_skips_it_on_the_device():
 def test_cudnn_fusion_refuses_group_batch_norm():
     with pytest.raises(UserError, match="--bn-group 2"):
         _workload("--cudnn-fusion", "--bn-group", "2")
+
+
+def _counted(step, calls: list):
+    def run(*batch):
+        calls.append(1)
+        return step(*batch)
+    return run
+
+
+def test_init_steps_leave_training_as_it_would_have_been():
+    """After ``--init-steps`` (warm-up steps, then the state restored) training goes on
+    exactly as in a workload that never warmed up: training_state lists all it needs."""
+    runs = []
+    for init_steps in (0, 3):
+        torch.manual_seed(0)
+        wl = _workload("--cudnn-fusion", "--space-to-depth")
+        wl.scaler.loss_scale.fill_(128.0)
+        initial = [t.clone() for t in wl.training_state()]
+        calls = []
+        warm_up(wl, GraphedStep(_counted(wl.train_step, calls), enabled=False), init_steps,
+                wl.env)
+        assert len(calls) == init_steps
+        batch = wl.synthetic_batch(2)
+        losses = [wl.train_step(*batch) for _ in range(3)]
+        state = [t.clone() for t in wl.training_state()]
+        assert not all(torch.equal(a, b) for a, b in zip(initial, state))  # it trained
+        runs.append((losses, state))
+    (losses0, state0), (losses3, state3) = runs
+    assert all(torch.equal(a, b) for a, b in zip(losses0, losses3))
+    assert all(torch.equal(a, b) for a, b in zip(state0, state3))
