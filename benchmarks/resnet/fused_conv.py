@@ -10,7 +10,8 @@ into the next convolution's ``(scale, bias)`` through a few ops on C-length
 vectors (:func:`bn_scale_bias`); autograd through those ops and through the sums
 gives the exact batch-norm backward. A convolution's backward is cuDNN's data
 gradient plus a weight gradient that recomputes the prologue inside the kernel;
-the remaining element-wise ReLU/batch-norm backward work is left to torch.compile.
+the remaining element-wise ReLU/batch-norm backward work is left to torch.compile,
+except at each bottleneck's end (:mod:`residual`).
 
 cuDNN 9.19 on the H100 has fusion engines for fp16 only (none for bf16), so the
 fused graphs need fp16 CUDA tensors and the ``nvidia-cudnn-frontend`` package.
@@ -208,8 +209,11 @@ def _setup_context(ctx, inputs, output):
     ctx.stride, ctx.padding = stride, padding
 
 
-def _backward(ctx, grad_y, grad_sum, grad_sum_sq):
-    x, weight, scale, bias, y = ctx.saved_tensors
+def conv_stats_grads(grad_y: Tensor, grad_sum: Tensor, grad_sum_sq: Tensor, x: Tensor,
+                     weight: Tensor, scale: Tensor | None, bias: Tensor | None, y: Tensor,
+                     stride: int, padding: int) -> tuple:
+    """Gradients of :func:`conv_stats`'s inputs ``(x, weight, scale, bias)`` from those of its
+    outputs ``(y, sum, sum_sq)``; ``scale``'s and ``bias``'s are None without a prologue."""
     # The sums feed the batch-norm statistics: fold their gradients into y's (in fp32).
     per_channel = (1, -1, 1, 1)
     wide = _stats_dtype(y.dtype)
@@ -218,17 +222,23 @@ def _backward(ctx, grad_y, grad_sum, grad_sum_sq):
     grad = grad.to(y.dtype).contiguous(memory_format=CHANNELS_LAST)
     # x stands in for the convolution's input (same shape and layout; dgrad reads neither)
     grad_image = torch.ops.aten.convolution_backward(
-        grad, x, weight, None, [ctx.stride] * 2, [ctx.padding] * 2, [1, 1], False, [0, 0], 1,
+        grad, x, weight, None, [stride] * 2, [padding] * 2, [1, 1], False, [0, 0], 1,
         [True, False, False])[0]
-    grad_weight = conv_wgrad(x, grad, scale, bias, list(weight.shape), ctx.stride, ctx.padding)
+    grad_weight = conv_wgrad(x, grad, scale, bias, list(weight.shape), stride, padding)
     if scale is None:
-        return grad_image, grad_weight, None, None, None, None
+        return grad_image, grad_weight, None, None
     x_wide, scale_wide = x.to(wide), scale.to(wide)
     grad_pre = torch.where(x_wide * scale_wide + bias.to(wide) > 0, grad_image.to(wide), 0.0)
     grad_x = (grad_pre * scale_wide).to(x.dtype)
     grad_scale = (grad_pre * x_wide).sum((0, 2, 3), keepdim=True).to(scale.dtype)
     grad_bias = grad_pre.sum((0, 2, 3), keepdim=True).to(bias.dtype)
-    return grad_x, grad_weight, grad_scale, grad_bias, None, None
+    return grad_x, grad_weight, grad_scale, grad_bias
+
+
+def _backward(ctx, grad_y, grad_sum, grad_sum_sq):
+    x, weight, scale, bias, y = ctx.saved_tensors
+    return (*conv_stats_grads(grad_y, grad_sum, grad_sum_sq, x, weight, scale, bias, y,
+                              ctx.stride, ctx.padding), None, None)
 
 
 conv_stats.register_autograd(_backward, setup_context=_setup_context)
@@ -254,21 +264,8 @@ def bn_scale_bias(bn: nn.BatchNorm2d, total: Tensor, total_sq: Tensor, count: in
     return scale.view(1, -1, 1, 1).to(dtype), bias.view(1, -1, 1, 1).to(dtype)
 
 
-def _conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d, x: Tensor, scale=None, bias=None):
+def conv_bn(conv: nn.Conv2d, bn: nn.BatchNorm2d, x: Tensor, scale=None, bias=None):
     """``conv`` on ``x`` (through the prologue) and ``bn``'s (scale, bias) for its output."""
     weight = conv.weight.to(x.dtype)
     y, total, total_sq = conv_stats(x, weight, scale, bias, conv.stride[0], conv.padding[0])
     return (y, *bn_scale_bias(bn, total, total_sq, y.numel() // y.shape[1], x.dtype))
-
-
-def bottleneck(unit, x: Tensor) -> Tensor:
-    """A ResNet bottleneck (``model.Bottleneck``'s parameters) through the fused path."""
-    y1, scale1, bias1 = _conv_bn(unit.conv1, unit.bn1, x)
-    y2, scale2, bias2 = _conv_bn(unit.conv2, unit.bn2, y1, scale1, bias1)
-    y3, scale3, bias3 = _conv_bn(unit.conv3, unit.bn3, y2, scale2, bias2)
-    if unit.has_shortcut:
-        ysc, scale_sc, bias_sc = _conv_bn(unit.conv1sc, unit.bnsc, x)
-        shortcut = ysc * scale_sc + bias_sc
-    else:
-        shortcut = x
-    return torch.relu(y3 * scale3 + bias3 + shortcut)

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.resnet import fused_conv, pool
+from benchmarks.resnet import pool, residual
 
 STAGE_DEPTHS = (3, 4, 6, 3)
 STAGE_WIDTHS = (64, 128, 256, 512)
@@ -40,7 +40,7 @@ class Bottleneck(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.cudnn_fusion:
-            return fused_conv.bottleneck(self, x)
+            return residual.stages([self], x)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
@@ -67,10 +67,10 @@ def space_to_depth_conv(x: torch.Tensor, weight: torch.Tensor, channels: int) ->
 
 class ResNet50(nn.Module):
     """``space_to_depth`` computes the stem convolution with :func:`space_to_depth_conv`;
-    ``cudnn_fusion`` runs the bottlenecks through :mod:`fused_conv` and the stem's ReLU and
-    max-pool as one op from :mod:`pool` (the pool first: the same result, as ReLU is
-    monotonic, and where the order changes which zero takes a window's gradient, the
-    ReLU's own gradient is zero there)."""
+    ``cudnn_fusion`` runs the bottlenecks through :mod:`residual` (and :mod:`fused_conv`)
+    and the stem's ReLU and max-pool as one op from :mod:`pool` (the pool first: the same
+    result, as ReLU is monotonic, and where the order changes which zero takes a window's
+    gradient, the ReLU's own gradient is zero there)."""
 
     def __init__(self, num_classes: int = 1000, space_to_depth: bool = False,
                  cudnn_fusion: bool = False):
@@ -111,8 +111,11 @@ class ResNet50(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.bn0(self.stem_conv(x))
-        x = pool.relu_max_pool_3x3_s2(x) if self.cudnn_fusion else self.pool0(self.relu(x))
-        x = self.stage4(self.stage3(self.stage2(self.stage1(x))))
+        if self.cudnn_fusion:
+            units = [u for i in range(1, 5) for u in getattr(self, f"stage{i}")]
+            x = residual.stages(units, pool.relu_max_pool_3x3_s2(x))
+        else:
+            x = self.stage4(self.stage3(self.stage2(self.stage1(self.pool0(self.relu(x))))))
         return self.fc1(torch.flatten(self.pool1(x), 1))
 
 

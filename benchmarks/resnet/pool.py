@@ -21,11 +21,11 @@ the ReLU commute, in value and in gradient.)
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from common.fusion import on_gpu
 
 OFFSETS = [(di, dj) for di in range(3) for dj in range(3)]
 NO_GRADIENT = 9  # the position saved for windows whose maximum the ReLU clamps to zero
@@ -91,19 +91,9 @@ def _backward(grad: Tensor, where: Tensor, h: int, w: int) -> Tensor:
     return grad_in.contiguous(memory_format=_layout(where))
 
 
-@functools.cache
-def _compiled(fn):
-    return torch.compile(fn, dynamic=False)
-
-
-def _run(fn, x: Tensor, *args):
-    """``fn`` as fused kernels on a GPU; eager elsewhere (the CPU tests)."""
-    return (_compiled(fn) if x.is_cuda else fn)(x, *args)
-
-
 @torch.library.custom_op("resnet::relu_max_pool", mutates_args=())
 def _relu_max_pool(x: Tensor) -> tuple[Tensor, Tensor]:
-    return _run(_forward, x)
+    return on_gpu(_forward, x)
 
 
 @_relu_max_pool.register_fake
@@ -114,7 +104,7 @@ def _(x):
 
 @torch.library.custom_op("resnet::relu_max_pool_backward", mutates_args=())
 def _relu_max_pool_backward(grad: Tensor, where: Tensor, h: int, w: int) -> Tensor:
-    return _run(_backward, grad, where, h, w)
+    return on_gpu(_backward, grad, where, h, w)
 
 
 @_relu_max_pool_backward.register_fake
