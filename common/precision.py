@@ -92,9 +92,15 @@ class DeviceLossScaler:
         """
         if not self.enabled:
             return list(grads), torch.zeros((), device=self.device)
-        largest = stacked_norms(grads, float("inf"))
-        overflow = ~largest.isfinite().all()
-        unscaled = torch._foreach_mul(grads, self.loss_scale.reciprocal())
+        inverse = self.loss_scale.reciprocal()
+        finite = []
+        for dtype in dict.fromkeys(g.dtype for g in grads):
+            largest = stacked_norms([g for g in grads if g.dtype == dtype], float("inf"))
+            # unscaled and rounded as the division below rounds: inf where a gradient holds
+            # inf/nan, or where dividing overflows (the scale falls below 1 after back-offs)
+            finite.append((largest * inverse).to(dtype).isfinite().all())
+        overflow = ~torch.stack(finite).all()
+        unscaled = torch._foreach_mul(grads, inverse)
         # Zeroed, the gradients of a skipped step cannot turn the optimizer's math into nan.
         for g in unscaled:
             g.masked_fill_(overflow, 0.0)

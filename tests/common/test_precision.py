@@ -34,6 +34,17 @@ def test_non_finite_grad_is_flagged_and_every_unscaled_grad_zeroed(bad):
     assert all(torch.equal(u, torch.zeros_like(g)) for u, g in zip(unscaled, grads))
 
 
+@pytest.mark.parametrize("dtype, value", [(torch.float16, 100.0), (torch.float32, 3e37)])
+def test_grad_that_overflows_when_unscaled_is_flagged(dtype, value):
+    """After many back-offs the scale can fall below 1: a finite scaled gradient can then
+    turn inf when divided by it, and the step must be skipped."""
+    s = DeviceLossScaler("cpu", enabled=True, init_scale=2.0 ** -10)
+    grads = [torch.randn(3), torch.tensor([1.0, value], dtype=dtype)]
+    unscaled, found_inf = s.unscale(grads)
+    assert found_inf.item() == 1.0
+    assert all(torch.equal(u, torch.zeros_like(g)) for u, g in zip(unscaled, grads))
+
+
 def test_update_backs_off_after_overflow_and_grows_after_clean_interval():
     s = scaler(growth_interval=3)
     s.update(torch.tensor(1.0))
