@@ -159,11 +159,11 @@ def conv_stats(x: Tensor, weight: Tensor, scale: Tensor | None, bias: Tensor | N
         return y, total, total_sq
     y = F.conv2d(_prologue(x, scale, bias), weight, stride=stride, padding=padding)
     y = y.contiguous(memory_format=CHANNELS_LAST)
-    wide = y.to(_stats_dtype(y.dtype))
+    wide = y.to(stats_dtype(y.dtype))
     return y, wide.sum((0, 2, 3)), wide.square().sum((0, 2, 3))
 
 
-def _stats_dtype(dtype: torch.dtype) -> torch.dtype:
+def stats_dtype(dtype: torch.dtype) -> torch.dtype:
     """Statistics in fp32 for 16-bit activations (fp64 in the fp64 tests)."""
     return torch.promote_types(dtype, torch.float32)
 
@@ -177,7 +177,7 @@ def _empty_output(x: Tensor, weight: Tensor, stride: int, padding: int) -> Tenso
 
 @conv_stats.register_fake
 def _(x, weight, scale, bias, stride, padding):
-    k, dtype = weight.shape[0], _stats_dtype(x.dtype)
+    k, dtype = weight.shape[0], stats_dtype(x.dtype)
     return (_empty_output(x, weight, stride, padding),
             x.new_empty(k, dtype=dtype), x.new_empty(k, dtype=dtype))
 
@@ -216,7 +216,7 @@ def conv_stats_grads(grad_y: Tensor, grad_sum: Tensor, grad_sum_sq: Tensor, x: T
     outputs ``(y, sum, sum_sq)``; ``scale``'s and ``bias``'s are None without a prologue."""
     # The sums feed the batch-norm statistics: fold their gradients into y's (in fp32).
     per_channel = (1, -1, 1, 1)
-    wide = _stats_dtype(y.dtype)
+    wide = stats_dtype(y.dtype)
     grad = grad_y.to(wide) + grad_sum.view(per_channel) + 2 * y.to(wide) * grad_sum_sq.view(
         per_channel)
     grad = grad.to(y.dtype).contiguous(memory_format=CHANNELS_LAST)

@@ -29,6 +29,7 @@ from benchmarks.resnet.fused_conv import (
     conv_bn,
     conv_stats,
     conv_stats_grads,
+    stats_dtype,
 )
 from common.fusion import on_gpu
 
@@ -108,14 +109,14 @@ def residual_grad(grad_a: Tensor, grad_b: Tensor, out: Tensor, y: Tensor,
         n, c, h, w = out.shape
         rows, per_program = n * h * w, _rows_per_program(n * h * w, c)
         g = torch.empty_like(out)
-        partials = out.new_empty((_chunks(out), terms, c), dtype=torch.float32)
+        partials = out.new_empty((_chunks(out), terms, c), dtype=stats_dtype(out.dtype))
         sc = y if y_sc is None else _channels_last(y_sc)[0]
         grid = (partials.shape[0], -(-c // CHANNEL_BLOCK))
         _kernel()[grid](grad_a, grad_b, out, y, sc, g, partials, rows, c, per_program, terms,
                         HAS_SC=y_sc is not None, ROWS=ROW_BLOCK, COLS=CHANNEL_BLOCK,
                         num_warps=WARPS)
         return g, partials
-    wide = torch.promote_types(out.dtype, torch.float32)
+    wide = stats_dtype(out.dtype)
     g = torch.where(out > 0, grad_a.to(wide) + grad_b.to(wide), 0.0)
     products = [g, g * y.to(wide)] + ([] if y_sc is None else [g * y_sc.to(wide)])
     partials = torch.stack([p.sum((0, 2, 3)) for p in products])[None]
@@ -125,9 +126,8 @@ def residual_grad(grad_a: Tensor, grad_b: Tensor, out: Tensor, y: Tensor,
 @residual_grad.register_fake
 def _(grad_a, grad_b, out, y, y_sc):
     terms = 2 if y_sc is None else 3
-    wide = torch.float32 if _uses_triton(out) else torch.promote_types(out.dtype, torch.float32)
     return (torch.empty_like(out, memory_format=CHANNELS_LAST),
-            out.new_empty((_chunks(out), terms, out.shape[1]), dtype=wide))
+            out.new_empty((_chunks(out), terms, out.shape[1]), dtype=stats_dtype(out.dtype)))
 
 
 def _tail(y: Tensor, scale: Tensor, bias: Tensor, shortcut: Tensor, sc_scale: Tensor | None,
