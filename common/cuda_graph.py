@@ -7,9 +7,12 @@ and from then on copies each new batch into the captured input tensors and
 replays the graph. Without CUDA, for CPU tensors, or when disabled, it is a
 plain eager call: the same ``step`` function is the reference for the graphed one.
 
-Inputs whose shapes change from batch to batch (BERT's unpadded token count,
-rounded to a bucket) get one graph per distinct set of input shapes: a new
-shape runs once eagerly, then is captured. All graphs share one memory pool,
+A step's arguments may be tensors or any nesting of tuples, lists and dicts of
+them (detection targets); other leaves (None, numbers) are passed as they are
+and are part of the graph's key. Inputs whose shapes change from batch to batch
+(BERT's unpadded token count, rounded to a bucket) get one graph per distinct
+set of input shapes, up to ``max_graphs``: a new shape runs once eagerly, then
+is captured; one more shape is an error. All graphs share one memory pool,
 which is safe because steps never overlap and each step's output is consumed
 (queued on the stream) before the next replay.
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from common.errors import UserError
 
@@ -44,16 +48,21 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 class _Captured:
-    def __init__(self, graph: torch.cuda.CUDAGraph, inputs: tuple, output):
+    def __init__(self, graph: torch.cuda.CUDAGraph, inputs: list, output):
         self.graph, self.inputs, self.output = graph, inputs, output
+
+
+def _key(leaves: list, spec) -> tuple:
+    return (spec, tuple(x.shape if isinstance(x, torch.Tensor) else x for x in leaves))
 
 
 class GraphedStep:
     def __init__(self, step: Callable[..., torch.Tensor], enabled: bool = True,
-                 warmup_steps: int = DEFAULT_WARMUP_STEPS):
+                 warmup_steps: int = DEFAULT_WARMUP_STEPS, max_graphs: int = 1):
         self.step = step
         self.enabled = bool(enabled) and torch.cuda.is_available()
         self.warmup_steps = warmup_steps
+        self.max_graphs = max_graphs
         self.graphs: dict[tuple, _Captured] = {}
         self._seen: set[tuple] = set()
         self._calls = 0
@@ -65,21 +74,31 @@ class GraphedStep:
     def captured(self) -> bool:
         return bool(self.graphs)
 
-    def __call__(self, *inputs: torch.Tensor):
-        if not self.enabled or inputs[0].device.type != "cuda":
+    def __call__(self, *inputs):
+        if not self.enabled:
+            return self.step(*inputs)
+        leaves, spec = tree_flatten(inputs)
+        first = next((x for x in leaves if isinstance(x, torch.Tensor)), None)
+        if first is None or first.device.type != "cuda":
             return self.step(*inputs)
         self._calls += 1
         if self._calls <= self.warmup_steps:
             return self._run_on_side_stream(inputs)
-        key = tuple(t.shape for t in inputs)
+        key = _key(leaves, spec)
         captured = self.graphs.get(key)
         if captured is None:
+            if len(self.graphs) >= self.max_graphs:
+                shapes = [tuple(x.shape) for x in leaves if isinstance(x, torch.Tensor)]
+                raise UserError(f"the training step got input shapes {shapes} beyond its "
+                                f"{self.max_graphs} CUDA graph(s): the workload's capture "
+                                f"policy allows no more shapes; rerun with --no-cuda-graph")
             if self.graphs and key not in self._seen:  # a new shape runs eagerly once first
                 self._seen.add(key)
                 return self._run_on_side_stream(inputs)
-            captured = self.graphs[key] = self._capture(inputs)
-        for static, new in zip(captured.inputs, inputs):
-            static.copy_(new, non_blocking=True)
+            captured = self.graphs[key] = self._capture(leaves, spec)
+        for static, new in zip(captured.inputs, leaves):
+            if isinstance(static, torch.Tensor):
+                static.copy_(new, non_blocking=True)
         captured.graph.replay()
         return captured.output
 
@@ -91,18 +110,30 @@ class GraphedStep:
         torch.cuda.current_stream().wait_stream(stream)
         return out
 
-    def _capture(self, inputs) -> _Captured:
-        static = tuple(t.clone() for t in inputs)
+    def _capture(self, leaves: list, spec) -> _Captured:
+        static = [x.clone() if isinstance(x, torch.Tensor) else x for x in leaves]
         torch.cuda.synchronize()
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, pool=self._pool, stream=self._side_stream):
-                output = self.step(*static)
+                output = self.step(*tree_unflatten(static, spec))
         except RuntimeError as exc:
             first = next((line for line in str(exc).splitlines() if line.strip()), repr(exc))
             raise UserError(f"the training step could not be captured as a CUDA graph "
                             f"({first.strip()}); rerun with --no-cuda-graph") from exc
         torch.cuda.synchronize()
         return _Captured(graph, static, output)
+
+
+def graphed_step(step: Callable[..., torch.Tensor], policy, requested: bool,
+                 device: torch.device, precision: str, name: str) -> GraphedStep:
+    """``step`` under the workload's capture policy (``common.workload.CapturePolicy``):
+    eager where the policy says never or capture was not asked for, and a one-line error,
+    before anything runs, for an amp-fp16 step whose loss scaling cannot be captured."""
+    on = requested and device.type == "cuda" and policy.mode != "never"
+    if on and precision == "amp-fp16" and not policy.fp16:
+        raise UserError(f"{name}'s amp-fp16 loss scaling reads overflow flags on the host and "
+                        f"cannot run inside a CUDA graph: add --no-cuda-graph or use amp-bf16")
+    return GraphedStep(step, enabled=on, max_graphs=policy.max_graphs)

@@ -1,15 +1,19 @@
 """The time-to-train driver shared by every workload.
 
 Follows the MLPerf training flow: ``init_start``, build, ``init_stop``,
-``run_start``, blocks of epochs each closed by an evaluation, and ``run_stop``
-with status ``success`` at the quality target or ``aborted`` at the epoch cap
-or on any exception.
+``run_start``, training blocks each closed by an evaluation on the workload's
+schedule (``eval_points``), and ``run_stop`` with status ``success`` at the
+quality target, or ``aborted`` at the cap, on a non-finite loss, on SIGTERM or
+SIGINT, or on any exception.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
+import signal
 import sys
 import time
 import traceback
@@ -19,18 +23,51 @@ import torch
 
 from common import dist
 from common.cli import OneLineParser
-from common.cuda_graph import GraphedStep
+from common.cuda_graph import GraphedStep, graphed_step
 from common.errors import UserError, one_line
 from common.metering import Throughput, peak_memory_bytes
 from common.mllog import MLLog, constants
 from common.precision import PRECISIONS, Precision
 from common.progress import Progress, say
-from common.workload import COMPILE_MODES, Workload
+from common.scoring import BackgroundScorer
+from common.workload import COMPILE_MODES, EvalPoint, Workload
 
 # mllog key naming what the run trained on (not an MLPerf key: the checker ignores it).
 DATASET_KEY = "dataset"
 EXIT_ABORTED = 1
 EXIT_USER_ERROR = 2
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Stopped(BaseException):
+    """A signal (preemption, ``scancel``, a time limit, Ctrl-C) ended the run."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
+class NonFiniteLoss(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def handling_signals(handler):
+    """SIGTERM and SIGINT go to ``handler`` (a function or ``signal.SIG_IGN``) inside."""
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _stop(signum, frame):
+    """Raise ``Stopped`` once; later signals are ignored, so that they cannot cut the
+    closing log lines short."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    raise Stopped(signum)
 
 
 def build_parser(workload_cls: type[Workload]) -> argparse.ArgumentParser:
@@ -45,7 +82,11 @@ def build_parser(workload_cls: type[Workload]) -> argparse.ArgumentParser:
                    help="capture the whole training step in one CUDA graph (CUDA only)")
     g.add_argument("--compile", default="none", choices=COMPILE_MODES,
                    help="torch.compile the model with this mode (none: eager kernels)")
-    g.add_argument("--log-every", type=int, default=50, help="steps between loss read-backs")
+    g.add_argument("--log-every", type=_positive, default=50,
+                   help="steps between loss read-backs (non-finite loss checks, progress)")
+    g.add_argument("--background-scoring", action="store_true",
+                   help="score evaluations in a separate process while training goes on "
+                        "(workloads with a scorer, e.g. COCO evaluation)")
     g.add_argument("--init-steps", type=_count, default=0,
                    help="before run_start, train this many steps on synthetic batches and run "
                         "one evaluation forward (compilation, autotuning, CUDA-graph capture), "
@@ -68,16 +109,24 @@ def _count(text: str) -> int:
     return value
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
 def warm_up(wl: Workload, step: GraphedStep, steps: int, env) -> None:
     """Initialization before the clock: ``steps`` training steps on a synthetic batch and one
-    evaluation forward, then every tensor of ``wl.training_state()`` and the CPU random
-    state as they were before. The copies go back in place, so compiled code and a
+    evaluation forward, then every tensor of ``wl.training_state()`` and the CPU and CUDA
+    random states as they were before. The copies go back in place, so compiled code and a
     captured CUDA graph keep using the same tensors. MLPerf allows such work before
     ``run_start`` as long as it does not touch the dataset."""
     state = wl.training_state()
     saved = [t.detach().clone() for t in state]
     rng = torch.get_rng_state()
-    batch = wl.synthetic_batch(wl.global_batch_size // env.world_size)
+    cuda_rng = torch.cuda.get_rng_state() if env.device.type == "cuda" else None
+    batch = wl.synthetic_batch(wl.rank_batch_size)
     for _ in range(steps):
         step(*batch)
     with torch.no_grad():
@@ -85,6 +134,8 @@ def warm_up(wl: Workload, step: GraphedStep, steps: int, env) -> None:
         for t, copy in zip(state, saved):
             t.copy_(copy)
     torch.set_rng_state(rng)
+    if cuda_rng is not None:
+        torch.cuda.set_rng_state(cuda_rng)
     say(f"init: {steps} warm-up steps on synthetic batches, training state restored",
         env.is_main)
 
@@ -97,59 +148,167 @@ def _log_submission(log: MLLog, wl: type[Workload], args) -> None:
     log.event(constants.SUBMISSION_PLATFORM, args.submission_platform)
 
 
-def _train_epoch(wl: Workload, step: GraphedStep, epoch: int, log: MLLog, args, env) -> None:
-    log.start(constants.EPOCH_START, metadata={constants.EPOCH_NUM: wl.epoch_num(epoch)})
+class _Stream:
+    """The training batches across epochs as one stream, with the mllog epoch events
+    (none for a workload without epochs)."""
+
+    def __init__(self, wl: Workload, log: MLLog):
+        self.wl, self.log = wl, log
+        self.per_epoch = wl.steps_per_epoch
+        self.epoch = self.in_epoch = 0
+        self._batches = None
+
+    def next(self):
+        if self._batches is None:
+            self.epoch += 1
+            if self.per_epoch:
+                self.log.start(constants.EPOCH_START, metadata={constants.EPOCH_NUM: self.epoch})
+            self._batches, self.in_epoch = iter(self.wl.epoch_batches(self.epoch)), 0
+        try:
+            return next(self._batches)
+        except StopIteration:
+            raise RuntimeError(f"epoch {self.epoch} ended after {self.in_epoch} batches; "
+                               f"steps_per_epoch is {self.per_epoch}") from None
+
+    def stepped(self) -> None:
+        self.in_epoch += 1
+        if self.per_epoch and self.in_epoch == self.per_epoch:
+            self.log.end(constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: self.epoch})
+            self._batches = None
+
+
+class _LossWindow:
+    """The losses since the last read-back, kept on the device (one copy per step, no host
+    synchronisation); read back every ``--log-every`` steps to check they are finite."""
+
+    def __init__(self, size: int, device: torch.device):
+        self.values = torch.zeros(size, device=device)
+        self.first_step, self.count, self.total, self.read = 0, 0, 0.0, 0
+
+    def add(self, loss: torch.Tensor, step: int) -> None:
+        if self.count == 0:
+            self.first_step = step
+        self.values[self.count] = loss.detach().float().reshape(())
+        self.count += 1
+
+    def read_back(self, epoch: int) -> None:
+        """Add the window to the running total; raise at the first non-finite loss."""
+        losses = self.values[:self.count].tolist()
+        for i, v in enumerate(losses):
+            if not math.isfinite(v):
+                raise NonFiniteLoss(f"the training loss became non-finite ({v}) at step "
+                                    f"{self.first_step + i} (epoch {epoch}): lower the learning "
+                                    f"rate or check the data")
+        self.total += sum(losses)
+        self.read += self.count
+        self.count = 0
+
+    @property
+    def mean(self) -> float:
+        return self.total / max(self.read, 1)
+
+
+@dataclass
+class _Outcome:
+    reached: bool = False
+    metrics: dict | None = None     # the last metrics that arrived
+
+
+def _evaluated(wl: Workload, log: MLLog, env, point: EvalPoint, metrics: dict,
+               outcome: _Outcome, late: bool = False) -> bool:
+    """Log and print one evaluation's metrics; True when they meet the target."""
+    if late:
+        log.event(constants.EVAL_ACCURACY, wl.eval_accuracy(metrics),
+                  metadata={constants.EPOCH_NUM: point.epoch_num})
+    outcome.metrics = metrics
+    outcome.reached = wl.has_reached_target(metrics)
+    where = "scored in the background" if late else "eval"
+    say(f"{where} at epoch_num {point.epoch_num}: {wl.describe(metrics)}", env.is_main)
+    return outcome.reached
+
+
+def _train_block(wl: Workload, step, stream: _Stream, point: EvalPoint, done: int, args,
+                 env, log: MLLog, scorer: BackgroundScorer | None, outcome: _Outcome) -> bool:
+    """Train from ``done`` steps up to ``point.step``; True when a background result that
+    arrived meanwhile met the target (the run stops there)."""
+    steps = point.step - done
+    label = f"training to epoch_num {point.epoch_num}"
+    progress = Progress(steps, label, enabled=env.is_main)
+    window = _LossWindow(args.log_every, env.device)
     meter = Throughput(env.device)
-    batches = wl.epoch_batches(epoch)
-    label = f"{wl.unit_name} {wl.epoch_num(epoch)}"
-    progress = Progress(len(batches), label, enabled=env.is_main)
-    loss_sum = torch.zeros((), device=env.device)
-    steps = 0
     meter.start()
-    for batch in batches:
-        loss_sum += step(*batch).detach().float()
-        steps += 1
-        if steps % args.log_every == 0:
-            progress.update(args.log_every, loss=f"{loss_sum.item() / steps:.3f}")
+    for n in range(1, steps + 1):
+        window.add(step(*stream.next()), done + n)
+        stream.stepped()
+        if n % args.log_every == 0 or n == steps:
+            window.read_back(stream.epoch)
+            progress.update(window.read - progress.n, loss=f"{window.mean:.3f}")
+            if scorer and any(_evaluated(wl, log, env, p, m, outcome, late=True)
+                              for p, m in scorer.poll()):
+                progress.close()
+                return True
     seconds = meter.stop(steps * wl.global_batch_size)
     progress.close()
-    log.end(constants.EPOCH_STOP, metadata={constants.EPOCH_NUM: wl.epoch_num(epoch)})
-    if steps == 0:
-        raise UserError(f"{label} had no training batch: the training set is smaller "
-                        f"than one global batch ({wl.global_batch_size})")
-    say(f"{label}: {steps} steps, {meter.samples_per_second:.1f} samples/s, "
-        f"{seconds:.1f} s, mean loss {loss_sum.item() / steps:.4f}", env.is_main)
-
-
-def run(wl: Workload, step: GraphedStep, log: MLLog, args, env) -> bool:
-    """The timed part: returns True when the quality target was reached."""
-    for block in wl.blocks():
-        first, last = wl.epoch_num(block.first_epoch), wl.epoch_num(block.last_epoch)
-        meta = {constants.FIRST_EPOCH_NUM: first,
-                constants.EPOCH_COUNT: wl.epoch_count(block)}
-        log.start(constants.BLOCK_START, metadata=meta)
-        for epoch in block.epochs:
-            _train_epoch(wl, step, epoch, log, args, env)
-        log.start(constants.EVAL_START, metadata={constants.EPOCH_NUM: last})
-        with torch.no_grad():
-            quality = wl.evaluate()
-        log.event(constants.EVAL_ACCURACY, quality, metadata={constants.EPOCH_NUM: last})
-        log.end(constants.EVAL_STOP, metadata={constants.EPOCH_NUM: last})
-        log.end(constants.BLOCK_STOP, metadata={constants.FIRST_EPOCH_NUM: first})
-        say(f"eval after {wl.unit_name} {last}: {wl.quality_metric} {quality:.4f} "
-            f"(target {wl.quality_target})", env.is_main)
-        if quality >= wl.quality_target:
-            return True
+    say(f"{label}: {steps} steps, {meter.samples_per_second:.1f} samples/s, {seconds:.1f} s, "
+        f"mean loss {window.mean:.4f}", env.is_main)
     return False
+
+
+def run(wl: Workload, step, log: MLLog, args, env,
+        scorer: BackgroundScorer | None = None) -> _Outcome:
+    """The timed part: train and evaluate on the workload's schedule until the target."""
+    stream, done, outcome = _Stream(wl, log), 0, _Outcome()
+    for point in wl.eval_points():
+        log.start(constants.BLOCK_START, metadata={constants.FIRST_EPOCH_NUM: point.first_epoch_num,
+                                                   constants.EPOCH_COUNT: point.epoch_count})
+        if _train_block(wl, step, stream, point, done, args, env, log, scorer, outcome):
+            return outcome
+        done = point.step
+        at = {constants.EPOCH_NUM: point.epoch_num}
+        log.start(constants.EVAL_START, metadata=at)
+        with torch.no_grad():
+            if scorer:
+                scorer.submit(point, wl.eval_outputs())
+                metrics = None
+            else:
+                metrics = wl.evaluate()
+                log.event(constants.EVAL_ACCURACY, wl.eval_accuracy(metrics), metadata=at)
+        log.end(constants.EVAL_STOP, metadata=at)
+        log.end(constants.BLOCK_STOP, metadata={constants.FIRST_EPOCH_NUM: point.first_epoch_num})
+        if metrics is not None and _evaluated(wl, log, env, point, metrics, outcome):
+            return outcome
+    while scorer and scorer.pending:   # at the cap: the results still being scored decide
+        if any(_evaluated(wl, log, env, p, m, outcome, late=True)
+               for p, m in scorer.poll(block=True)):
+            return outcome
+    return outcome
 
 
 @dataclass(frozen=True)
 class _Closing:
     """The workload facts the closing message prints after the process group is gone."""
 
-    quality_metric: str
-    quality_target: float
+    targets: str
     dataset: str
+    metrics: str
+
+
+def _prepare_step(wl: Workload, args, env):
+    """The training step under the workload's capture policy, and the scorer process."""
+    if wl.steps_per_epoch is not None and wl.steps_per_epoch < 1:
+        raise UserError(f"{wl.name}: the training set ({wl.train_samples} samples) is smaller "
+                        f"than one global batch ({wl.global_batch_size}): lower --batch-size")
+    if args.background_scoring and wl.scorer is None:
+        raise UserError(f"{wl.name} scores its evaluation in the training processes (it has "
+                        f"no scorer): drop --background-scoring")
+    torch.backends.cudnn.benchmark = env.device.type == "cuda" and wl.cudnn_benchmark
+    policy = wl.capture_policy()
+    step = graphed_step(wl.train_step, policy, args.cuda_graph, env.device, args.precision,
+                        wl.name)
+    if args.cuda_graph and env.device.type == "cuda" and policy.mode == "never":
+        say(f"{wl.name}: the training step is not captured as a CUDA graph ({policy.reason})",
+            env.is_main)
+    return step
 
 
 def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
@@ -164,60 +323,75 @@ def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
     log = MLLog(args.log_file, rank=env.rank)
     status, run_started, code = constants.ABORTED, False, EXIT_ABORTED
     t_run = 0.0
-    wl = None
-    try:
-        log.event(constants.CACHE_CLEAR, True)
-        log.start(constants.INIT_START)
-        _log_submission(log, workload_cls, args)
-        log.event(constants.SEED, args.seed)
-        torch.manual_seed(args.seed + env.rank)
-        precision = Precision(args.precision, env.device.type)
-        precision.apply_backend_flags()
-        torch.backends.cudnn.benchmark = env.device.type == "cuda"  # fixed shapes: autotune
-        wl = workload_cls(args, env, precision)
-        wl.build()
-        log.event(DATASET_KEY, wl.dataset)
-        log.event(constants.GLOBAL_BATCH_SIZE, wl.global_batch_size)
-        log.event(constants.TRAIN_SAMPLES, wl.train_samples)
-        log.event(constants.EVAL_SAMPLES, wl.eval_samples)
-        for key, value in wl.hyperparameters().items():
-            log.event(key, value)
-        for name in wl.initialized_tensors():
-            log.event(constants.WEIGHTS_INITIALIZATION, metadata={"tensor": name})
-        say(f"{wl.name}: dataset {wl.dataset}; {env.world_size} process(es) on "
-            f"{env.device.type}; precision {args.precision}; global batch {wl.global_batch_size}",
-            env.is_main)
-        step = GraphedStep(wl.train_step, enabled=args.cuda_graph and env.device.type == "cuda")
-        if args.init_steps:
-            warm_up(wl, step, args.init_steps, env)
-        dist.barrier()
-        log.end(constants.INIT_STOP)
-        log.start(constants.RUN_START)
-        run_started, t_run = True, time.perf_counter()
-        reached = run(wl, step, log, args, env)
-        status = constants.SUCCESS if reached else constants.ABORTED
-        code = 0 if reached else EXIT_ABORTED
-    except UserError as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        code = EXIT_USER_ERROR
-    except BaseException as exc:  # logged as aborted, then reported
-        traceback.print_exc()
-        print(f"error: run failed: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)
-        code = EXIT_ABORTED
-    finally:
-        log.end(constants.RUN_STOP, metadata={constants.STATUS: status})
-        log.close()
-        # keep what the closing lines need, and no reference to the process groups
-        wl = _Closing(wl.quality_metric, wl.quality_target, wl.dataset) if run_started else None
-        dist.shutdown()
+    wl = scorer = None
+    outcome = _Outcome()
+    with handling_signals(_stop):
+        try:
+            log.event(constants.CACHE_CLEAR, True)
+            log.start(constants.INIT_START)
+            _log_submission(log, workload_cls, args)
+            log.event(constants.SEED, args.seed)
+            torch.manual_seed(args.seed + env.rank)
+            precision = Precision(args.precision, env.device.type)
+            precision.apply_backend_flags()
+            wl = workload_cls(args, env, precision)
+            wl.build()
+            log.event(DATASET_KEY, wl.dataset)
+            log.event(constants.GLOBAL_BATCH_SIZE, wl.global_batch_size)
+            log.event(constants.TRAIN_SAMPLES, wl.train_samples)
+            log.event(constants.EVAL_SAMPLES, wl.eval_samples)
+            for key, value in wl.hyperparameters().items():
+                log.event(key, value)
+            for name in wl.initialized_tensors():
+                log.event(constants.WEIGHTS_INITIALIZATION, metadata={"tensor": name})
+            say(f"{wl.name}: dataset {wl.dataset}; {env.world_size} process(es) on "
+                f"{env.device.type}; precision {args.precision}; global batch "
+                f"{wl.global_batch_size}", env.is_main)
+            step = _prepare_step(wl, args, env)
+            if args.init_steps:
+                warm_up(wl, step, args.init_steps, env)
+            if args.background_scoring:
+                scorer = BackgroundScorer(type(wl).scorer, env)
+            dist.barrier()
+            log.end(constants.INIT_STOP)
+            log.start(constants.RUN_START)
+            run_started, t_run = True, time.perf_counter()
+            outcome = run(wl, step, log, args, env, scorer)
+            status = constants.SUCCESS if outcome.reached else constants.ABORTED
+            code = 0 if outcome.reached else EXIT_ABORTED
+        except UserError as exc:
+            print(f"error: {one_line(exc)}", file=sys.stderr)
+            code = EXIT_USER_ERROR
+        except NonFiniteLoss as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            code = EXIT_ABORTED
+        except Stopped as exc:
+            print(f"error: run {exc}: run_stop logged as aborted", file=sys.stderr)
+            code = 128 + exc.signum
+        except BaseException as exc:  # logged as aborted, then reported
+            traceback.print_exc()
+            print(f"error: run failed: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)
+            code = EXIT_ABORTED
+        finally:
+            for s in STOP_SIGNALS:   # a signal now would cut run_stop off
+                signal.signal(s, signal.SIG_IGN)
+            if scorer is not None:
+                scorer.close()
+            log.end(constants.RUN_STOP, metadata={constants.STATUS: status})
+            log.close()
+            # keep what the closing lines need, and no reference to the process groups
+            wl = (_Closing(", ".join(map(str, wl.targets)), wl.dataset,
+                           wl.describe(outcome.metrics) if outcome.metrics else "none")
+                  if run_started else None)
+            dist.shutdown()
     if run_started and env.is_main:
         seconds = time.perf_counter() - t_run
         peak = peak_memory_bytes(env.device) / 2**30
         mem = f", peak device memory {peak:.2f} GiB" if env.device.type == "cuda" else ""
         if status == constants.SUCCESS:
-            say(f"run_stop: success, {wl.quality_metric} target {wl.quality_target} reached "
-                f"in {seconds:.1f} s on {wl.dataset}{mem}")
+            say(f"run_stop: success, target {wl.targets} reached in {seconds:.1f} s on "
+                f"{wl.dataset}; last evaluation: {wl.metrics}{mem}")
         else:
-            say(f"run_stop: aborted, target {wl.quality_target} not reached "
-                f"({seconds:.1f} s on {wl.dataset}){mem}")
+            say(f"run_stop: aborted, target {wl.targets} not reached ({seconds:.1f} s on "
+                f"{wl.dataset}); last evaluation: {wl.metrics}{mem}")
     return code

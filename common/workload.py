@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import abc
 import argparse
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from common import dist
 from common.dist import DistEnv
-from common.errors import UserError
 from common.precision import Precision
 
 COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs")
@@ -43,27 +44,43 @@ def maybe_compile(fn: Callable, mode: str, **inductor_options) -> Callable:
     return torch.compile(fn, options={**list_mode_options(mode), **inductor_options})
 
 
-@dataclass(frozen=True)
-class Block:
-    """Epochs trained between two evaluations (mllog ``block_start``/``block_stop``).
+# ``--data-dir`` value that builds a workload without a dataset: throughput runs on
+# device-resident synthetic batches (never a training run: nothing is read).
+SYNTHETIC = "synthetic"
 
-    Epoch numbers are 1-based, as the MLPerf references log them.
+
+@dataclass(frozen=True)
+class Target:
+    """One quality threshold on a named metric of ``Workload.evaluate()``."""
+
+    metric: str
+    value: float
+    higher_is_better: bool = True
+
+    def met(self, metrics: Mapping[str, float]) -> bool:
+        v = metrics[self.metric]
+        return v >= self.value if self.higher_is_better else v <= self.value
+
+    def __str__(self) -> str:
+        return f"{self.metric} {'>=' if self.higher_is_better else '<='} {self.value}"
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    """One evaluation: after ``step`` optimizer steps in all, logged as ``epoch_num``.
+
+    ``first_epoch_num`` and ``epoch_count`` describe the block of training that
+    ends here (mllog ``block_start``), in the units ``epoch_num`` uses.
     """
 
-    first_epoch: int
-    epoch_count: int
-
-    @property
-    def epochs(self) -> range:
-        return range(self.first_epoch, self.first_epoch + self.epoch_count)
-
-    @property
-    def last_epoch(self) -> int:
-        return self.first_epoch + self.epoch_count - 1
+    step: int
+    epoch_num: float
+    first_epoch_num: float
+    epoch_count: float
 
 
-def blocks_every(period: int, offset: int, total_epochs: int) -> list[Block]:
-    """Evaluate after epoch ``offset + 1`` and then every ``period`` epochs, and after the last.
+def evaluation_epochs(period: int, offset: int, total_epochs: int) -> list[int]:
+    """Evaluate after epoch ``offset + 1``, then every ``period`` epochs, and after the last.
 
     This is MLPerf's ResNet rule (period 4, a first evaluation offset of 0-3),
     and with ``offset = period - 1`` the plain every-``period``-epochs schedule.
@@ -71,12 +88,57 @@ def blocks_every(period: int, offset: int, total_epochs: int) -> list[Block]:
     if period < 1 or not 0 <= offset < period or total_epochs < 1:
         raise ValueError(f"bad evaluation schedule: period={period} offset={offset} "
                          f"epochs={total_epochs}")
-    blocks, first = [], 1
-    end = min(offset + 1, total_epochs)
-    while first <= total_epochs:
-        blocks.append(Block(first, end - first + 1))
-        first, end = end + 1, min(end + period, total_epochs)
-    return blocks
+    epochs = list(range(offset + 1, total_epochs + 1, period))
+    return epochs if epochs[-1:] == [total_epochs] else [*epochs, total_epochs]
+
+
+def epoch_points(eval_epochs: Sequence[int], steps_per_epoch: int) -> list[EvalPoint]:
+    """Evaluations after whole 1-based epochs; a block runs from the epoch after the last
+    evaluation (as the MLPerf references log ``first_epoch_num``)."""
+    if list(eval_epochs) != sorted(set(eval_epochs)) or not eval_epochs or eval_epochs[0] < 1:
+        raise ValueError(f"evaluation epochs must rise from 1 or more: {list(eval_epochs)}")
+    points, prev = [], 0
+    for e in eval_epochs:
+        points.append(EvalPoint(e * steps_per_epoch, e, prev + 1, e - prev))
+        prev = e
+    return points
+
+
+def interval_points(steps: Sequence[int], epoch_num: Callable[[int], float]) -> list[EvalPoint]:
+    """Evaluations after the given cumulative step counts, in a continuous unit such as
+    samples trained (BERT) or fractional epochs (DLRM): ``epoch_num(step)``. A block
+    starts where the previous one ended."""
+    if list(steps) != sorted(set(steps)) or not steps or steps[0] < 1:
+        raise ValueError(f"evaluation steps must rise from 1 or more: {list(steps)}")
+    points, prev = [], 0.0
+    for s in steps:
+        num = epoch_num(s)
+        points.append(EvalPoint(s, num, prev, num - prev))
+        prev = num
+    return points
+
+
+@dataclass(frozen=True)
+class CapturePolicy:
+    """How the training step may be captured as CUDA graphs.
+
+    ``never``: the step reads data-dependent values or sizes (all-to-all splits,
+    proposals), so it runs eagerly; ``static``: every batch has one shape, one
+    graph; ``bucketed``: batches come in at most ``max_graphs`` shapes, one graph
+    each. ``fp16``: an amp-fp16 step keeps its loss-scaling checks on the device
+    and can be captured.
+    """
+
+    mode: str = "static"
+    max_graphs: int = 1
+    fp16: bool = False
+    reason: str = ""    # why a step is never captured, for people
+
+    def __post_init__(self):
+        if self.mode not in ("never", "static", "bucketed"):
+            raise ValueError(f"capture mode must be never, static or bucketed, not {self.mode!r}")
+        if self.max_graphs < 1 or (self.mode == "static" and self.max_graphs != 1):
+            raise ValueError(f"bad max_graphs {self.max_graphs} for capture mode {self.mode}")
 
 
 class Workload(abc.ABC):
@@ -86,13 +148,13 @@ class Workload(abc.ABC):
     drivers in ``common.training`` and ``common.bench`` do the rest.
     """
 
-    name: str                 # mllog submission_benchmark, e.g. "resnet"
-    quality_target: float     # reached when evaluate() >= this value
-    quality_metric: str       # what evaluate() returns, for people ("top-1 accuracy")
-    unit_name = "epoch"       # what one training unit (one epoch_batches call) is, for people
-    # amp-fp16 steps keep the loss-scaling overflow check on the device (DeviceLossScaler),
-    # so they can be captured in a CUDA graph
-    fp16_graph_capturable = False
+    name: str                      # mllog submission_benchmark, e.g. "resnet"
+    targets: tuple[Target, ...]    # all must be met in one evaluation (has_reached_target)
+    # module-level function: evaluation outputs (eval_outputs) -> metrics, picklable so that
+    # it can run in a separate process while training goes on; None: evaluate() does all
+    scorer: Callable[[Any], dict[str, float]] | None = None
+    # --batch-size is the global batch (DLRM), not the per-rank one
+    batch_size_is_global = False
 
     def __init__(self, args: argparse.Namespace, env: DistEnv, precision: Precision):
         self.args, self.env, self.precision = args, env, precision
@@ -116,6 +178,11 @@ class Workload(abc.ABC):
     def global_batch_size(self) -> int: ...
 
     @property
+    def rank_batch_size(self) -> int:
+        """Samples in one step's batch on this rank (what ``synthetic_batch`` takes)."""
+        return self.global_batch_size // self.env.world_size
+
+    @property
     @abc.abstractmethod
     def train_samples(self) -> int: ...
 
@@ -131,42 +198,72 @@ class Workload(abc.ABC):
     def initialized_tensors(self) -> Sequence[str]:
         """Tensor names for the ``weights_initialization`` events, as the ruleset lists them."""
 
+    # -- the schedule ---------------------------------------------------------------------
+    @property
     @abc.abstractmethod
-    def blocks(self) -> list[Block]:
-        """The evaluation schedule up to the epoch cap."""
-
-    def epoch_num(self, unit: int) -> float:
-        """The mllog ``epoch_num`` of a 1-based training unit.
-
-        Units are epochs by default. Workloads that evaluate inside an epoch
-        make a unit the stretch between evaluations and log what the reference
-        logs (BERT: samples trained; DLRM: fractional epochs).
-        """
-        return unit
-
-    def epoch_count(self, block: Block) -> float:
-        """The mllog ``epoch_count`` of a block, in the units ``epoch_num`` logs."""
-        return block.epoch_count
+    def steps_per_epoch(self) -> int | None:
+        """Global steps in one epoch (``epoch_batches`` yields exactly these); None when the
+        training data is one endless stream without epochs (``epoch_batches(1)``)."""
 
     @abc.abstractmethod
-    def epoch_batches(self, epoch: int) -> Iterable[tuple[torch.Tensor, ...]]:
-        """This rank's training batches for a 1-based epoch, already on the device."""
+    def eval_points(self) -> list[EvalPoint]:
+        """The evaluation schedule up to the cap (the last point)."""
 
     @abc.abstractmethod
-    def train_step(self, *batch: torch.Tensor) -> torch.Tensor:
-        """One optimisation step; returns the loss as a device tensor. Must be capturable."""
+    def epoch_batches(self, epoch: int) -> Iterable:
+        """This rank's training batches of a 1-based epoch, on the device. A batch is a tuple
+        of step arguments, each a tensor or any nesting of tuples, lists and dicts of them."""
 
+    # -- steps ----------------------------------------------------------------------------
     @abc.abstractmethod
-    def evaluate(self) -> float:
-        """The quality metric on the whole evaluation set (same value on every rank)."""
+    def train_step(self, *batch) -> torch.Tensor:
+        """One optimisation step; returns the loss as a device tensor."""
+
+    def capture_policy(self) -> CapturePolicy:
+        """How ``train_step`` may be captured as CUDA graphs (after ``build``)."""
+        return CapturePolicy()
+
+    @property
+    def cudnn_benchmark(self) -> bool:
+        """cuDNN autotuning: on where shapes repeat, off where every batch has another shape."""
+        return True
+
+    # -- evaluation -----------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        """Every metric on the whole evaluation set (the same on every rank)."""
+        if self.scorer is None:
+            raise NotImplementedError(f"{self.name} defines neither evaluate() nor a scorer")
+        outputs = self.eval_outputs()
+        return dist.broadcast_object(self.scorer(outputs) if self.env.is_main else None)
+
+    def eval_outputs(self) -> Any:
+        """The part of evaluation that needs the model (forward passes), gathered on rank 0:
+        what ``scorer`` takes there; None on the other ranks."""
+        raise NotImplementedError(f"{self.name} has no separate scorer")
+
+    def has_reached_target(self, metrics: Mapping[str, float]) -> bool:
+        return all(t.met(metrics) for t in self.targets)
+
+    def eval_accuracy(self, metrics: Mapping[str, float]) -> float | dict[str, float]:
+        """The mllog ``eval_accuracy`` value: the target metric, or a dict of them when
+        there are several (Mask R-CNN's ``{"BBOX": .., "SEGM": ..}``)."""
+        if len(self.targets) == 1:
+            return metrics[self.targets[0].metric]
+        return {t.metric: metrics[t.metric] for t in self.targets}
+
+    @classmethod
+    def describe(cls, metrics: Mapping[str, float]) -> str:
+        """Every metric with its target, for people."""
+        goals = {t.metric: t for t in cls.targets}
+        return ", ".join(f"{k} {v:.4f}" + (f" (target {goals[k].value})" if k in goals else "")
+                         for k, v in metrics.items())
 
     # -- warm-up before the clock (--init-steps) ---------------------------------------------
+    @abc.abstractmethod
     def training_state(self) -> list[torch.Tensor]:
         """Every tensor a training step changes: weights and buffers, optimizer and
         loss-scaler state, step and learning-rate tensors. ``--init-steps`` copies them
         before its warm-up steps and back, in place, after."""
-        raise UserError(f"{self.name} does not support --init-steps: it does not list its "
-                        f"training state (Workload.training_state)")
 
     def warm_up_eval(self) -> None:
         """Run the evaluation forward once on a synthetic batch, so that it compiles before
@@ -176,31 +273,22 @@ class Workload(abc.ABC):
     # -- throughput harness (common.bench) --------------------------------------------------
     flops_per_sample: float | None = None  # training FLOPs per sample (forward + backward)
 
-    # the --data-dir value that builds the workload without a dataset, for synthetic runs
-    synthetic_data_dir: str | None = None
-
     @classmethod
     def parse_bench_args(cls, parser: argparse.ArgumentParser, argv: list[str], data: str,
-                         batch_size: int) -> argparse.Namespace:
+                         batch_size: int, world_size: int = 1) -> argparse.Namespace:
         """Flags for a throughput run with per-rank ``batch_size`` on ``synthetic`` data
-        (device-resident batches, nothing read) or ``real`` data (the training reader);
-        ``argv`` holds the user's extra workload flags.
-
-        By default ``--batch-size`` is the per-rank batch and synthetic runs pass
-        ``synthetic_data_dir`` as ``--data-dir``; workloads whose flags differ override this.
-        """
-        pre = ["--batch-size", str(batch_size)]
+        (device-resident batches, nothing read: ``--data-dir synthetic``) or ``real`` data
+        (the training reader); ``argv`` holds the user's extra workload flags."""
+        size = batch_size * world_size if cls.batch_size_is_global else batch_size
+        pre = ["--batch-size", str(size)]
         if data == "synthetic":
-            if cls.synthetic_data_dir is None:
-                raise UserError(f"{cls.name} has no synthetic mode for the harness: use "
-                                f"python -m benchmarks.{cls.name}.throughput")
-            pre += ["--data-dir", cls.synthetic_data_dir]
+            pre += ["--data-dir", SYNTHETIC]
         return parser.parse_args(pre + argv)
 
-    def synthetic_batch(self, batch_size: int) -> tuple[torch.Tensor, ...]:
+    def synthetic_batch(self, batch_size: int) -> tuple:
         """A device-resident batch of this rank for throughput runs (never used for training)."""
         raise NotImplementedError(f"{self.name} has no synthetic batch")
 
-    def infer_step(self, *batch: torch.Tensor) -> torch.Tensor:
+    def infer_step(self, *batch) -> torch.Tensor:
         """Forward pass only (evaluation mode, no gradients), for inference throughput."""
         raise NotImplementedError(f"{self.name} has no inference step")

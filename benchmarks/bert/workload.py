@@ -3,9 +3,9 @@
 Defaults are NVIDIA's v1.1 DGX A100 8-GPU settings (global batch 448 = 8 x 56,
 LAMB with base LR 3.5e-4, betas 0.9/0.999, weight decay 0.01, no warm-up,
 7100 steps, linear decay; evaluation on the 10000 held-out samples every
-150000 samples, at most 4.5M samples). A unit of training (one
-``epoch_batches`` call) is the stretch between two evaluations; ``epoch_num``
-is the number of samples trained, as the reference logs it.
+150000 samples, at most 4.5M samples). Training reads one endless stream (no
+epochs); an evaluation's ``epoch_num`` is the number of samples trained, as the
+reference logs it.
 """
 
 from __future__ import annotations
@@ -35,38 +35,29 @@ from common.errors import UserError
 from common.flat_params import FlatParameters
 from common.lamb import Lamb, LambHyper, ShardedLamb
 from common.mllog import constants
-from common.workload import Block, Workload, maybe_compile
+from common.workload import (
+    SYNTHETIC,
+    CapturePolicy,
+    EvalPoint,
+    Target,
+    Workload,
+    interval_points,
+    maybe_compile,
+)
 
 FIXTURE_MARKER = "FIXTURE_COMPLETE"
 EVAL_SAMPLES = 10_000
-SYNTHETIC = "synthetic"  # --data-dir value for throughput runs: no shards, no training data
-
-
-class _Unit:
-    """The next ``steps`` batches of an endless stream (one training unit)."""
-
-    def __init__(self, stream, steps: int):
-        self.stream, self.steps = stream, steps
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def __iter__(self):
-        for _ in range(self.steps):
-            yield next(self.stream)
 
 
 class BertWorkload(Workload):
     name = constants.BERT
-    synthetic_data_dir = SYNTHETIC
-    quality_target = 0.720
-    quality_metric = "masked-LM accuracy"
-    unit_name = "eval interval"
+    targets = (Target("mlm_accuracy", 0.720),)
 
     @staticmethod
     def add_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--data-dir", type=Path, required=True,
-                       help="folder with training/*.hdf5, eval/*.hdf5 and bert_config.json")
+                       help=f"folder with training/*.hdf5, eval/*.hdf5 and bert_config.json "
+                            f"({SYNTHETIC}: no dataset, for throughput runs)")
         p.add_argument("--train-dir", type=Path, help="training shards (default DATA/training)")
         p.add_argument("--eval-dir", type=Path, help="held-out eval shards (default DATA/eval)")
         p.add_argument("--bert-config", type=Path,
@@ -125,7 +116,6 @@ class BertWorkload(Workload):
         if a.precision == "amp-fp16":
             raise UserError("amp-fp16 is not supported for bert (LAMB runs without a loss "
                             "scaler): use --precision amp-bf16")
-        cuda_graph = a.cuda_graph and env.device.type == "cuda"
         if a.attention == "unpad" and env.device.type == "cuda" and a.precision != "amp-bf16":
             raise UserError(f"--attention unpad runs flash attention, which has no "
                             f"{a.precision} kernel: use --precision amp-bf16")
@@ -135,9 +125,6 @@ class BertWorkload(Workload):
             raise UserError(f"--synthetic-fill must be in (0, 1], not {a.synthetic_fill}")
         if a.unpad_bucket < 1:
             raise UserError(f"--unpad-bucket must be >= 1 token, not {a.unpad_bucket}")
-        if cuda_graph and not a.flat_params and env.distributed:
-            raise UserError("--no-flat-params uses DDP, which is not captured here: "
-                            "add --no-cuda-graph")
 
     def _config(self) -> BertConfig:
         a = self.args
@@ -248,19 +235,36 @@ class BertWorkload(Workload):
         return self.tensor_names
 
     # -- the evaluation schedule ----------------------------------------------------------
-    def blocks(self) -> list[Block]:
-        return [Block(u, 1) for u in range(1, len(self.eval_at) + 1)]
+    steps_per_epoch = None   # one endless stream
 
-    def epoch_num(self, unit: int) -> int:
-        return self.eval_at[unit - 1] * self.global_batch_size
+    def eval_points(self) -> list[EvalPoint]:
+        return interval_points(self.eval_at, lambda step: step * self.global_batch_size)
 
-    def epoch_count(self, block: Block) -> int:
-        u = block.first_epoch
-        return self.epoch_num(u) - (self.epoch_num(u - 1) if u > 1 else 0)
+    def epoch_batches(self, epoch: int):
+        if self.synthetic:
+            raise UserError(f"--data-dir {SYNTHETIC} is for throughput runs; training needs the "
+                            f"prepared shards")
+        return self.stream
 
-    def epoch_batches(self, unit: int) -> _Unit:
-        prev = self.eval_at[unit - 2] if unit > 1 else 0
-        return _Unit(self.stream, self.eval_at[unit - 1] - prev)
+    def capture_policy(self) -> CapturePolicy:
+        a = self.args
+        if not a.flat_params and self.env.distributed:
+            return CapturePolicy("never", reason="--no-flat-params uses DDP, which is not "
+                                                 "captured here")
+        if a.attention != "unpad":
+            return CapturePolicy("static")
+        # one graph per bucket of the unpadded token count of a micro-batch
+        tokens = a.batch_size // a.grad_accum * a.max_seq_length
+        return CapturePolicy("bucketed", max_graphs=-(-tokens // a.unpad_bucket))
+
+    def training_state(self) -> list[torch.Tensor]:
+        opt = self.optimizer
+        state = [*self.net.state_dict(keep_vars=True).values(), self.step_count, self.lr, opt.t]
+        state += [*opt.m, *opt.v] if isinstance(opt, Lamb) else [opt.m, opt.v]
+        flat = getattr(opt, "flat", None)
+        if flat is not None and flat.master is not flat.data:   # bf16 weights: fp32 masters
+            state.append(flat.master)
+        return state
 
     # -- steps ----------------------------------------------------------------------------
     def _loss(self, mlm, nsp, positions, mlm_ids, nsp_labels) -> torch.Tensor:
@@ -294,7 +298,7 @@ class BertWorkload(Workload):
         self.step_count += 1
         return total
 
-    def evaluate(self) -> float:
+    def evaluate(self) -> dict[str, float]:
         a, env = self.args, self.env
         self.model.eval()
         counts = torch.zeros(2, dtype=torch.float64, device=env.device)
@@ -309,7 +313,7 @@ class BertWorkload(Workload):
         self.model.train()
         dist.all_reduce_sum(counts)
         correct, total = counts.tolist()
-        return correct / max(total, 1.0)
+        return {"mlm_accuracy": correct / max(total, 1.0)}
 
     # -- throughput harness ---------------------------------------------------------------
     @property

@@ -4,9 +4,8 @@ Defaults are the ruleset's reference convergence point for global batch
 55296 (NVIDIA's v1.0/v1.1 setting, rcps_dlrm.json): SGD, base LR 24, 2750
 linear warm-up steps, polynomial (power 2) decay to 0 over 27772 steps from
 step 49315, one epoch, evaluation on the whole test set every 0.05 epoch
-(HugeCTR's v1.1 run: 75868 steps, an evaluation every 3793). One training
-"unit" is the stretch between two evaluations; ``epoch_num`` logs the
-fractional epoch, as the reference does.
+(HugeCTR's v1.1 run: 75868 steps, an evaluation every 3793). An evaluation's
+``epoch_num`` is the fractional epoch, as the reference logs it.
 """
 
 from __future__ import annotations
@@ -29,13 +28,11 @@ from common import dist
 from common.errors import UserError
 from common.mllog import constants
 from common.progress import say
-from common.workload import Block, Workload
+from common.workload import SYNTHETIC, CapturePolicy, EvalPoint, Target, Workload, interval_points
 
 FIXTURE_MARKER = "FIXTURE_COMPLETE"
 CRITEO_TRAIN_SAMPLES = 4_195_197_692
 CRITEO_EVAL_SAMPLES = 89_137_319
-# --data-dir for throughput runs: Criteo Terabyte's table sizes, power-law synthetic ids, no files
-SYNTHETIC = "synthetic"
 
 
 def lr_at(step: torch.Tensor, base: float, warmup: int, decay_start: int, decay_steps: int,
@@ -47,8 +44,8 @@ def lr_at(step: torch.Tensor, base: float, warmup: int, decay_start: int, decay_
                        torch.where(step >= decay_start, base * frac ** power, base + 0 * step))
 
 
-class _Unit:
-    """The batches between two evaluations; the next batch's index plan is built ahead."""
+class _Epoch:
+    """The batches of one epoch; the next batch's index plan is built ahead."""
 
     def __init__(self, wl: DLRMWorkload, ranges: list[tuple[int, int]]):
         self.wl, self.ranges = wl, ranges
@@ -73,14 +70,16 @@ class _Unit:
 
 class DLRMWorkload(Workload):
     name = "dlrm"            # the 1.1.0 benchmark name (newer mllog constants say dlrmv4)
-    quality_target = 0.8025
-    quality_metric = "AUC"
-    unit_name = "eval interval"
+    targets = (Target("auc", 0.8025),)
+    batch_size_is_global = True
+    steps_per_epoch = 0      # set by build
 
     @staticmethod
     def add_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--data-dir", type=Path, required=True,
-                       help=f"folder with {data.TRAIN_FILE}, {data.EVAL_FILE}, {data.COUNTS_FILE}")
+                       help=f"folder with {data.TRAIN_FILE}, {data.EVAL_FILE}, {data.COUNTS_FILE} "
+                            f"({SYNTHETIC}: Criteo Terabyte's table sizes, power-law ids, no "
+                            f"files, for throughput runs)")
         p.add_argument("--batch-size", type=int, default=55296, help="global batch per step")
         p.add_argument("--eval-batch-size", type=int, default=1769472, help="global eval batch")
         p.add_argument("--epochs", type=int, default=1, help="epoch cap")
@@ -131,10 +130,6 @@ class DLRMWorkload(Workload):
             raise UserError("--embedding plain is the single-process reference; with several "
                             "processes use --embedding hybrid (--frequent-threshold 0 replicates "
                             "every row)")
-        if a.cuda_graph and env.device.type == "cuda":
-            say("dlrm: the all-to-all's split sizes change every step, so the step is not "
-                "captured as a CUDA graph (--cuda-graph ignored)", env.is_main)
-            a.cuda_graph = False
         bottom, top = parse_mlp(a.arch_mlp_bot), parse_mlp(a.arch_mlp_top)
         self.synthetic = str(a.data_dir) == SYNTHETIC
         if self.synthetic:
@@ -226,33 +221,34 @@ class DLRMWorkload(Workload):
     def initialized_tensors(self) -> list[str]:
         return self.tensor_names
 
-    # -- schedule: units are the steps between evaluations ---------------------------------
-    def _unit_steps(self, unit: int) -> tuple[int, int, int]:
-        """(epoch index, first step, end step) of a 1-based unit."""
-        epoch, k = divmod(unit - 1, self.units_per_epoch)
-        end = self.steps_per_epoch if k == self.units_per_epoch - 1 else (k + 1) * self.interval
-        return epoch, k * self.interval, end
+    # -- schedule: every --eval-every of an epoch, in fractional epochs -------------------
+    def eval_points(self) -> list[EvalPoint]:
+        spe = self.steps_per_epoch
+        ends = [k * self.interval for k in range(1, self.units_per_epoch)] + [spe]
+        steps = [e * spe + end for e in range(self.args.epochs) for end in ends]
+        return interval_points(steps, lambda step: round(step / spe, 6))
 
-    def blocks(self) -> list[Block]:
-        return [Block(u, 1) for u in range(1, self.args.epochs * self.units_per_epoch + 1)]
-
-    def epoch_num(self, unit: int) -> float:
-        if unit == 0:
-            return 0.0
-        epoch, _, end = self._unit_steps(unit)
-        return round(epoch + end / self.steps_per_epoch, 6)
-
-    def epoch_count(self, block: Block) -> float:
-        u = block.first_epoch
-        return round(self.epoch_num(u) - self.epoch_num(u - 1), 6)
-
-    def epoch_batches(self, unit: int) -> _Unit:
+    def epoch_batches(self, epoch: int) -> _Epoch:
         if self.synthetic:
             raise UserError(f"--data-dir {SYNTHETIC} is for throughput runs "
                             f"(benchmarks.dlrm.throughput); training needs the prepared data")
-        epoch, first, end = self._unit_steps(unit)
-        ranges = self.train_sched.ranges(epoch, self.args.seed, self.args.shuffle)
-        return _Unit(self, ranges[first:end])
+        return _Epoch(self, self.train_sched.ranges(epoch - 1, self.args.seed,
+                                                    self.args.shuffle))
+
+    def capture_policy(self) -> CapturePolicy:
+        return CapturePolicy("never", reason="the all-to-all's split sizes change every step")
+
+    @property
+    def rank_batch_size(self) -> int:
+        return self.args.batch_size   # synthetic_batch takes the global batch
+
+    def training_state(self) -> list[torch.Tensor]:
+        state = [*self.dense_arch.state_dict(keep_vars=True).values(), self.step_count, self.lr]
+        if isinstance(self.emb, HybridEmbedding):
+            e = self.emb
+            return state + [t for t in (e.freq_weight, e.rare_weight, e.freq_lp, e.rare_lp)
+                            if t is not None]
+        return state + list(self.emb.state_dict(keep_vars=True).values())
 
     # -- data -----------------------------------------------------------------------------
     def prepare(self, start: int, stop: int, log: data.BinaryClickLog | None = None):
@@ -317,7 +313,7 @@ class DLRMWorkload(Workload):
         for p in params:
             p.grad = None
 
-    def evaluate(self) -> float:
+    def evaluate(self) -> dict[str, float]:
         """Exact AUC over the whole test file (scores gathered from every rank)."""
         if self._eval_cache is None or not self.args.cache_eval:
             ranges = self.eval_sched.ranges(0, 0, shuffle=False)
@@ -335,7 +331,7 @@ class DLRMWorkload(Workload):
         if self.env.distributed:
             dist.all_reduce_sum(scores)   # each sample is scored by exactly one rank
             dist.all_reduce_sum(labels)
-        return roc_auc(scores.cpu(), labels.cpu())
+        return {"auc": roc_auc(scores.cpu(), labels.cpu())}
 
     # -- throughput harness ---------------------------------------------------------------
     @property

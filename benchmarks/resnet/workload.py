@@ -23,7 +23,16 @@ from benchmarks.resnet.schedule import poly_warmup_lr
 from common import dist
 from common.errors import UserError
 from common.mllog import constants
-from common.workload import Block, Workload, blocks_every, maybe_compile
+from common.workload import (
+    SYNTHETIC,
+    CapturePolicy,
+    EvalPoint,
+    Target,
+    Workload,
+    epoch_points,
+    evaluation_epochs,
+    maybe_compile,
+)
 
 FIXTURE_MARKER = "FIXTURE_COMPLETE"
 IMAGENET_TRAIN_IMAGES = 1_281_167
@@ -31,14 +40,13 @@ IMAGENET_TRAIN_IMAGES = 1_281_167
 
 class ResNetWorkload(Workload):
     name = constants.RESNET
-    quality_target = 0.759
-    quality_metric = "top-1 accuracy"
-    fp16_graph_capturable = True
+    targets = (Target("top1", 0.759),)
 
     @staticmethod
     def add_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--data-dir", type=Path, required=True,
-                       help="ImageNet folder with train/<wnid>/*.JPEG and val/<wnid>/*.JPEG")
+                       help=f"ImageNet folder with train/<wnid>/*.JPEG and val/<wnid>/*.JPEG "
+                            f"({SYNTHETIC}: no dataset, for throughput runs)")
         p.add_argument("--data-backend", default="cpu", choices=data.BACKENDS,
                        help="cpu: Pillow decode in workers; gpu: nvJPEG; dali: NVIDIA DALI")
         p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
@@ -76,7 +84,7 @@ class ResNetWorkload(Workload):
         if a.batch_size % a.grad_accum:
             raise UserError(f"--batch-size {a.batch_size} is not divisible by "
                             f"--grad-accum {a.grad_accum}")
-        if getattr(a, "data_backend", None) == "synthetic":
+        if str(a.data_dir) == SYNTHETIC:
             self.index, num_classes = None, 1000
         else:
             self.index = data.ImageFolderIndex.scan(a.data_dir)
@@ -114,9 +122,9 @@ class ResNetWorkload(Workload):
             self.train_loader = data.build_train_loader(batch_size=a.batch_size, seed=a.seed,
                                                         **common)
             self.eval_loader = data.build_eval_loader(batch_size=a.eval_batch_size, **common)
-            self.steps_per_epoch = len(self.train_loader)
+            self._steps_per_epoch = len(self.train_loader)
         else:
-            self.steps_per_epoch = self.train_samples // self.global_batch_size
+            self._steps_per_epoch = self.train_samples // self.global_batch_size
         if self.steps_per_epoch < 1:
             raise UserError(f"{a.data_dir}: {self.train_samples} training images are fewer than "
                             f"one global batch ({self.global_batch_size}); lower --batch-size")
@@ -135,6 +143,10 @@ class ResNetWorkload(Workload):
             return "imagenet (ILSVRC2012)"
         return (f"ImageNet-format folder {self.index.root} ({len(self.index.classes)} classes, "
                 f"{n} train images; not the full ILSVRC2012 train set)")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self._steps_per_epoch
 
     @property
     def global_batch_size(self) -> int:
@@ -179,17 +191,15 @@ class ResNetWorkload(Workload):
     def initialized_tensors(self) -> list[str]:
         return self.tensor_names
 
-    def blocks(self) -> list[Block]:
-        return blocks_every(self.args.eval_period, self.args.eval_offset, self.args.epochs)
+    def eval_points(self) -> list[EvalPoint]:
+        a = self.args
+        return epoch_points(evaluation_epochs(a.eval_period, a.eval_offset, a.epochs),
+                            self.steps_per_epoch)
+
+    def capture_policy(self) -> CapturePolicy:
+        return CapturePolicy("static", fp16=True)   # DeviceLossScaler: overflow on the device
 
     # -- throughput harness ---------------------------------------------------------------
-    @classmethod
-    def parse_bench_args(cls, parser, argv, data, batch_size):
-        pre = ["--batch-size", str(batch_size)]
-        args = parser.parse_args(pre + (["--data-dir", "-"] if data == "synthetic" else []) + argv)
-        if data == "synthetic":
-            args.data_backend = "synthetic"
-        return args
 
     @property
     def flops_per_sample(self) -> float:
@@ -247,7 +257,7 @@ class ResNetWorkload(Workload):
         else:
             self.optimizer.step()
 
-    def evaluate(self) -> float:
+    def evaluate(self) -> dict[str, float]:
         self.model.eval()
         counts = torch.zeros(2, dtype=torch.float64, device=self.env.device)
         for images, labels in self.eval_loader.epoch(0):
@@ -260,7 +270,7 @@ class ResNetWorkload(Workload):
         correct, seen = counts.tolist()
         if int(seen) != self.eval_samples:
             raise RuntimeError(f"evaluated {int(seen)} images, expected {self.eval_samples}")
-        return correct / seen
+        return {"top1": correct / seen}
 
 
 def _check_cudnn_fusion(a: argparse.Namespace, env) -> None:

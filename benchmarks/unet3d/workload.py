@@ -28,10 +28,17 @@ from common.errors import UserError
 from common.mllog import constants
 from common.progress import say
 from common.sgd import DeviceLRSGD
-from common.workload import Block, Workload, maybe_compile
+from common.workload import (
+    SYNTHETIC,
+    CapturePolicy,
+    EvalPoint,
+    Target,
+    Workload,
+    epoch_points,
+    maybe_compile,
+)
 
 FIXTURE_MARKER = "FIXTURE_COMPLETE"
-SYNTHETIC = "-"   # --data-dir for throughput runs: no dataset, device-resident batches
 KITS19_TRAIN, KITS19_EVAL = 168, 42
 
 
@@ -57,14 +64,13 @@ def lr_at(epoch: int, a: argparse.Namespace) -> float:
 
 class Unet3DWorkload(Workload):
     name = constants.UNET3D
-    synthetic_data_dir = SYNTHETIC
-    quality_target = 0.908
-    quality_metric = "mean Dice"
+    targets = (Target("mean_dice", 0.908),)
 
     @staticmethod
     def add_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--data-dir", type=Path, required=True,
-                       help="folder of case_XXXXX_x.npy / case_XXXXX_y.npy (prepare_data.py)")
+                       help=f"folder of case_XXXXX_x.npy / case_XXXXX_y.npy (prepare_data.py; "
+                            f"{SYNTHETIC}: no dataset, for throughput runs)")
         p.add_argument("--batch-size", type=int, default=2, help="samples per step per replica")
         p.add_argument("--epochs", type=int, default=4000, help="epoch cap")
         p.add_argument("--lr", type=float, default=0.8, help="base learning rate")
@@ -195,16 +201,33 @@ class Unet3DWorkload(Workload):
     def initialized_tensors(self) -> list[str]:
         return self.net.tensor_names()
 
-    def blocks(self) -> list[Block]:
+    @property
+    def rank_batch_size(self) -> int:
+        return self.args.batch_size   # a spatial group's ranks each hold a slab of every sample
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self.train_samples // self.global_batch_size   # the remainder is dropped
+
+    def eval_points(self) -> list[EvalPoint]:
         """The reference's schedule: evaluate at ``start_eval_at``, then every ``evaluate_every``
-        epochs."""
+        epochs, and at the cap."""
         a = self.args
-        first = min(a.start_eval_at, a.epochs)
-        blocks = [Block(1, first)]
-        while blocks[-1].last_epoch < a.epochs:
-            start = blocks[-1].last_epoch + 1
-            blocks.append(Block(start, min(a.evaluate_every, a.epochs - start + 1)))
-        return blocks
+        epochs = list(range(min(a.start_eval_at, a.epochs), a.epochs + 1, a.evaluate_every))
+        if epochs[-1] != a.epochs:
+            epochs.append(a.epochs)
+        return epoch_points(epochs, self.steps_per_epoch)
+
+    def capture_policy(self) -> CapturePolicy:
+        return CapturePolicy("static", fp16=False)  # GradScaler reads its overflow flag on the host
+
+    def training_state(self) -> list[torch.Tensor]:
+        momenta = [s["momentum_buffer"] for s in self.optimizer.state.values()]
+        state = [*self.net.state_dict(keep_vars=True).values(), *momenta, self.lr]
+        if self.scaler.is_enabled():   # amp-fp16: scale() makes the scaler's tensors
+            self.scaler.scale(torch.zeros((), device=self.env.device))
+            state += [self.scaler._scale, self.scaler._growth_tracker]
+        return state
 
     # -- steps ----------------------------------------------------------------------------
     def epoch_batches(self, epoch: int):
@@ -238,7 +261,7 @@ class Unet3DWorkload(Workload):
         self.scaler.update()
         return loss.detach()
 
-    def evaluate(self) -> float:
+    def evaluate(self) -> dict[str, float]:
         a, env = self.args, self.env
         self.net.eval()
         scores = torch.zeros(NUM_CLASSES - 1, dtype=torch.float64, device=env.device)
@@ -251,7 +274,7 @@ class Unet3DWorkload(Workload):
                     a.eval_batch_size, env.rank, env.world_size)
             scores += dice_score(logits, inference.crop(label, crops)).double()
         self.net.train()
-        return float(scores.mean() / len(self.eval_set))
+        return {"mean_dice": float(scores.mean() / len(self.eval_set))}
 
 
 class _Batches:

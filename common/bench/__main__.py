@@ -28,7 +28,6 @@ from pathlib import Path
 
 from common.bench import report
 from common.bench.external import ExternalWorker, baseline_groups
-from common.bench.worker import workload_class
 from common.cli import OneLineParser
 from common.precision import PRECISIONS
 
@@ -141,10 +140,6 @@ def skip_reason(a, env: dict, cuda: bool, p: dict) -> str | None:
     if impl != "ours" and not cuda:
         return (f"{impl} needs torchvision, which cannot be imported with the CPU-only torch "
                 "wheel (its ops need libtorch_cuda)")
-    if (impl == "ours" and prec == "amp-fp16" and p["stage"] == "train" and cuda
-            and a.cuda_graph and not workload_class(a.workload).fp16_graph_capturable):
-        return (f"{a.workload}'s amp-fp16 loss scaling reads overflow flags on the host and "
-                f"cannot run inside a CUDA graph: add --no-cuda-graph")
     return None
 
 

@@ -28,7 +28,7 @@ from common import dist
 from common.bench.external import ExternalWorker, baseline_groups
 from common.bench.record import point_record
 from common.cli import OneLineParser
-from common.cuda_graph import GraphedStep
+from common.cuda_graph import graphed_step
 from common.errors import UserError, one_line
 from common.metering import peak_memory_bytes, reset_peak_memory
 from common.precision import PRECISIONS, Precision
@@ -87,39 +87,42 @@ class Clock:
         return list(self.spans)
 
 
-def count_flops(fn, batch) -> float:
-    """FLOPs per sample of one eager call (``torch.compile``-d code runs eagerly here, so the
-    count sees every op and the counting mode never reaches Dynamo's first compilation)."""
+def count_flops(fn, batch, samples: int) -> float:
+    """FLOPs per sample of one eager call on a batch of ``samples`` (``torch.compile``-d code
+    runs eagerly here, so the count sees every op and the counting mode never reaches
+    Dynamo's first compilation)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with torch.compiler.set_stance("force_eager"), FlopCounterMode(display=False) as counter:
         fn(*batch)
-    return counter.get_total_flops() / batch[0].shape[0]
+    return counter.get_total_flops() / samples
 
 
 def build_point(a, env: dist.DistEnv, precision: Precision):
     """(step, batches iterator, flops per sample or None, warm-up steps needed, samples per
-    step over all ranks) for the point. Ranks that share samples (U-Net's spatial groups)
-    count them once: the workload's global batch."""
+    step in this rank's batch, samples per step over all ranks) for the point. Ranks that
+    share samples (U-Net's spatial groups) count them once: the workload's global batch."""
     cls = workload_class(a.workload)
     argv = shlex.split(a.workload_args) + ["--precision", a.precision, "--seed", "0",
                                            "--device", env.device.type]
-    args = cls.parse_bench_args(build_parser(cls), argv, a.data, a.batch_size)
+    args = cls.parse_bench_args(build_parser(cls), argv, a.data, a.batch_size, env.world_size)
     args.cuda_graph = a.cuda_graph
     if a.implementation == OURS:
         wl = cls(args, env, precision)
         wl.build()
+        torch.backends.cudnn.benchmark = env.device.type == "cuda" and wl.cudnn_benchmark
         if a.data == "synthetic":
-            batches = itertools.repeat(wl.synthetic_batch(a.batch_size))
+            batches = itertools.repeat(wl.synthetic_batch(wl.rank_batch_size))
         else:
             batches = (b for epoch in itertools.count(1) for b in wl.epoch_batches(epoch))
-        samples = wl.global_batch_size
+        local, samples = wl.rank_batch_size, wl.global_batch_size
         if a.mode == "infer":
-            return wl.infer_step, batches, None, 0, samples
-        graphed = GraphedStep(wl.train_step, enabled=a.cuda_graph and env.device.type == "cuda")
+            return wl.infer_step, batches, None, 0, local, samples
+        graphed = graphed_step(wl.train_step, wl.capture_policy(), a.cuda_graph, env.device,
+                               a.precision, wl.name)
         flops = wl.flops_per_sample
         return (graphed, batches, flops, (graphed.warmup_steps + 1 if graphed.enabled else 0),
-                samples)
+                local, samples)
     factories = baselines(a.workload)
     if a.implementation not in factories:
         raise UserError(f"{a.workload} has no baseline {a.implementation!r}; it has "
@@ -127,20 +130,20 @@ def build_point(a, env: dist.DistEnv, precision: Precision):
     if a.data != "synthetic":
         raise UserError("baselines run on synthetic data only")
     step, batch = factories[a.implementation](a.batch_size, precision, env.device, a.mode, args)
-    return step, itertools.repeat(batch), None, 0, a.batch_size * env.world_size
+    return step, itertools.repeat(batch), None, 0, a.batch_size, a.batch_size * env.world_size
 
 
 def measure(a, env: dist.DistEnv) -> dict:
     precision = Precision(a.precision, env.device.type)
     precision.apply_backend_flags()
     torch.backends.cudnn.benchmark = env.device.type == "cuda"
-    step, batches, flops, min_warmup, per_step = build_point(a, env, precision)
+    step, batches, flops, min_warmup, local, per_step = build_point(a, env, precision)
     warmup = max(a.warmup, min_warmup)
     first = next(batches)
     if flops is None:  # counted on one real call (eager; compiled variants count the same ops)
         # this rank's share of a step, scaled to a sample of the global batch (spatial groups
         # split each sample over ranks)
-        flops = count_flops(step, first) * a.batch_size * env.world_size / per_step
+        flops = count_flops(step, first, local) * local * env.world_size / per_step
     reset_peak_memory(env.device)
     out = step(*first)
     for _ in range(warmup - 1):

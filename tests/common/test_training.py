@@ -5,7 +5,6 @@ from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
 from common.precision import Precision
 from common.training import EXIT_ABORTED, build_parser, main, warm_up
-from common.workload import Workload
 from compliance.logs import read_events, summarize
 from tests.common.toy_workload import ToyWorkload
 
@@ -93,13 +92,9 @@ def test_init_steps_run_before_run_start(tmp_path, capsys):
     assert "init: 2 warm-up steps on synthetic batches, training state restored" in out
 
 
-class _NoStateToy(ToyWorkload):
-    training_state = Workload.training_state
-
-
 @pytest.mark.parametrize("workload, flags, message", [
-    (_NoStateToy, ["--init-steps", "2"], "toy does not support --init-steps"),
     (ToyWorkload, ["--init-steps", "-1"], "must be 0 or more, not -1"),
+    (ToyWorkload, ["--log-every", "0"], "must be 1 or more, not 0"),
 ])
 def test_bad_init_steps_is_one_line_error(tmp_path, capsys, workload, flags, message):
     try:

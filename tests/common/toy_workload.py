@@ -5,13 +5,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from common.workload import Workload, blocks_every
+from common.workload import Target, Workload, epoch_points
 
 
 class ToyWorkload(Workload):
     name = "toy"
-    quality_target = 0.9
-    quality_metric = "accuracy"
+    targets = (Target("accuracy", 0.9),)
 
     @staticmethod
     def add_args(p):
@@ -23,7 +22,7 @@ class ToyWorkload(Workload):
         g = torch.Generator().manual_seed(0)
         self.x = torch.randn(256, 8, generator=g)
         self.y = (self.x[:, 0] > 0).long()
-        self.quality_target = self.args.target
+        self.targets = (Target("accuracy", self.args.target),)
         self.model = nn.Linear(8, 2)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.5)
         self.steps_run = 0
@@ -39,8 +38,10 @@ class ToyWorkload(Workload):
     def initialized_tensors(self):
         return [n for n, _ in self.model.named_parameters()]
 
-    def blocks(self):
-        return blocks_every(1, 0, self.args.epochs)
+    steps_per_epoch = 8
+
+    def eval_points(self):
+        return epoch_points(range(1, self.args.epochs + 1), self.steps_per_epoch)
 
     def epoch_batches(self, epoch):
         if epoch == self.args.fail_at_epoch:
@@ -62,4 +63,4 @@ class ToyWorkload(Workload):
         return loss.detach()
 
     def evaluate(self):
-        return (self.model(self.x).argmax(1) == self.y).float().mean().item()
+        return {"accuracy": (self.model(self.x).argmax(1) == self.y).float().mean().item()}
