@@ -5,4 +5,5 @@ import sys
 from benchmarks.bert.workload import BertWorkload
 from common.training import main
 
-sys.exit(main(BertWorkload))
+if __name__ == "__main__":   # not again in a spawned child (background scoring)
+    sys.exit(main(BertWorkload))

@@ -5,4 +5,5 @@ import sys
 from benchmarks.dlrm.workload import DLRMWorkload
 from common.training import main
 
-sys.exit(main(DLRMWorkload))
+if __name__ == "__main__":   # not again in a spawned child (background scoring)
+    sys.exit(main(DLRMWorkload))

@@ -5,4 +5,5 @@ import sys
 from benchmarks.resnet.workload import ResNetWorkload
 from common.training import main
 
-sys.exit(main(ResNetWorkload))
+if __name__ == "__main__":   # not again in a spawned child (background scoring)
+    sys.exit(main(ResNetWorkload))

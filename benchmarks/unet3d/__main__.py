@@ -5,4 +5,5 @@ import sys
 from benchmarks.unet3d.workload import Unet3DWorkload
 from common.training import main
 
-sys.exit(main(Unet3DWorkload))
+if __name__ == "__main__":   # not again in a spawned child (background scoring)
+    sys.exit(main(Unet3DWorkload))

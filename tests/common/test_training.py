@@ -1,3 +1,9 @@
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -5,8 +11,11 @@ from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
 from common.precision import Precision
 from common.training import EXIT_ABORTED, build_parser, main, warm_up
+from compliance.check import check_log
 from compliance.logs import read_events, summarize
-from tests.common.toy_workload import ToyWorkload
+from tests.common.toy_workload import BackgroundToy, DictToy, NestedToy, ToyWorkload, WerToy
+
+REPO = Path(__file__).resolve().parents[2]
 
 REQUIRED = ["cache_clear", "init_start", "submission_benchmark", "submission_org",
             "submission_division", "submission_status", "submission_platform", "seed",
@@ -105,3 +114,99 @@ def test_bad_init_steps_is_one_line_error(tmp_path, capsys, workload, flags, mes
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def _run(tmp_path, workload, *flags):
+    log = tmp_path / "log.txt"
+    code = main(workload, ["--device", "cpu", "--precision", "fp32", "--seed", "3",
+                           "--log-file", str(log), *flags])
+    return code, log, read_events(log)
+
+
+def _compliant(log):
+    verdict = check_log(log)
+    assert verdict.compliant, verdict.problems
+
+
+def test_dict_metric_is_logged_as_a_dict_that_the_real_checker_accepts(tmp_path, capsys):
+    code, log, events = _run(tmp_path, DictToy, "--submission-division", "open")
+    assert code == 0 and events[-1]["metadata"]["status"] == "success"
+    last = [e for e in events if e["key"] == "eval_accuracy"][-1]["value"]
+    assert set(last) == {"BBOX", "SEGM"} and last["BBOX"] >= 0.45 and last["SEGM"] >= 0.40
+    _compliant(log)
+    closing = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "BBOX" in closing and "SEGM" in closing and "success" in closing
+
+
+def test_lower_is_better_target_stops_when_the_error_falls_to_it(tmp_path):
+    code, log, events = _run(tmp_path, WerToy, "--submission-division", "open")
+    wers = [e["value"] for e in events if e["key"] == "eval_accuracy"]
+    assert code == 0 and wers[-1] <= 0.1 and all(w > 0.1 for w in wers[:-1])
+    _compliant(log)
+
+
+def test_background_scoring_trains_on_and_stops_at_the_late_result(tmp_path):
+    code, log, events = _run(tmp_path, BackgroundToy, "--background-scoring", "--epochs", "60",
+                             "--step-sleep", "0.03", "--log-every", "2", "--score-seconds", "1",
+                             "--submission-division", "open")
+    assert code == 0 and events[-1]["key"] == "run_stop"
+    assert events[-1]["metadata"]["status"] == "success"
+    keys = [e["key"] for e in events]
+    stop_at = max(i for i, k in enumerate(keys) if k == "eval_accuracy")
+    scored = events[stop_at]["metadata"]["epoch_num"]
+    started = [e["metadata"]["epoch_num"] for e in events[:stop_at] if e["key"] == "epoch_start"]
+    assert max(started) > scored          # training went on while that evaluation was scored
+    assert max(started) < 60              # and the late result stopped the run before the cap
+    assert keys[stop_at + 1:] == ["run_stop"]
+    _compliant(log)
+
+
+def test_background_scoring_waits_at_the_cap_for_pending_results(tmp_path):
+    code, log, events = _run(tmp_path, BackgroundToy, "--background-scoring", "--epochs", "2",
+                             "--score-seconds", "0.5", "--submission-division", "open")
+    keys = [e["key"] for e in events]
+    assert code == 0 and keys.count("eval_accuracy") >= 1
+    assert keys.index("eval_accuracy") > max(i for i, k in enumerate(keys) if k == "block_stop")
+    _compliant(log)
+
+
+def test_background_scoring_needs_a_scorer(tmp_path, capsys):
+    code, _, _ = _run(tmp_path, ToyWorkload, "--background-scoring")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "no scorer" in err[0]
+
+
+def test_batches_of_dicts_and_variable_length_tensors(tmp_path):
+    code, _, events = _run(tmp_path, NestedToy)
+    assert code == 0 and events[-1]["metadata"]["status"] == "success"
+
+
+def test_non_finite_loss_aborts_at_the_next_read_back(tmp_path, capsys):
+    code, log, events = _run(tmp_path, ToyWorkload, "--poison-step", "11", "--log-every", "4",
+                             "--target", "1.01")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == EXIT_ABORTED and events[-1]["metadata"]["status"] == "aborted"
+    assert len(err) == 1 and "non-finite" in err[0] and "at step 11 (epoch 2)" in err[0]
+    assert [e["key"] for e in events].count("eval_accuracy") == 1   # no evaluation after it
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_ends_the_run_with_run_stop_aborted(tmp_path, sig):
+    log = tmp_path / "log.txt"
+    program = ("import sys; from common.training import main; "
+               "from tests.common.toy_workload import ToyWorkload; "
+               "sys.exit(main(ToyWorkload, sys.argv[1:]))")
+    proc = subprocess.Popen([sys.executable, "-c", program, "--device", "cpu", "--precision",
+                             "fp32", "--log-file", str(log), "--epochs", "1000", "--target",
+                             "1.01", "--step-sleep", "0.01"], cwd=REPO, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 60
+    while not (log.is_file() and "run_start" in log.read_text()):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig
+    last = read_events(log)[-1]
+    assert last["key"] == "run_stop" and last["metadata"]["status"] == "aborted"
+    assert f"stopped by {sig.name}" in err

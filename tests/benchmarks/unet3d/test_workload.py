@@ -6,7 +6,6 @@ import torch
 
 from benchmarks.unet3d.workload import Unet3DWorkload, lr_at
 from common.sgd import DeviceLRSGD
-from common.workload import Block
 
 
 def _args(**kw):
@@ -27,12 +26,17 @@ def test_decay_applies_after_the_boundary_epoch():
     assert [lr_at(e, a) for e in (10, 11, 20, 21)] == [0.8, 0.4, 0.4, 0.2]
 
 
-def test_evaluation_schedule_is_the_references():
+def test_evaluation_schedule_is_the_references(monkeypatch):
+    monkeypatch.setattr(Unet3DWorkload, "steps_per_epoch", 84)
     wl = Unet3DWorkload.__new__(Unet3DWorkload)
     wl.args = _args(epochs=1050)
-    assert wl.blocks() == [Block(1, 1000), Block(1001, 20), Block(1021, 20), Block(1041, 10)]
+    points = wl.eval_points()
+    assert [(p.first_epoch_num, p.epoch_count) for p in points] == [(1, 1000), (1001, 20),
+                                                                   (1021, 20), (1041, 10)]
+    assert [p.epoch_num for p in points] == [1000, 1020, 1040, 1050]
+    assert points[-1].step == 1050 * 84
     wl.args = _args(epochs=5, start_eval_at=10)
-    assert wl.blocks() == [Block(1, 5)]
+    assert [(p.first_epoch_num, p.epoch_count) for p in wl.eval_points()] == [(1, 5)]
 
 
 def test_device_lr_sgd_is_torch_nesterov_sgd():
