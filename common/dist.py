@@ -6,6 +6,7 @@ NCCL on CUDA, gloo on the CPU, so multi-process logic runs in CI on 2 CPU proces
 from __future__ import annotations
 
 import gc
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -109,6 +110,61 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     if dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
+
+
+def gather_rows(t: torch.Tensor) -> torch.Tensor | None:
+    """Every rank's ``t`` concatenated along dim 0 in rank order on rank 0, None elsewhere.
+
+    For results whose row count differs between ranks (and may be 0), such as
+    the boxes each rank detects; see :func:`gather_row_dict`. A single process
+    gets ``t`` back.
+    """
+    rows = gather_row_dict({"t": t})
+    return None if rows is None else rows["t"]
+
+
+def gather_row_dict(rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """:func:`gather_rows` for tensors that share dim 0 (boxes [N, 4], scores [N], labels [N]).
+
+    Collective: every rank calls it with the same keys, and each key's dtype and
+    trailing shape the same on every rank; N may differ. The tensors travel on
+    their device (CUDA under NCCL) in two all-gathers: the row counts, then the
+    rows packed as bytes and padded to the largest count. A single process gets
+    ``rows`` back.
+    """
+    if not dist.is_initialized():
+        return rows
+    tensors = list(rows.values())
+    n = tensors[0].shape[0]
+    if any(t.dim() == 0 or t.shape[0] != n for t in tensors):
+        shapes = {k: tuple(t.shape) for k, t in rows.items()}
+        raise ValueError(f"gather_row_dict: the tensors' dim 0 differ: {shapes}")
+    count = torch.tensor([n], device=tensors[0].device)
+    counts = [torch.empty_like(count) for _ in range(dist.get_world_size())]
+    dist.all_gather(counts, count)
+    counts = [int(c) for c in counts]
+    # each row's bytes of every tensor side by side, so one all-gather carries any dtypes
+    packed = torch.cat([t.detach().reshape(n, math.prod(t.shape[1:])).contiguous()
+                        .view(torch.uint8) for t in tensors], dim=1)
+    if max(counts) == 0:  # nothing to send: skip a collective of empty tensors
+        gathered = packed
+    else:
+        padded = packed.new_zeros(max(counts), packed.shape[1])
+        padded[:n] = packed
+        parts = [torch.empty_like(padded) for _ in counts]
+        dist.all_gather(parts, padded)
+        gathered = torch.cat([p[:c] for p, c in zip(parts, counts)])
+    if dist.get_rank() != 0:
+        return None
+    out, start = {}, 0
+    for key, t in rows.items():
+        width = math.prod(t.shape[1:]) * t.element_size()
+        # a fresh copy: viewing bytes as t.dtype needs an offset and row stride that are
+        # multiples of its size (contiguous() keeps an empty slice's stride)
+        raw = gathered[:, start:start + width].clone(memory_format=torch.contiguous_format)
+        out[key] = raw.view(t.dtype).reshape(len(gathered), *t.shape[1:])
+        start += width
+    return out
 
 
 def broadcast_object(obj, src: int = 0):

@@ -148,6 +148,18 @@ def _log_submission(log: MLLog, wl: type[Workload], args) -> None:
     log.event(constants.SUBMISSION_PLATFORM, args.submission_platform)
 
 
+def log_workload(log: MLLog, wl: Workload) -> None:
+    """The built workload's facts: dataset, sizes, hyper-parameters, initialized tensors."""
+    log.event(DATASET_KEY, wl.dataset)
+    log.event(constants.GLOBAL_BATCH_SIZE, wl.global_batch_size)
+    log.event(constants.TRAIN_SAMPLES, wl.train_samples)
+    log.event(constants.EVAL_SAMPLES, wl.eval_samples)
+    for key, value in wl.hyperparameters().items():
+        log.event(key, value)
+    for name in wl.initialized_tensors():
+        log.event(constants.WEIGHTS_INITIALIZATION, metadata={"tensor": name})
+
+
 class _Stream:
     """The training batches across epochs as one stream, with the mllog epoch events
     (none for a workload without epochs)."""
@@ -336,14 +348,7 @@ def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
             precision.apply_backend_flags()
             wl = workload_cls(args, env, precision)
             wl.build()
-            log.event(DATASET_KEY, wl.dataset)
-            log.event(constants.GLOBAL_BATCH_SIZE, wl.global_batch_size)
-            log.event(constants.TRAIN_SAMPLES, wl.train_samples)
-            log.event(constants.EVAL_SAMPLES, wl.eval_samples)
-            for key, value in wl.hyperparameters().items():
-                log.event(key, value)
-            for name in wl.initialized_tensors():
-                log.event(constants.WEIGHTS_INITIALIZATION, metadata={"tensor": name})
+            log_workload(log, wl)
             say(f"{wl.name}: dataset {wl.dataset}; {env.world_size} process(es) on "
                 f"{env.device.type}; precision {args.precision}; global batch "
                 f"{wl.global_batch_size}", env.is_main)

@@ -15,8 +15,9 @@ master in LAMB); ``ours-unpad-bf16w-fused-ln``: both;
 ``ours-sdpa-graph``: the same step on padded SDPA as one CUDA graph;
 ``ours-plain``: the plain model (explicit softmax attention, per-tensor LAMB).
 ``hf-sdpa``: ``transformers.BertForPreTraining`` with SDPA attention and
-``torch.optim.AdamW``, the step a user would otherwise run. ``--profile`` adds each
-variant's GPU kernel time by kernel family.
+``torch.optim.AdamW``, the step a user would otherwise run, on the same padded batch.
+Each variant builds its own step and batch, so ``--variants`` may come in any order.
+``--profile`` adds each variant's GPU kernel time by kernel family.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from benchmarks.bert import data
+from benchmarks.bert.model import BertConfig
 from benchmarks.bert.workload import SYNTHETIC, BertWorkload
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
@@ -58,13 +61,22 @@ def ours(variant: str, a, precision: Precision, device):
     return GraphedStep(wl.train_step, enabled=graph), wl.synthetic_batch(a.batch_size)
 
 
-def hf(a, precision: Precision, device, batch):
-    from transformers import BertConfig, BertForPreTraining
-    model = BertForPreTraining(BertConfig(
+def padded_batch(a, device) -> tuple[torch.Tensor, ...]:
+    """The padded batch that every ``ours`` variant's batch starts with (without unpad's
+    packing): the workload's default masked positions and BERT-large's vocabulary."""
+    max_predictions = build_parser(BertWorkload).get_default("max_predictions")
+    return data.synthetic_batch(a.batch_size, a.seq_len, max_predictions,
+                                BertConfig().vocab_size, a.fill, device)
+
+
+def hf(a, precision: Precision, device):
+    import transformers
+    model = transformers.BertForPreTraining(transformers.BertConfig(
         vocab_size=30528, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
         intermediate_size=4096, attn_implementation="sdpa")).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids, seg, mask, pos, labels, nsp = batch[:6]
+    batch = padded_batch(a, device)
+    ids, seg, mask, pos, labels, nsp = batch
     mlm_labels = torch.full_like(ids, -100).scatter_(1, pos, labels)
 
     def step(*_):
@@ -77,7 +89,15 @@ def hf(a, precision: Precision, device, batch):
         loss.backward()
         opt.step()
         return loss
-    return step
+    return step, batch
+
+
+def setup(variant: str, a, precision: Precision, device):
+    """``variant``'s step and the batch it runs on, built from nothing another variant
+    left behind."""
+    if variant == "hf-sdpa":
+        return hf(a, precision, device)
+    return ours(variant, a, precision, device)
 
 
 def main(argv=None) -> int:
@@ -92,23 +112,21 @@ def main(argv=None) -> int:
     precision = Precision(a.precision, "cuda")
     precision.apply_backend_flags()
     results = {}
-    batch = None
     for variant in variants:
-        if variant == "hf-sdpa":
-            try:
-                step = hf(a, precision, device, batch)
-            except ImportError as exc:
-                print(f"{variant}: skipped ({exc})", flush=True)
-                continue
-        else:
-            step, batch = ours(variant, a, precision, device)
+        try:
+            step, batch = setup(variant, a, precision, device)
+        except ModuleNotFoundError as exc:
+            if exc.name != "transformers":
+                raise
+            print(f"{variant}: skipped ({exc})", flush=True)
+            continue
         m = time_steps(variant, step, batch, device, a.warmup, a.iters)
         results[variant] = dict(seq_per_s=round(m.samples_per_second, 1),
                                 peak_gib=round(m.peak_memory_bytes / 2**30, 2))
         print(f"{variant}: {results[variant]}", flush=True)
         if a.profile:
             print(kernel_breakdown(step, batch, top=25), flush=True)
-        del step
+        del step, batch
         torch.cuda.empty_cache()
     if a.json:
         with open(a.json, "w") as f:

@@ -132,9 +132,10 @@ class DLRMWorkload(Workload):
                             "every row)")
         bottom, top = parse_mlp(a.arch_mlp_bot), parse_mlp(a.arch_mlp_top)
         self.synthetic = str(a.data_dir) == SYNTHETIC
+        # synthetic ids (throughput runs, --init-steps warm-up): the same on every rank
+        self.synthetic_rng = torch.Generator().manual_seed(a.seed)
         if self.synthetic:
             self.sizes = data.cap_sizes(data.CRITEO_TB_SIZES, a.max_ind_range)
-            self.synthetic_rng = torch.Generator().manual_seed(a.seed)  # same on every rank
             self.steps_per_epoch = CRITEO_TRAIN_SAMPLES // a.batch_size
         else:
             self._open_data()

@@ -1,4 +1,5 @@
-"""Two gloo processes: DDP through common.dist averages gradients across ranks."""
+"""common.dist on two gloo processes: DDP averages gradients across ranks; variable-size
+results gather on rank 0."""
 
 import os
 import socket
@@ -48,6 +49,54 @@ def test_gradients_are_averaged_over_two_gloo_processes():
         torch.testing.assert_close(results[rank][1], mean_w)
         torch.testing.assert_close(results[rank][2], mean_b)
     assert not torch.allclose(grads[0][0], grads[1][0])  # the ranks really differed
+
+
+def _detections(rank: int, n: int) -> dict[str, torch.Tensor]:
+    """``n`` rows of a detector's output on ``rank``, in several dtypes."""
+    i = torch.arange(n) + 1000 * rank
+    return {"boxes": torch.stack([i, i + 1, i + 2, i + 3], 1).float() / 8,
+            "scores": (i / 4096).to(torch.bfloat16),
+            "labels": i + 2**40,                             # int64 beyond 32 bits
+            "crowd": i % 2 == 1}
+
+
+# rows per rank in each case: one rank empty, the other rank empty, both empty
+COUNTS = [(3, 0), (0, 2), (0, 0)]
+
+
+def _gather_worker(rank, world, port, out):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    dist.init_distributed("cpu")
+    results = []
+    for counts in COUNTS:
+        rows = _detections(rank, counts[rank])
+        results.append((dist.gather_row_dict(rows),
+                        dist.gather_rows(rows["boxes"][:, 1:3])))   # a strided view
+    out[rank] = results
+    dist.shutdown()
+
+
+def test_variable_rows_gather_on_rank_0_over_two_gloo_processes():
+    world = 2
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_gather_worker, args=(world, _free_port(), out), nprocs=world, join=True)
+        results = dict(out)
+    assert results[1] == [(None, None)] * len(COUNTS)
+    for counts, (rows, boxes) in zip(COUNTS, results[0]):
+        parts = [_detections(rank, n) for rank, n in enumerate(counts)]
+        for key, want in parts[0].items():
+            got = rows[key]
+            assert got.dtype == want.dtype and got.shape == (sum(counts), *want.shape[1:])
+            assert torch.equal(got, torch.cat([p[key] for p in parts]))
+        assert torch.equal(boxes, torch.cat([p["boxes"][:, 1:3] for p in parts]))
+
+
+def test_gather_on_one_process_returns_the_input():
+    t = torch.ones(2, 4)
+    rows = {"boxes": t}
+    assert dist.gather_rows(t) is t and dist.gather_row_dict(rows) is rows
 
 
 def test_slurm_hostlist_first_host():

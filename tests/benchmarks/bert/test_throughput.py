@@ -1,0 +1,62 @@
+"""The BERT throughput tool's per-variant set-up on the CPU, in either order of ``--variants``."""
+
+import argparse
+import dataclasses
+import math
+import sys
+import types
+
+import pytest
+import torch
+
+from benchmarks.bert import model, throughput
+from benchmarks.bert.model import BertConfig
+from benchmarks.bert.workload import BertWorkload
+from common.precision import Precision
+
+# BERT-large's vocabulary (the padded batch draws its tokens from it), everything else tiny
+TINY = dataclasses.replace(BertConfig(), hidden_size=32, num_hidden_layers=2,
+                           num_attention_heads=2, intermediate_size=64)
+
+
+class _HFBert(torch.nn.Module):
+    """Stands in for ``transformers.BertForPreTraining``: its call and outputs, few weights."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.embed = torch.nn.Embedding(config.vocab_size, 8)
+        self.mlm = torch.nn.Linear(8, config.vocab_size)
+        self.nsp = torch.nn.Linear(8, 2)
+
+    def forward(self, input_ids, token_type_ids, attention_mask):
+        h = self.embed(input_ids + token_type_ids) * attention_mask[..., None]
+        return types.SimpleNamespace(prediction_logits=self.mlm(h),
+                                     seq_relationship_logits=self.nsp(h[:, 0]))
+
+
+@pytest.fixture
+def stubs(monkeypatch):
+    """transformers (absent here: GPU machines only) as a stub; ours at a tiny size, its
+    compiled kernels run eagerly (test_model checks them; Inductor takes ~20 s on the CPU)."""
+    fake = types.ModuleType("transformers")
+    fake.BertConfig = lambda **kw: types.SimpleNamespace(**kw)
+    fake.BertForPreTraining = _HFBert
+    monkeypatch.setitem(sys.modules, "transformers", fake)
+    monkeypatch.setattr(BertWorkload, "_config", lambda self: TINY)
+    monkeypatch.setattr(model, "compiled", lambda fn: fn)
+
+
+@pytest.mark.parametrize("variants", [["hf-sdpa", "ours-unpad-bf16w-fused-ln"],
+                                      ["ours-unpad-bf16w-fused-ln", "hf-sdpa"]])
+def test_each_variant_sets_up_on_its_own_in_either_order(stubs, variants):
+    a = argparse.Namespace(batch_size=2, seq_len=32, fill=0.6)
+    precision = Precision("amp-bf16", "cpu")
+    batches = {}
+    for variant in variants:
+        step, batch = throughput.setup(variant, a, precision, torch.device("cpu"))
+        assert math.isfinite(float(step(*batch).detach()))
+        batches[variant] = batch
+    hf, ours = batches["hf-sdpa"], batches["ours-unpad-bf16w-fused-ln"]
+    assert len(hf) == 6 and len(ours) == 8            # ours adds unpad's packing
+    for h, o in zip(hf, ours):                         # the same padded data for both
+        assert torch.equal(h, o)

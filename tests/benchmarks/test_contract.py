@@ -1,0 +1,145 @@
+"""The driver contract, checked the same way for every registered workload (as AlgoPerf's
+workload tests do): a new workload is covered by adding its name to ``WORKLOADS``.
+
+Each builds its ``config_cpu_tiny.sh`` on its (cached) fixture and must log every key its
+1.1.0 rules require exactly once, name the ruleset's initialized tensors, train two steps,
+evaluate to metrics its target predicate judges, and train bit for bit the same after
+``--init-steps 2`` as without.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from mlperf_logging import compliance_checker
+
+from common.bench.worker import workload_class
+from common.cuda_graph import GraphedStep
+from common.dist import DistEnv
+from common.mllog import MLLog
+from common.precision import Precision
+from common.training import build_parser, log_workload, warm_up
+from compliance.logs import read_events
+
+REPO = Path(__file__).resolve().parents[2]
+WORKLOADS = ["resnet", "bert", "dlrm", "unet3d"]
+# smaller steps than the tiny config's where the full model on the CPU takes long
+FASTER = {"resnet": ["--image-size", "32", "--batch-size", "8", "--eval-batch-size", "50",
+                     "--workers", "0"],
+          "unet3d": ["--overlap", "0"]}
+RULES = Path(compliance_checker.__file__).parent / "training_1.1.0"
+# keys the driver logs around the workload's own (submission, seed, init/run events)
+DRIVER_KEYS = {"submission_org", "submission_platform", "submission_division",
+               "submission_status", "submission_benchmark", "seed", "init_stop", "run_start",
+               "run_stop"}
+
+
+def tiny_config(name: str) -> tuple[list[str], list[str]]:
+    """(FIXTURE_ARGS, TRAIN_ARGS) of ``config_cpu_tiny.sh``, as run_and_time.sh sees them."""
+    script = (f'source benchmarks/{name}/config_cpu_tiny.sh; printf "%s\\n" "${{FIXTURE_ARGS[@]}}"'
+              f'; echo ---; printf "%s\\n" "${{TRAIN_ARGS[@]}}"')
+    out = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True,
+                         check=True, env={"PATH": "/usr/bin:/bin"}).stdout
+    fixture, train = out.split("---\n")
+    return [x for x in fixture.splitlines() if x], [x for x in train.splitlines() if x]
+
+
+@pytest.fixture(scope="module", params=WORKLOADS)
+def tiny(request):
+    """(workload class, argv) of the tiny config on the shared fixture cache."""
+    name = request.param
+    fixture_args, train_args = tiny_config(name)
+    data = REPO / ".fixtures" / name
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}.fixture", str(data),
+                           *fixture_args], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return workload_class(name), [*train_args, *FASTER.get(name, []), "--data-dir", str(data),
+                                  "--seed", "5"]
+
+
+def build(cls, argv: list[str], seed: int = 1):
+    torch.manual_seed(seed)
+    args = build_parser(cls).parse_args(argv)
+    wl = cls(args, DistEnv(), Precision(args.precision, "cpu"))
+    wl.build()
+    return wl
+
+
+def ruleset_records(name: str, opt_name: str | None) -> list[dict]:
+    files = ["common.yaml", "closed_common.yaml", f"closed_{name}.yaml"]
+    if opt_name and (RULES / f"closed_{name}_{opt_name}.yaml").is_file():   # resnet: lars/sgd
+        files.append(f"closed_{name}_{opt_name}.yaml")
+    return [r for f in files for r in yaml.safe_load((RULES / f).read_text())]
+
+
+def ruleset_tensors(records: list[dict]) -> list[str] | None:
+    for r in records:
+        check = str(r.get("END", {}).get("CHECK", ""))
+        if "initialized_tensors" in check:
+            return ast.literal_eval(re.search(r"sorted\((\[.*?\])\)\s*$", check, re.S).group(1))
+    return None
+
+
+def test_logs_every_required_key_once_and_the_rulesets_tensors(tiny, tmp_path):
+    cls, argv = tiny
+    wl = build(cls, argv)
+    log = MLLog(tmp_path / "log.txt")
+    log_workload(log, wl)
+    log.close()
+    events = read_events(tmp_path / "log.txt")
+    keys = [e["key"] for e in events if e["key"] != "weights_initialization"]
+    hp = wl.hyperparameters()
+    records = ruleset_records(cls.name, hp.get("opt_name"))
+    required = {r["KEY"]["NAME"] for r in records
+                if "KEY" in r and r["KEY"].get("REQ") == "EXACTLY_ONE"} - DRIVER_KEYS
+    for key in sorted(required):
+        assert keys.count(key) == 1, f"{cls.name}: {key} logged {keys.count(key)} times"
+    tensors = [e["metadata"]["tensor"] for e in events if e["key"] == "weights_initialization"]
+    assert tensors == list(wl.initialized_tensors()) and len(set(tensors)) == len(tensors)
+    expected = ruleset_tensors(records)
+    if expected is not None and wl.args.submission_division == "closed":
+        assert sorted(tensors) == sorted(expected)
+    elif expected is not None:   # a smaller model for the open-division fixture: same names
+        assert set(tensors) <= set(expected)
+
+
+def test_two_steps_and_an_evaluation_the_target_predicate_judges(tiny):
+    cls, argv = tiny
+    wl = build(cls, argv)
+    step = GraphedStep(wl.train_step, enabled=False)
+    batches = iter(wl.epoch_batches(1))
+    for _ in range(2):
+        assert torch.isfinite(step(*next(batches))).all()
+    with torch.no_grad():
+        metrics = wl.evaluate()
+    assert {t.metric for t in wl.targets} <= set(metrics)
+    assert all(isinstance(v, float) for v in metrics.values())
+    assert isinstance(wl.has_reached_target(metrics), bool)
+    accuracy = wl.eval_accuracy(metrics)
+    assert isinstance(accuracy, dict if len(wl.targets) > 1 else float)
+    points = wl.eval_points()
+    assert points and all(a.step < b.step for a, b in zip(points, points[1:]))
+
+
+def test_init_steps_leave_training_bit_identical(tiny):
+    cls, argv = tiny
+    states = []
+    for init_steps in (0, 2):
+        wl = build(cls, argv)
+        step = GraphedStep(wl.train_step, enabled=False)
+        if init_steps:
+            warm_up(wl, step, init_steps, wl.env)
+        batches = iter(wl.epoch_batches(1))
+        for _ in range(2):
+            step(*next(batches))
+        states.append([t.detach().clone() for t in wl.training_state()])
+    assert len(states[0]) == len(states[1])
+    for a, b in zip(*states):
+        assert torch.equal(a, b)
