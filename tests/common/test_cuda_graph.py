@@ -3,7 +3,9 @@ import copy
 import pytest
 import torch
 
-from common.cuda_graph import GraphedStep
+from common.cuda_graph import GraphedStep, graphed_step
+from common.errors import UserError
+from common.workload import CapturePolicy
 
 
 def make_step(model, opt):
@@ -26,12 +28,12 @@ def models(device):
     return a.to(device), copy.deepcopy(a).to(device)
 
 
-def plain_and_graphed(device, warmup_steps):
+def plain_and_graphed(device, warmup_steps, max_graphs=1):
     """The same SGD step twice from the same weights: plain, and through GraphedStep."""
     a, b = models(device)
     plain = make_step(a, torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9))
     graphed = GraphedStep(make_step(b, torch.optim.SGD(b.parameters(), lr=0.1, momentum=0.9)),
-                          warmup_steps=warmup_steps)
+                          warmup_steps=warmup_steps, max_graphs=max_graphs)
     return plain, graphed
 
 
@@ -61,10 +63,48 @@ def test_captured_graph_equals_eager_on_gpu():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_one_graph_per_input_shape_on_gpu():
-    plain, graphed = plain_and_graphed("cuda", 3)
+    plain, graphed = plain_and_graphed("cuda", 3, max_graphs=3)
     g = torch.Generator().manual_seed(2)
     data = [(torch.randn(n, 8, generator=g).cuda(), torch.randn(n, 1, generator=g).cuda())
             for n in (4, 4, 4, 4, 6, 4, 6, 2, 6, 4, 2)]
     want, got = run(plain, data), run(graphed, data)
-    assert sorted(k[0][0] for k in graphed.graphs) == [2, 4, 6]
+    assert sorted(shapes[0][0] for _, shapes in graphed.graphs) == [2, 4, 6]
     torch.testing.assert_close(got, want)
+    with pytest.raises(UserError, match="beyond its 3 CUDA graph"):
+        graphed(torch.randn(5, 8).cuda(), torch.randn(5, 1).cuda())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_nested_batches_are_captured_and_replayed_on_gpu():
+    """A batch of (dict of tensors, [tensor, list of variable-length tensors], None)."""
+    a, b = models("cuda")
+
+    def nested(step):
+        def run_nested(inputs, targets, unused):
+            y, boxes = targets
+            return step(inputs["x"] + sum(t.sum() for t in boxes) * 0, y) * inputs["scale"]
+        return run_nested
+    plain = nested(make_step(a, torch.optim.SGD(a.parameters(), lr=0.1)))
+    graphed = GraphedStep(nested(make_step(b, torch.optim.SGD(b.parameters(), lr=0.1))),
+                          warmup_steps=2, max_graphs=3)   # 0, 1 or 2 boxes
+    data = [({"x": x, "scale": torch.full((), 2.0, device="cuda")},
+             [y, [torch.rand(i % 3, 4, device="cuda"), torch.rand(1, 4, device="cuda")]], None)
+            for i, (x, y) in enumerate(batches("cuda", 12))]
+    want = torch.stack([plain(*d).clone() for d in data])
+    got = torch.stack([graphed(*d).clone() for d in data])
+    assert graphed.captured
+    torch.testing.assert_close(got, want)
+
+
+def test_capture_policy_decides_graphs_and_refuses_uncapturable_fp16():
+    model = torch.nn.Linear(2, 1)
+    step = make_step(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    cuda = torch.device("cuda")
+    with pytest.raises(UserError, match="amp-fp16 loss scaling .* add --no-cuda-graph"):
+        graphed_step(step, CapturePolicy("static"), True, cuda, "amp-fp16", "toy")
+    # never captured: no refusal, eager; off when not asked for or on the CPU
+    assert not graphed_step(step, CapturePolicy("never"), True, cuda, "amp-fp16", "t").enabled
+    assert not graphed_step(step, CapturePolicy("static"), False, cuda, "amp-fp16", "t").enabled
+    cpu = graphed_step(step, CapturePolicy("bucketed", 4), True, torch.device("cpu"), "fp32", "t")
+    assert not cpu.enabled and cpu.max_graphs == 4
