@@ -44,11 +44,16 @@ def check_log(path: str | Path, ruleset: str = DEFAULT_RULESET) -> Verdict:
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.CRITICAL)  # the checker narrates through the root logger
+    # The checker queues the rule files still to apply in a module-level list. A check that
+    # raises (a rule evaluated on a value of the wrong type, a benchmark without rules) leaves
+    # the rest queued, and the next log would be checked against them: empty it around each log.
+    mlp_compliance.enqueued_configs.clear()
     try:
         valid = checker.check_file(str(path), f"training_{ruleset}/common.yaml")
     except Exception as exc:  # e.g. a benchmark name the ruleset has no rules for
         return Verdict(path, ruleset, False, (f"checker stopped: {type(exc).__name__}: {exc}",))
     finally:
+        mlp_compliance.enqueued_configs.clear()
         root.setLevel(level)
     problems = (*checker.overwritable.values(), *checker.not_overwritable)
     return Verdict(path, ruleset, bool(valid), tuple(problems))

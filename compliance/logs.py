@@ -38,7 +38,7 @@ class RunSummary:
     status: str
     seconds: float | None      # run_start to run_stop
     dataset: str
-    last_quality: object
+    last_quality: object       # the last eval_accuracy value: a number, a dict (maskrcnn), None
 
     @property
     def success(self) -> bool:
@@ -46,7 +46,10 @@ class RunSummary:
 
 
 def summarize(path: str | Path) -> RunSummary:
-    """Benchmark, seed, status and time to train of one log."""
+    """Benchmark, seed, status, time to train and last quality of one log.
+
+    A log whose run_stop precedes its run_start is bad input (``UserError``).
+    """
     first: dict[str, dict] = {}
     last: dict[str, dict] = {}
     for ev in read_events(path):
@@ -54,6 +57,10 @@ def summarize(path: str | Path) -> RunSummary:
         last[ev["key"]] = ev
     start, stop = first.get(constants.RUN_START), last.get(constants.RUN_STOP)
     seconds = (stop["time_ms"] - start["time_ms"]) / 1000.0 if start and stop else None
+    if seconds is not None and seconds < 0:
+        raise UserError(f"{path}: run_stop (time_ms {stop['time_ms']}) precedes run_start "
+                        f"(time_ms {start['time_ms']}): the log gives no time to train; "
+                        f"rerun the benchmark (was the clock set back during the run?)")
     status = (stop or {}).get("metadata", {}).get(constants.STATUS, "missing")
     return RunSummary(
         benchmark=first.get(constants.SUBMISSION_BENCHMARK, {}).get("value", "unknown"),

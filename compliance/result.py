@@ -1,9 +1,14 @@
 """Print the time-to-train line of a run from its log.
 
     python -m compliance.result LOG
-    -> RESULT,<benchmark>,<seed>,<seconds>,<status>,<dataset>
+    -> RESULT,<benchmark>,<seed>,<seconds>,<status>,<dataset>,<quality>
 
-Exit status 0 for a run that reached its target, 1 otherwise.
+<quality> is the log's last eval_accuracy: ``eval_accuracy=0.7612``, a dict
+value (Mask R-CNN) as ``BBOX=0.38;SEGM=0.34`` in the log's key order, or
+``eval_accuracy=none`` when the run logged none.
+
+Exit status 0 for a run that reached its target, 1 otherwise, 2 on bad input
+(no log, unreadable lines, run_stop before run_start).
 """
 
 from __future__ import annotations
@@ -14,10 +19,21 @@ from common.cli import OneLineParser, one_line_errors
 from compliance.logs import summarize
 
 
+def quality_field(value) -> str:
+    """The last eval_accuracy as logged (no rounding near the target), without commas."""
+    if value is None:
+        text = "eval_accuracy=none"
+    elif isinstance(value, dict):
+        text = ";".join(f"{k}={v}" for k, v in value.items())
+    else:
+        text = f"eval_accuracy={value}"
+    return text.replace(",", ";")
+
+
 def result_line(summary) -> str:
     seconds = f"{summary.seconds:.3f}" if summary.seconds is not None else "nan"
     return (f"RESULT,{summary.benchmark},{summary.seed},{seconds},{summary.status},"
-            f"{summary.dataset.replace(',', ';')}")
+            f"{summary.dataset.replace(',', ';')},{quality_field(summary.last_quality)}")
 
 
 @one_line_errors

@@ -2,6 +2,8 @@ from common.training import main
 from compliance import check
 from compliance.result import main as result_main
 from tests.common.toy_workload import ToyWorkload
+from tests.compliance import handmade_logs
+from tests.compliance.handmade_logs import event
 
 
 def test_verdict_line_and_exit_code_on_a_failing_log(tmp_path, capsys):
@@ -16,6 +18,23 @@ def test_verdict_line_and_exit_code_on_a_failing_log(tmp_path, capsys):
     assert check.main([str(log)]) == 1
     out = capsys.readouterr().out.strip().splitlines()
     assert out == [verdict.line()] and out[0].startswith("compliance FAIL: ")
+
+
+def test_each_log_is_checked_on_its_own(tmp_path, capsys):
+    """A log that stops the checker midway leaves none of its rules to the next log."""
+    # Closed ResNet with SGD whose evaluation logged no number: the 1.1.0 rules raise on the
+    # value with closed_resnet_sgd.yaml still queued in the checker's module-level list.
+    bad = handmade_logs.write(tmp_path / "bad.txt", [
+        event("submission_division", "closed"), event("submission_benchmark", "resnet"),
+        event("opt_name", "sgd"), event("eval_accuracy", None, epoch_num=1)])
+    good = handmade_logs.write(tmp_path / "good.txt", handmade_logs.open_run())
+    assert check.main([str(good)]) == 0
+    capsys.readouterr()
+    assert check.main([str(bad), str(good), str(bad), str(good)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 4
+    assert out[0].startswith(f"compliance FAIL: {bad} ") and out[2] == out[0]
+    assert out[1] == out[3] == f"compliance PASS: {good} (training 1.1.0)"
 
 
 def test_missing_log_is_bad_input(tmp_path, capsys):

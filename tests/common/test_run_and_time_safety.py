@@ -1,0 +1,181 @@
+"""common/run_and_time.sh: stopping runs with SIGTERM/SIGINT, bad NEXP and LOGDIR, earlier logs.
+
+The signal tests run the real ResNet-50 ``cpu_tiny`` config (the cheapest to reach
+``run_start``: about 5 s on 2 CPU cores, the fixture cached under ``.fixtures/resnet``)
+and stop it mid-training.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common.errors import UserError
+from compliance.package import result_logs
+from tests.entry_points import REPO, error_lines, run_script
+
+SCRIPT = REPO / "benchmarks/resnet/run_and_time.sh"
+WAIT_S = 45   # for run_start, and again for the script's exit after the signal
+
+
+def start(tmp_path: Path, env_extra: dict) -> subprocess.Popen:
+    """run_and_time.sh in a session of its own (as a terminal's job), output to files."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               **env_extra)
+    env.pop("DATADIR", None)
+    with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr", "w") as err:
+        return subprocess.Popen(["bash", str(SCRIPT)], cwd=REPO, env=env, stdout=out,
+                                stderr=err, start_new_session=True)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.fixture
+def training(tmp_path):
+    """run_and_time.sh with NEXP=3, once its first run has logged run_start."""
+    proc = start(tmp_path, {"CONFIG": "cpu_tiny", "NEXP": "3", "SEED": "7",
+                            "LOGDIR": str(tmp_path / "logs")})
+    try:
+        log = tmp_path / "logs/result_0.txt"
+        deadline = time.monotonic() + WAIT_S
+        while not (log.is_file() and '"key": "run_start"' in log.read_text()):
+            assert proc.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
+            assert time.monotonic() < deadline, f"no run_start in {log} after {WAIT_S} s"
+            time.sleep(0.2)
+        yield proc
+    finally:   # whatever the test left running
+        if group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def finished(proc: subprocess.Popen, tmp_path: Path) -> tuple[int, str, str]:
+    """The script's exit status, stdout and stderr, once it has exited."""
+    try:
+        rc = proc.wait(timeout=WAIT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"run_and_time.sh still running {WAIT_S} s after the signal")
+    return rc, (tmp_path / "stdout").read_text(), (tmp_path / "stderr").read_text()
+
+
+def last_event(log: Path) -> dict:
+    lines = [x for x in log.read_text().splitlines() if x.startswith(":::MLLOG ")]
+    return json.loads(lines[-1][len(":::MLLOG "):])
+
+
+def assert_stopped_after_first_run(proc: subprocess.Popen, tmp_path: Path, signum: int):
+    rc, out, err = finished(proc, tmp_path)
+    assert rc == 128 + signum, out[-2000:] + err[-3000:]
+    logs = tmp_path / "logs"
+    assert sorted(p.name for p in logs.glob("result_*.txt")) == ["result_0.txt"]
+    assert "run 1/3" in out and "run 2/3" not in out
+    assert "compliance " in out   # the checker's verdict on the stopped run's log
+    # The script waited for the program, which closed its log before the check read it.
+    stop = last_event(logs / "result_0.txt")
+    assert stop["key"] == "run_stop" and stop["metadata"]["status"] == "aborted", stop
+    result = [x for x in out.splitlines() if x.startswith("RESULT,")]
+    assert len(result) == 1 and result[0].split(",")[4] == "aborted", out[-2000:]
+    deadline = time.monotonic() + 10   # nothing of the run outlives the script for long
+    while group_alive(proc.pid):
+        assert time.monotonic() < deadline, "processes of the run outlived run_and_time.sh"
+        time.sleep(0.2)
+
+
+def test_sigterm_to_the_script_ends_the_run_and_starts_no_other(training, tmp_path):
+    os.kill(training.pid, signal.SIGTERM)   # the script alone, as a batch system's stop does
+    assert_stopped_after_first_run(training, tmp_path, signal.SIGTERM)
+
+
+def test_ctrl_c_to_the_process_group_ends_the_run_and_starts_no_other(training, tmp_path):
+    os.killpg(training.pid, signal.SIGINT)   # what a terminal's Ctrl-C sends
+    assert_stopped_after_first_run(training, tmp_path, signal.SIGINT)
+
+
+@pytest.mark.parametrize("nexp", ["0", "abc", "-1", "2x"])
+def test_nexp_must_be_a_positive_integer(tmp_path, nexp):
+    proc = run_script("resnet", {"NEXP": nexp, "LOGDIR": str(tmp_path)}, timeout=60)
+    assert proc.returncode == 2
+    lines = error_lines(proc)
+    assert len(lines) == 1 and f"NEXP={nexp}" in lines[0] and "positive integer" in lines[0]
+    assert "== resnet run" not in proc.stdout
+
+
+def unwritable_logdir(kind: str, tmp_path: Path) -> Path:
+    if kind == "file":
+        (tmp_path / "logs").write_text("")
+        return tmp_path / "logs"
+    if kind == "under a file":
+        (tmp_path / "file").write_text("")
+        return tmp_path / "file/logs"
+    if os.geteuid() != 0:
+        (tmp_path / "logs").mkdir(mode=0o555)
+        return tmp_path / "logs"
+    # root writes through any mode bits; sysfs passes root's -w test yet refuses new files
+    if not Path("/sys").is_dir():
+        pytest.skip("running as root without /sys: no directory that refuses root's writes")
+    return Path("/sys")
+
+
+@pytest.mark.parametrize("kind", ["file", "under a file", "read-only directory"])
+def test_unwritable_logdir_is_one_line(tmp_path, kind):
+    logdir = unwritable_logdir(kind, tmp_path)
+    proc = run_script("resnet", {"LOGDIR": str(logdir)}, timeout=120)
+    try:
+        assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+        lines = error_lines(proc)
+        assert len(lines) == 1 and f"LOGDIR={logdir}" in lines[0], proc.stderr
+        assert "Traceback" not in proc.stderr and "== resnet run" not in proc.stdout
+    finally:
+        if kind == "read-only directory" and logdir.is_relative_to(tmp_path):
+            logdir.chmod(0o755)   # so that pytest can remove tmp_path
+
+
+def test_earlier_logs_are_moved_aside_before_the_first_run(tmp_path):
+    logdir = tmp_path / "logs"
+    logdir.mkdir()
+    for i in range(5):   # an earlier NEXP=5
+        (logdir / f"result_{i}.txt").write_text(f"earlier run {i}\n")
+    data = tmp_path / "data"   # not a dataset: the run stops at once with exit 2
+    data.mkdir()
+    (data / "README").write_text("")
+    env = {"LOGDIR": str(logdir), "DATADIR": str(data), "NEXP": "2"}
+
+    proc = run_script("resnet", env, timeout=120)
+    assert proc.returncode == 2 and "== resnet run 1/2" in proc.stdout
+    moved = [x for x in proc.stdout.splitlines() if "earlier result_*.txt" in x]
+    assert len(moved) == 1 and "moved 5" in moved[0]
+    (aside,) = logdir.glob("previous-*")
+    assert str(aside) in moved[0]
+    assert [(aside / f"result_{i}.txt").read_text() for i in range(5)] == [
+        f"earlier run {i}\n" for i in range(5)]
+    run_log = logdir / "result_0.txt"
+    run_log.write_text("this invocation's log\n")
+    proc = run_script("resnet", env, timeout=120)   # within the same second, often
+    assert proc.returncode == 2
+    asides = sorted(logdir.glob("previous-*"))
+    assert len(asides) == 2 and aside in asides
+    (second,) = set(asides) - {aside}
+    assert (second / "result_0.txt").read_text() == "this invocation's log\n"
+    assert len(list(aside.iterdir())) == 5
+
+
+def test_package_reads_no_log_in_the_folders_aside(tmp_path):
+    aside = tmp_path / "previous-20250101T000000Z"
+    aside.mkdir()
+    for i in range(3):
+        (aside / f"result_{i}.txt").write_text("")
+    with pytest.raises(UserError, match="no result_<i>.txt logs"):
+        result_logs(tmp_path)
+    (tmp_path / "result_0.txt").write_text("")
+    assert result_logs(tmp_path) == [tmp_path / "result_0.txt"]
