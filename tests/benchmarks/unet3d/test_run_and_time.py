@@ -109,7 +109,7 @@ def test_spatial_parallel_training_over_two_processes(tmp_path, kits_fixture):
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     out = proc.stdout
     assert "2 process(es) on cpu" in out and "global batch 4" in out, out + proc.stderr[-2000:]
-    assert "epoch 1: 42 steps" in out and "eval after epoch 1: mean Dice" in out
+    assert "training to epoch_num 1: 42 steps" in out and "eval at epoch_num 1: mean_dice" in out
     # 1 is the driver's 'aborted' (one epoch is far from the target), not a crash.
     assert proc.returncode in (0, 1) and "run failed" not in proc.stderr
     summary = summarize(tmp_path / "log.txt")
