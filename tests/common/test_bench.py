@@ -160,3 +160,18 @@ def test_spatial_group_counts_each_shared_sample_once(tmp_path):
     # the halo slices add a little work on the split; otherwise the same whole-sample count
     assert records[2]["flops_per_sample"] == pytest.approx(records[1]["flops_per_sample"],
                                                            rel=0.05)
+
+
+def test_dlrm_weak_scales_under_the_harness_with_its_global_batch(tmp_path):
+    """-b is per process: DLRM's global --batch-size becomes -b times the process count."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "common.bench", "dlrm", "-n", "1,2", "-b", "64", "--precision",
+         "fp32", "--mode", "train", "--iters", "2", "--warmup", "1", "--device", "cpu",
+         "--workload-args", "--max-ind-range 1000 --embedding-dim 8 --arch-mlp-bot 13-16-8 "
+                            "--arch-mlp-top 16-8-1 --stats-batches 2", "-o", str(out)],
+        cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+        timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    points = json.loads((out / "report.json").read_text())["points"]
+    assert sorted((p["gpus"], p["samples"]) for p in points) == [(1, 128), (2, 256)]
