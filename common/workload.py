@@ -110,10 +110,13 @@ def interval_points(steps: Sequence[int], epoch_num: Callable[[int], float]) -> 
     starts where the previous one ended."""
     if list(steps) != sorted(set(steps)) or not steps or steps[0] < 1:
         raise ValueError(f"evaluation steps must rise from 1 or more: {list(steps)}")
-    points, prev = [], 0.0
+    points, prev = [], 0
     for s in steps:
         num = epoch_num(s)
-        points.append(EvalPoint(s, num, prev, num - prev))
+        count = num - prev
+        # fractional epochs: the difference of two rounded values, without float noise
+        points.append(EvalPoint(s, num, prev, round(count, 9) if isinstance(count, float)
+                                else count))
         prev = num
     return points
 

@@ -1,0 +1,266 @@
+"""COCO 2017 reader shared by SSD and Mask R-CNN: a compact, validated index of images and targets.
+
+Layout, as unzipped from cocodataset.org: ``ROOT/annotations/instances_{train,val}2017.json``
+and ``ROOT/{train,val}2017/<file_name>.jpg``. The index follows the MLPerf Training 1.1
+references (SSD ``COCODetection``, Mask R-CNN ``COCODataset``):
+
+- labels: the file's category ids in ascending order become 1..C, 0 is the background
+  (both references number categories in file order, which is id order in COCO);
+  ``Categories`` keeps the mapping both ways so evaluation can map labels back;
+- boxes: COCO's ``[x, y, w, h]`` become float32 ``[x1, y1, x2, y2]`` pixels with
+  ``x2 = x + w`` (the SSD reference's convention; evaluation converts back with
+  ``w = x2 - x1``);
+- images without any annotation are dropped from training, as both references do
+  (117266 of train2017's 118287 images remain); validation keeps all 5000 (the SSD
+  reference drops val2017's 48 empty images too, which changes no COCO metric: an image
+  with neither ground truth nor detections does not count);
+- crowd annotations: the SSD reference keeps them as ordinary targets, the Mask R-CNN
+  reference drops them; ``keep_crowd`` chooses, and ``ImageRecord.iscrowd`` flags them;
+- boxes with zero width or height (train2017 has two) are dropped from the targets, as
+  Mask R-CNN's ``clip_to_image(remove_empty=True)`` does; boxes up to ``BOX_TOLERANCE``
+  pixels outside their image are clipped to it.
+
+Everything else that would make wrong targets stops the load with a one-line
+``UserError`` naming the file: a missing or invalid annotation file, images missing from
+the image folder, an annotation of an unknown image or category, a box with negative or
+non-finite size or more than ``BOX_TOLERANCE`` outside its image. An image that cannot be
+decoded is named when it is read. As in the references, EXIF orientation is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from pycocotools import mask as mask_utils
+
+from common.errors import UserError
+
+SPLITS = ("train", "val")
+BOX_TOLERANCE = 1.0  # pixels; polygon-derived boxes may overshoot their image by rounding
+
+
+def annotation_file(root, split: str) -> Path:
+    return Path(root) / "annotations" / f"instances_{split}2017.json"
+
+
+def image_dir(root, split: str) -> Path:
+    return Path(root) / f"{split}2017"
+
+
+@dataclass(frozen=True)
+class Categories:
+    """COCO category ids <-> contiguous labels 1..C (label ``i`` is ``ids[i - 1]``)."""
+    ids: tuple[int, ...]
+    names: tuple[str, ...]
+
+    @classmethod
+    def from_json(cls, categories: list[dict], source) -> Categories:
+        ordered = sorted(categories, key=lambda c: c["id"])
+        ids = tuple(int(c["id"]) for c in ordered)
+        if len(set(ids)) != len(ids) or not ids:
+            raise UserError(f"{source}: category ids are empty or repeated; "
+                            "not a COCO instances file")
+        return cls(ids, tuple(c["name"] for c in ordered))
+
+    @property
+    def num_classes(self) -> int:
+        """C, the background not counted."""
+        return len(self.ids)
+
+    def labels(self, category_ids) -> np.ndarray:
+        """Contiguous labels (int64) of COCO category ids; -1 for an unknown id."""
+        ids, wanted = np.asarray(self.ids, np.int64), np.asarray(category_ids, np.int64)
+        pos = np.searchsorted(ids, wanted).clip(max=len(ids) - 1)
+        return np.where(ids[pos] == wanted, pos + 1, -1)
+
+    def category_ids(self, labels) -> np.ndarray:
+        """COCO category ids (int64) of contiguous labels 1..C."""
+        labels = np.asarray(labels, np.int64)
+        if labels.size and (labels.min() < 1 or labels.max() > len(self.ids)):
+            raise ValueError(f"labels must lie in 1..{len(self.ids)}, got "
+                             f"{labels.min()}..{labels.max()}")
+        return np.asarray(self.ids, np.int64)[labels - 1]
+
+
+@dataclass(frozen=True, slots=True)
+class ImageRecord:
+    """One image and its targets (in annotation-file order)."""
+    image_id: int
+    path: str
+    width: int
+    height: int
+    boxes: np.ndarray              # float32 [N, 4] xyxy pixels
+    labels: np.ndarray             # int64 [N] in 1..C
+    iscrowd: np.ndarray            # bool [N]
+    segmentations: tuple | None    # per box: polygons (float32 arrays) or an RLE dict; None
+                                   # unless loaded with masks=True
+
+
+@dataclass
+class CocoSplit:
+    """One split's index: its files, its categories and its images sorted by id."""
+    split: str
+    annotation_file: Path
+    image_dir: Path
+    categories: Categories
+    records: list[ImageRecord]
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> ImageRecord:
+        return self.records[i]
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise UserError(f"{path}: missing; unzip annotations_trainval2017.zip into "
+                        f"{path.parent.parent} (ROOT/annotations/instances_*2017.json)")
+    try:
+        with open(path, "rb") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not valid JSON ({exc}); re-extract "
+                        "annotations_trainval2017.zip") from None
+    missing = [k for k in ("images", "annotations", "categories")
+               if not isinstance(data, dict) or not isinstance(data.get(k), list)]
+    if missing:
+        raise UserError(f"{path}: no '{missing[0]}' list; not a COCO instances file")
+    return data
+
+
+def _polygons_or_rle(segmentation):
+    # float32 keeps COCO's two decimals and halves the memory of train2017's polygons;
+    # polygons of fewer than 3 points enclose nothing (and pycocotools would read a
+    # 4-number polygon as a box)
+    if isinstance(segmentation, list):
+        return [np.asarray(p, np.float32) for p in segmentation if len(p) >= 6]
+    return segmentation
+
+
+def load_split(root, split: str, *, masks: bool = False, keep_crowd: bool = True,
+               drop_empty: bool | None = None) -> CocoSplit:
+    """Index ``split`` ("train" or "val") of the COCO 2017 dataset at ``root``.
+
+    ``masks``: keep each box's segmentation (for ``decode_masks``); ``keep_crowd``: keep
+    iscrowd annotations as targets (SSD) or drop them (Mask R-CNN); ``drop_empty``: drop
+    images without annotations (default: for "train" only). Records are sorted by image id.
+    """
+    if split not in SPLITS:
+        raise UserError(f"unknown COCO split {split!r}; choose one of {', '.join(SPLITS)}")
+    ann_path, img_dir = annotation_file(root, split), image_dir(root, split)
+    data = _read_json(ann_path)
+    anns = data["annotations"]
+    try:
+        categories = Categories.from_json(data["categories"], ann_path)
+        images = sorted(data["images"], key=lambda im: im["id"])
+        image_ids = np.array([im["id"] for im in images], np.int64)
+        sizes = np.array([(im["width"], im["height"]) for im in images],
+                         np.float64).reshape(len(images), 2)
+        ann_image = np.array([a["image_id"] for a in anns], np.int64)
+        ann_category = np.array([a["category_id"] for a in anns], np.int64)
+        xywh = np.array([a["bbox"] for a in anns], np.float64).reshape(len(anns), 4)
+        crowd = np.array([a.get("iscrowd", 0) for a in anns], bool)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"{ann_path}: malformed image or annotation entry ({exc!r}); "
+                        "not a COCO instances file") from None
+
+    if not img_dir.is_dir():
+        raise UserError(f"{img_dir}: missing; unzip {split}2017.zip into {Path(root)}")
+    present = set(os.listdir(img_dir))
+    absent = [im["file_name"] for im in images if im["file_name"] not in present]
+    if absent:
+        raise UserError(f"{ann_path}: {len(absent)} of its {len(images)} images are missing "
+                        f"from {img_dir} (e.g. {absent[0]}); unzip {split}2017.zip there or "
+                        "use the annotation file that matches these images")
+
+    def bad(mask, what):
+        j = int(np.flatnonzero(mask)[0])
+        raise UserError(f"{ann_path}: annotation {anns[j].get('id')} (image "
+                        f"{anns[j]['image_id']}) {what(j)} ({int(mask.sum())} annotation(s) like "
+                        "this); fix or remove them")
+
+    if len(np.unique(image_ids)) != len(image_ids):
+        raise UserError(f"{ann_path}: repeated image ids; not a COCO instances file")
+    known = np.isin(ann_image, image_ids)
+    if not known.all():
+        bad(~known, lambda j: "refers to an image_id not in the file's images")
+    labels = categories.labels(ann_category)
+    if (labels < 0).any():
+        bad(labels < 0, lambda j: f"has category_id {ann_category[j]}, not in the file's "
+                                  "categories")
+    broken = ~np.isfinite(xywh).all(1) | (xywh[:, 2:] < 0).any(1)
+    if broken.any():
+        bad(broken, lambda j: f"has box xywh {anns[j]['bbox']} with a negative or "
+                              "non-finite width/height")
+    pos = np.searchsorted(image_ids, ann_image)
+    wh = sizes[pos]
+    xyxy = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], 1)
+    outside = ((xyxy[:, :2] < -BOX_TOLERANCE) | (xyxy[:, 2:] > wh + BOX_TOLERANCE)).any(1)
+    if outside.any():
+        bad(outside, lambda j: f"has box xywh {anns[j]['bbox']} outside its "
+                               f"{int(wh[j, 0])}x{int(wh[j, 1])} image")
+    xyxy = np.clip(xyxy, 0, np.tile(wh, 2)).astype(np.float32)
+
+    keep = (xyxy[:, 2:] > xyxy[:, :2]).all(1) & (keep_crowd | ~crowd)
+    has_annotation = np.bincount(pos, minlength=len(images)) > 0
+    order = np.argsort(pos, kind="stable")
+    order = order[keep[order]]
+    starts = np.searchsorted(pos[order], np.arange(len(images) + 1))
+    if drop_empty is None:
+        drop_empty = split == "train"
+    records = []
+    for i, im in enumerate(images):
+        if drop_empty and not has_annotation[i]:
+            continue
+        idx = order[starts[i]:starts[i + 1]]
+        segs = (tuple(_polygons_or_rle(anns[j]["segmentation"]) for j in idx)
+                if masks else None)
+        records.append(ImageRecord(int(im["id"]), str(img_dir / im["file_name"]),
+                                   int(im["width"]), int(im["height"]), xyxy[idx],
+                                   labels[idx], crowd[idx], segs))
+    return CocoSplit(split, ann_path, img_dir, categories, records)
+
+
+def decode_masks(record: ImageRecord) -> np.ndarray:
+    """The record's instance masks as uint8 [N, H, W] (pycocotools' rasterisation)."""
+    if record.segmentations is None:
+        raise ValueError("the split was loaded without masks; use load_split(..., masks=True)")
+    h, w = record.height, record.width
+    out = np.zeros((len(record.segmentations), h, w), np.uint8)
+    rles = {}
+    for k, seg in enumerate(record.segmentations):
+        if isinstance(seg, list):
+            if seg:  # no polygon left: an empty mask
+                rles[k] = mask_utils.merge(mask_utils.frPyObjects(seg, h, w))
+        else:
+            rles[k] = mask_utils.frPyObjects(seg, h, w) if isinstance(seg["counts"], list) else seg
+    if rles:
+        out[list(rles)] = mask_utils.decode(list(rles.values())).transpose(2, 0, 1)
+    return out
+
+
+def decode_image(path, size: tuple[int, int] | None = None) -> np.ndarray:
+    """The image as uint8 [H, W, 3] RGB (greyscale and CMYK converted); ``size``: the
+    expected (width, height) from the annotation file."""
+    try:
+        with Image.open(path) as im:
+            rgb = np.array(im.convert("RGB"))  # writable, for torch
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise UserError(f"{path}: cannot decode image ({exc}); remove or re-extract this "
+                        "file") from None
+    if size is not None and (rgb.shape[1], rgb.shape[0]) != tuple(size):
+        raise UserError(f"{path}: image is {rgb.shape[1]}x{rgb.shape[0]}, the annotation file "
+                        f"says {size[0]}x{size[1]}; use the images that match the annotations")
+    return rgb
+
+
+def decode_image_chw(path, size: tuple[int, int] | None = None) -> torch.Tensor:
+    """``decode_image`` as a uint8 [3, H, W] tensor."""
+    return torch.from_numpy(decode_image(path, size)).permute(2, 0, 1).contiguous()

@@ -1,0 +1,197 @@
+"""The COCO 2017 reader on the fixture: counts, label mapping, boxes, masks, images, bad input."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from benchmarks.coco import data, fixture
+from common.errors import UserError
+
+# pycocotools 2.0.11 decodes masks with numpy 1 semantics; harmless under numpy 2
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning")
+
+
+@pytest.fixture(scope="module")
+def train(coco_root):
+    return data.load_split(coco_root, "train")
+
+
+@pytest.fixture(scope="module")
+def val(coco_root):
+    return data.load_split(coco_root, "val", masks=True)
+
+
+def _json(root, split):
+    return json.loads(data.annotation_file(root, split).read_text())
+
+
+def test_images_without_objects_leave_train_and_stay_in_val(coco_root, train, val):
+    for split, index in (("train", train), ("val", val)):
+        doc = _json(coco_root, split)
+        annotated = {a["image_id"] for a in doc["annotations"]}
+        assert len(annotated) < len(doc["images"])  # the fixture has empty images
+        expected = annotated if split == "train" else {im["id"] for im in doc["images"]}
+        assert [r.image_id for r in index] == sorted(expected)
+    assert len(train) == 270 and len(val) == 60
+
+
+def test_category_ids_map_to_contiguous_labels_and_back(coco_root, val):
+    doc = _json(coco_root, "val")
+    ids = sorted(c["id"] for c in doc["categories"])
+    cats = val.categories
+    assert cats.ids == tuple(ids) and ids != list(range(1, len(ids) + 1))
+    assert cats.num_classes == 5
+    assert cats.labels(ids).tolist() == [1, 2, 3, 4, 5]
+    assert cats.category_ids([1, 2, 3, 4, 5]).tolist() == ids
+    by_image = {}
+    for a in doc["annotations"]:
+        by_image.setdefault(a["image_id"], []).append(a["category_id"])
+    for r in val:
+        assert r.labels.dtype == np.int64
+        assert cats.category_ids(r.labels).tolist() == by_image.get(r.image_id, [])
+    with pytest.raises(ValueError, match="labels must lie in 1..5"):
+        cats.category_ids([0])
+
+
+def test_boxes_are_xyxy_pixels_inside_their_images(coco_root, train):
+    doc = _json(coco_root, "train")
+    xywh = {}
+    for a in doc["annotations"]:
+        xywh.setdefault(a["image_id"], []).append(a["bbox"])
+    for r in train:
+        b = r.boxes
+        assert b.dtype == np.float32 and b.shape == (len(r.labels), 4)
+        assert (b[:, 2:] > b[:, :2]).all()
+        assert (b >= 0).all() and (b <= [r.width, r.height] * 2).all()
+        expected = np.array(xywh[r.image_id])
+        expected[:, 2:] += expected[:, :2]
+        np.testing.assert_allclose(b, expected, atol=1e-4)
+        assert not r.iscrowd.any() and r.segmentations is None
+
+
+def test_masks_cover_the_drawn_shapes(coco_root, val):
+    areas = {}
+    for a in _json(coco_root, "val")["annotations"]:
+        areas.setdefault(a["image_id"], []).append(a["area"])
+    checked = 0
+    for r in val:
+        masks = data.decode_masks(r)
+        assert masks.dtype == np.uint8 and masks.shape == (len(r.labels), r.height, r.width)
+        assert set(np.unique(masks)) <= {0, 1}
+        if not len(r.labels):
+            continue
+        # the annotation's area is the mask's pixel count
+        np.testing.assert_allclose(masks.sum((1, 2)), areas[r.image_id], rtol=0.02, atol=2)
+        for m, box in zip(masks, r.boxes):  # the mask fills its box (less a pointed tip)
+            ys, xs = np.nonzero(m)
+            extent = np.array([xs.min(), ys.min(), xs.max() + 1, ys.max() + 1])
+            assert (extent[:2] >= box[:2] - 1).all() and (extent[2:] <= box[2:] + 1).all()
+            assert np.prod(extent[2:] - extent[:2]) > 0.8 * np.prod(box[2:] - box[:2])
+        # the last object drawn is never occluded: its mask holds its class's colour
+        image = data.decode_image(r.path, (r.width, r.height)).astype(float)
+        mean = image[masks[-1].astype(bool)].mean(0)
+        nearest = min(fixture.COLOURS, key=lambda c: np.abs(mean - fixture.COLOURS[c]).sum())
+        assert nearest == fixture.class_style(int(r.labels[-1]) - 1)[1]
+        checked += 1
+    assert checked > 40
+
+
+def test_crowd_and_empty_boxes(tmp_path):
+    root = fixture.write_fixture(tmp_path / "coco", train=4, val=2)
+    path = data.annotation_file(root, "train")
+    doc = json.loads(path.read_text())
+    doc["annotations"][0]["iscrowd"] = 1
+    doc["annotations"][1]["bbox"][3] = 0.0  # height 0: two such boxes in real train2017
+    path.write_text(json.dumps(doc))
+    total = len(doc["annotations"])
+    kept = data.load_split(root, "train")
+    assert sum(len(r.labels) for r in kept) == total - 1
+    assert sum(int(r.iscrowd.sum()) for r in kept) == 1
+    dropped = data.load_split(root, "train", keep_crowd=False)
+    assert sum(len(r.labels) for r in dropped) == total - 2
+    assert len(dropped) == len(kept)  # images keep their place, as in the references
+
+
+def test_decode_image_converts_to_rgb(tmp_path, val):
+    r = val[0]
+    hwc = data.decode_image(r.path, (r.width, r.height))
+    assert hwc.dtype == np.uint8 and hwc.shape == (r.height, r.width, 3)
+    chw = data.decode_image_chw(r.path)
+    assert chw.dtype == torch.uint8 and torch.equal(chw, torch.from_numpy(hwc).permute(2, 0, 1))
+    for mode in ("L", "CMYK"):
+        path = tmp_path / f"{mode}.jpg"
+        Image.new(mode, (5, 4)).save(path)
+        assert data.decode_image(path).shape == (4, 5, 3)
+    with pytest.raises(UserError, match=r"L\.jpg: image is 5x4, the annotation file says 4x5"):
+        data.decode_image(tmp_path / "L.jpg", (4, 5))
+
+
+def test_fixture_is_written_once(tmp_path):
+    root = fixture.write_fixture(tmp_path / "f", train=3, val=2, classes=2)
+    marker = root / fixture.MARKER
+    stamp = marker.stat().st_mtime_ns
+    assert fixture.main([str(root), "--train", "3", "--val", "2", "--classes", "2"]) == 0
+    assert marker.stat().st_mtime_ns == stamp
+    fixture.write_fixture(root, train=3, val=2, classes=3)
+    assert json.loads(marker.read_text())["classes"] == 3
+    assert len(_json(root, "val")["categories"]) == 3
+
+
+# -- bad input: one line naming the file ------------------------------------------------
+def _edit_annotations(edit):
+    def apply(root):
+        path = data.annotation_file(root, "train")
+        doc = json.loads(path.read_text())
+        edit(doc, doc["annotations"][0])
+        path.write_text(json.dumps(doc))
+    return apply
+
+
+def _set(key, value):
+    return _edit_annotations(lambda doc, ann: ann.__setitem__(key, value))
+
+
+def _drop_image(root):
+    first = _json(root, "train")["images"][0]["file_name"]
+    (data.image_dir(root, "train") / first).unlink()
+
+
+BAD_INPUTS = {
+    "missing image": (_drop_image, "1 of its 6 images are missing from"),
+    "box outside": (_set("bbox", [200.0, 10.0, 20.0, 20.0]), "outside its"),
+    "negative width": (_set("bbox", [10.0, 10.0, -3.0, 20.0]), "negative or non-finite"),
+    "unknown category": (_set("category_id", 999), "category_id 999, not in the file's"),
+    "unknown image": (_set("image_id", 999_999_999), "image_id not in the file's images"),
+    "invalid json": (lambda root: data.annotation_file(root, "train").write_text("{oops"),
+                     "not valid JSON"),
+    "missing file": (lambda root: data.annotation_file(root, "train").unlink(), "missing"),
+    "not coco": (lambda root: data.annotation_file(root, "train").write_text("[]"),
+                 "no 'images' list"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_annotations_name_the_file(tmp_path, case):
+    root = fixture.write_fixture(tmp_path / "coco", train=6, val=2)
+    break_it, message = BAD_INPUTS[case]
+    break_it(root)
+    with pytest.raises(UserError) as caught:
+        data.load_split(root, "train")
+    text = str(caught.value)
+    assert "\n" not in text and message in text
+    assert text.startswith(str(data.annotation_file(root, "train")))
+
+
+def test_undecodable_image_is_named_when_read(tmp_path):
+    root = fixture.write_fixture(tmp_path / "coco", train=2, val=2)
+    record = data.load_split(root, "val")[0]
+    with open(record.path, "r+b") as f:
+        f.write(b"not a jpeg")
+    index = data.load_split(root, "val")  # the index does not open images
+    with pytest.raises(UserError, match="cannot decode image") as caught:
+        data.decode_image(index[0].path)
+    assert str(caught.value).startswith(record.path) and "\n" not in str(caught.value)
