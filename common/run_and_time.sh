@@ -56,9 +56,9 @@ if [[ -z ${DATADIR:-} ]]; then
     python -m "benchmarks.$BENCHMARK.fixture" "$DATADIR" "${FIXTURE_ARGS[@]}" \
         || die "could not write the $BENCHMARK fixture to $DATADIR"
 elif [[ ! -d $DATADIR ]]; then
-    die "DATADIR=$DATADIR is not a directory: point it at the dataset, or unset it to use the fixture"
+    die "DATADIR=$DATADIR is not a directory: point it at the dataset (see docs/data.md#$BENCHMARK), or unset it to use the fixture"
 elif [[ -z $(ls -A "$DATADIR") ]]; then
-    die "DATADIR=$DATADIR is empty: point it at the prepared dataset (see docs/data.md)"
+    die "DATADIR=$DATADIR is empty: point it at the prepared dataset (see docs/data.md#$BENCHMARK)"
 fi
 
 # Logs of an earlier invocation (perhaps with a larger NEXP) would sit beside this one's and be

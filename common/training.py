@@ -84,6 +84,9 @@ def build_parser(workload_cls: type[Workload]) -> argparse.ArgumentParser:
                    help="torch.compile the model with this mode (none: eager kernels)")
     g.add_argument("--log-every", type=_positive, default=50,
                    help="steps between loss read-backs (non-finite loss checks, progress)")
+    g.add_argument("--synthetic-data", action="store_true",
+                   help="throughput tools only: build without a dataset and step on "
+                        "device-resident synthetic batches (a time-to-train run refuses it)")
     g.add_argument("--background-scoring", action="store_true",
                    help="score evaluations in a separate process while training goes on "
                         "(workloads with a scorer, e.g. COCO evaluation)")
@@ -324,7 +327,14 @@ def _prepare_step(wl: Workload, args, env):
 
 
 def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
-    args = build_parser(workload_cls).parse_args(argv)
+    parser = build_parser(workload_cls)
+    args = parser.parse_args(argv)
+    if args.synthetic_data:
+        parser.error("--synthetic-data is for throughput runs (python -m common.bench, "
+                     f"python -m benchmarks.{workload_cls.name}.throughput): a time-to-train "
+                     "run needs --data-dir")
+    if getattr(args, "data_dir", True) is None:
+        parser.error("--data-dir is required: the dataset's folder (docs/data.md)")
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
     try:

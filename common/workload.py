@@ -44,11 +44,6 @@ def maybe_compile(fn: Callable, mode: str, **inductor_options) -> Callable:
     return torch.compile(fn, options={**list_mode_options(mode), **inductor_options})
 
 
-# ``--data-dir`` value that builds a workload without a dataset: throughput runs on
-# device-resident synthetic batches (never a training run: nothing is read).
-SYNTHETIC = "synthetic"
-
-
 @dataclass(frozen=True)
 class Target:
     """One quality threshold on a named metric of ``Workload.evaluate()``."""
@@ -161,6 +156,12 @@ class Workload(abc.ABC):
 
     def __init__(self, args: argparse.Namespace, env: DistEnv, precision: Precision):
         self.args, self.env, self.precision = args, env, precision
+
+    @property
+    def synthetic(self) -> bool:
+        """``--synthetic-data``: built without a dataset, for throughput runs on
+        device-resident synthetic batches (the time-to-train driver refuses it)."""
+        return self.args.synthetic_data
 
     @staticmethod
     @abc.abstractmethod
@@ -280,12 +281,10 @@ class Workload(abc.ABC):
     def parse_bench_args(cls, parser: argparse.ArgumentParser, argv: list[str], data: str,
                          batch_size: int, world_size: int = 1) -> argparse.Namespace:
         """Flags for a throughput run with per-rank ``batch_size`` on ``synthetic`` data
-        (device-resident batches, nothing read: ``--data-dir synthetic``) or ``real`` data
+        (device-resident batches, nothing read: ``--synthetic-data``) or ``real`` data
         (the training reader); ``argv`` holds the user's extra workload flags."""
         size = batch_size * world_size if cls.batch_size_is_global else batch_size
-        pre = ["--batch-size", str(size)]
-        if data == "synthetic":
-            pre += ["--data-dir", SYNTHETIC]
+        pre = ["--batch-size", str(size)] + (["--synthetic-data"] if data == "synthetic" else [])
         return parser.parse_args(pre + argv)
 
     def synthetic_batch(self, batch_size: int) -> tuple:

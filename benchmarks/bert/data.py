@@ -7,8 +7,10 @@ positions (the reference: S=512, P=76):
     masked_lm_positions [N, P]  masked_lm_ids [N, P]  next_sentence_labels [N]
 
 Masked positions are padded with 0 (position 0 is always ``[CLS]``, never
-masked). ``Shards.scan`` checks every shard's keys and shapes up front; the
-training stream then holds one shard in memory at a time.
+masked). ``Shards.scan`` checks every shard's keys, shapes and sequence counts
+up front (HDF5 headers only, so it stays fast on multi-GB shards); the values
+are checked shard by shard as ``read_shard`` loads them. The training stream
+holds one shard in memory at a time.
 """
 
 from __future__ import annotations
@@ -54,8 +56,13 @@ class Shards:
         if not files:
             raise UserError(f"{folder}: no *.hdf5 shards (empty shard list); "
                             "run benchmarks.bert.prepare_data to write them")
-        return cls(files, tuple(_check_shard(f, seq_len, max_pred) for f in files),
-                   seq_len, max_pred)
+        sizes = tuple(_check_shard(f, seq_len, max_pred) for f in files)
+        if not sum(sizes):
+            # The training stream would loop forever without a batch, evaluation would score 0.
+            raise UserError(f"{folder}: its {len(files)} *.hdf5 shard(s) hold 0 sequences; "
+                            "re-create them with benchmarks.bert.prepare_data or point "
+                            "--train-dir/--eval-dir at the right folder")
+        return cls(files, sizes, seq_len, max_pred)
 
 
 def _check_shard(path: Path, seq_len: int, max_pred: int) -> int:
@@ -80,14 +87,31 @@ def _check_shard(path: Path, seq_len: int, max_pred: int) -> int:
 
 
 def read_shard(path: Path, vocab_size: int) -> dict[str, np.ndarray]:
-    """All arrays of one shard as int64, with the token ids checked against the vocabulary."""
+    """All arrays of one shard as int64, their values checked."""
     with h5py.File(path, "r") as f:
         arrays = {k: f[k][...].astype(np.int64) for k in KEYS}
-    top = max(int(arrays["input_ids"].max(initial=0)), int(arrays["masked_lm_ids"].max(initial=0)))
-    if top >= vocab_size:
-        raise UserError(f"{path}: token id {top} is outside the vocabulary of {vocab_size} "
-                        "(the data was prepared with a different vocab than the bert config)")
+    _check_values(path, arrays, vocab_size)
     return arrays
+
+
+def _check_values(path: Path, arrays: dict[str, np.ndarray], vocab_size: int) -> None:
+    """Refuse values that would fail deep inside the model (an index error naming no file, on
+    the GPU a device-side assert) or be silently ignored (NSP label -100); a few vectorised
+    passes over the shard just read, so the cost is paid once per shard, never per batch."""
+    seq_len = arrays["input_ids"].shape[1]
+    redo = "re-create the shard with benchmarks.bert.prepare_data"
+    vocab = (f"outside the vocabulary of {vocab_size}: prepare the data with the vocab.txt "
+             "of the bert config")
+    for key, end, what in (("input_ids", vocab_size, vocab),
+                           ("masked_lm_ids", vocab_size, vocab),
+                           ("masked_lm_positions", seq_len,
+                            f"outside the sequence length {seq_len}; {redo}"),
+                           (LABEL_KEY, 2, f"not 0 (IsNext) or 1 (NotNext); {redo}")):
+        a = arrays[key]
+        if a.size and (a.min() < 0 or a.max() >= end):
+            first = np.flatnonzero((a < 0) | (a >= end))[0]
+            row = np.unravel_index(first, a.shape)[0]
+            raise UserError(f"{path}: sequence {row}: {key} {a.flat[first]} is {what}")
 
 
 def _to_device(arrays: dict[str, np.ndarray], rows, device,

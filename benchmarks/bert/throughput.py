@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from benchmarks.bert import data
 from benchmarks.bert.model import BertConfig
-from benchmarks.bert.workload import SYNTHETIC, BertWorkload
+from benchmarks.bert.workload import BertWorkload
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
 from common.kernel_profile import kernel_breakdown
@@ -52,7 +52,7 @@ VARIANTS = (*OURS, "hf-sdpa")
 def ours(variant: str, a, precision: Precision, device):
     attention, graph, extra = OURS[variant]
     args = build_parser(BertWorkload).parse_args(
-        ["--data-dir", SYNTHETIC, "--precision", precision.name, "--seed", "0",
+        ["--synthetic-data", "--precision", precision.name, "--seed", "0",
          "--attention", attention, "--max-seq-length", str(a.seq_len),
          "--batch-size", str(a.batch_size), "--synthetic-fill", str(a.fill),
          "--cuda-graph" if graph else "--no-cuda-graph", *extra])

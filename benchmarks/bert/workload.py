@@ -36,7 +36,6 @@ from common.flat_params import FlatParameters
 from common.lamb import Lamb, LambHyper, ShardedLamb
 from common.mllog import constants
 from common.workload import (
-    SYNTHETIC,
     CapturePolicy,
     EvalPoint,
     Target,
@@ -55,9 +54,8 @@ class BertWorkload(Workload):
 
     @staticmethod
     def add_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--data-dir", type=Path, required=True,
-                       help=f"folder with training/*.hdf5, eval/*.hdf5 and bert_config.json "
-                            f"({SYNTHETIC}: no dataset, for throughput runs)")
+        p.add_argument("--data-dir", type=Path,
+                       help="folder with training/*.hdf5, eval/*.hdf5 and bert_config.json")
         p.add_argument("--train-dir", type=Path, help="training shards (default DATA/training)")
         p.add_argument("--eval-dir", type=Path, help="held-out eval shards (default DATA/eval)")
         p.add_argument("--bert-config", type=Path,
@@ -128,10 +126,12 @@ class BertWorkload(Workload):
 
     def _config(self) -> BertConfig:
         a = self.args
-        path = a.bert_config or a.data_dir / "bert_config.json"
-        config = BertConfig.from_json(path) if path.is_file() or a.bert_config else BertConfig()
-        vocab = a.data_dir / "vocab.txt"
-        if vocab.is_file():
+        # synthetic data: no folder to read; BERT-large unless --bert-config says otherwise
+        path = a.bert_config or (None if self.synthetic else a.data_dir / "bert_config.json")
+        config = BertConfig.from_json(path) if path and (a.bert_config or path.is_file()) \
+            else BertConfig()
+        vocab = None if self.synthetic else a.data_dir / "vocab.txt"
+        if vocab and vocab.is_file():
             n = len([t for t in vocab.read_text().split("\n") if t])
             if n != config.vocab_size:
                 raise UserError(f"{vocab} has {n} tokens but the bert config says vocab_size "
@@ -145,8 +145,7 @@ class BertWorkload(Workload):
         a, env = self.args, self.env
         self._check_args()
         self.config = self._config()
-        self.fixture = (a.data_dir / FIXTURE_MARKER).is_file()
-        self.synthetic = str(a.data_dir) == SYNTHETIC
+        self.fixture = not self.synthetic and (a.data_dir / FIXTURE_MARKER).is_file()
         if not self.synthetic:
             self.train_shards = data.Shards.scan(a.train_dir or a.data_dir / "training",
                                                  a.max_seq_length, a.max_predictions)
@@ -187,7 +186,7 @@ class BertWorkload(Workload):
         self.eval_at = eval_steps(gbs, first, every, cap)
         if self.synthetic:
             return
-        self.stream = data.train_stream(self.train_shards, self.config.padded_vocab_size, gbs,
+        self.stream = data.train_stream(self.train_shards, self.config.vocab_size, gbs,
                                         env.rank, env.world_size, a.seed, env.device,
                                         self._packing)
 
@@ -241,9 +240,6 @@ class BertWorkload(Workload):
         return interval_points(self.eval_at, lambda step: step * self.global_batch_size)
 
     def epoch_batches(self, epoch: int):
-        if self.synthetic:
-            raise UserError(f"--data-dir {SYNTHETIC} is for throughput runs; training needs the "
-                            f"prepared shards")
         return self.stream
 
     def capture_policy(self) -> CapturePolicy:
@@ -303,7 +299,7 @@ class BertWorkload(Workload):
         self.model.eval()
         counts = torch.zeros(2, dtype=torch.float64, device=env.device)
         for ids, segments, mask, positions, mlm_ids, _ in data.eval_batches(
-                self.eval_shards, self.config.padded_vocab_size, a.eval_batch_size, env.rank,
+                self.eval_shards, self.config.vocab_size, a.eval_batch_size, env.rank,
                 env.world_size, env.device, limit=self.eval_samples):
             with self.precision.autocast():
                 mlm, _ = self.model(ids, segments, mask, positions)

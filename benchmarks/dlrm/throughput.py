@@ -38,7 +38,7 @@ import sys
 import torch
 
 from benchmarks.dlrm import data
-from benchmarks.dlrm.workload import SYNTHETIC, DLRMWorkload
+from benchmarks.dlrm.workload import DLRMWorkload
 from common import dist
 from common.cli import one_line_errors
 from common.kernel_profile import kernel_breakdown
@@ -56,7 +56,7 @@ DEFAULT_VARIANTS = {False: "ours-plain,ours", True: "ours-model-parallel,ours"} 
 
 def workload_args(variant: str, a):
     return build_parser(DLRMWorkload).parse_args(
-        ["--data-dir", SYNTHETIC, "--precision", a.precision, "--seed", "0", "--no-cuda-graph",
+        ["--synthetic-data", "--precision", a.precision, "--seed", "0", "--no-cuda-graph",
          "--batch-size", str(a.batch_size), "--max-ind-range", str(a.max_ind_range),
          *VARIANTS[variant]])
 

@@ -28,7 +28,7 @@ from common import dist
 from common.errors import UserError
 from common.mllog import constants
 from common.progress import say
-from common.workload import SYNTHETIC, CapturePolicy, EvalPoint, Target, Workload, interval_points
+from common.workload import CapturePolicy, EvalPoint, Target, Workload, interval_points
 
 FIXTURE_MARKER = "FIXTURE_COMPLETE"
 CRITEO_TRAIN_SAMPLES = 4_195_197_692
@@ -76,10 +76,9 @@ class DLRMWorkload(Workload):
 
     @staticmethod
     def add_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--data-dir", type=Path, required=True,
+        p.add_argument("--data-dir", type=Path,
                        help=f"folder with {data.TRAIN_FILE}, {data.EVAL_FILE}, {data.COUNTS_FILE} "
-                            f"({SYNTHETIC}: Criteo Terabyte's table sizes, power-law ids, no "
-                            f"files, for throughput runs)")
+                            f"(--synthetic-data: Criteo Terabyte's table sizes, power-law ids)")
         p.add_argument("--batch-size", type=int, default=55296, help="global batch per step")
         p.add_argument("--eval-batch-size", type=int, default=1769472, help="global eval batch")
         p.add_argument("--epochs", type=int, default=1, help="epoch cap")
@@ -131,7 +130,6 @@ class DLRMWorkload(Workload):
                             "processes use --embedding hybrid (--frequent-threshold 0 replicates "
                             "every row)")
         bottom, top = parse_mlp(a.arch_mlp_bot), parse_mlp(a.arch_mlp_top)
-        self.synthetic = str(a.data_dir) == SYNTHETIC
         # synthetic ids (throughput runs, --init-steps warm-up): the same on every rank
         self.synthetic_rng = torch.Generator().manual_seed(a.seed)
         if self.synthetic:
@@ -230,9 +228,6 @@ class DLRMWorkload(Workload):
         return interval_points(steps, lambda step: round(step / spe, 6))
 
     def epoch_batches(self, epoch: int) -> _Epoch:
-        if self.synthetic:
-            raise UserError(f"--data-dir {SYNTHETIC} is for throughput runs "
-                            f"(benchmarks.dlrm.throughput); training needs the prepared data")
         return _Epoch(self, self.train_sched.ranges(epoch - 1, self.args.seed,
                                                     self.args.shuffle))
 

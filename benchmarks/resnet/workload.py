@@ -24,7 +24,6 @@ from common import dist
 from common.errors import UserError
 from common.mllog import constants
 from common.workload import (
-    SYNTHETIC,
     CapturePolicy,
     EvalPoint,
     Target,
@@ -44,9 +43,8 @@ class ResNetWorkload(Workload):
 
     @staticmethod
     def add_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--data-dir", type=Path, required=True,
-                       help=f"ImageNet folder with train/<wnid>/*.JPEG and val/<wnid>/*.JPEG "
-                            f"({SYNTHETIC}: no dataset, for throughput runs)")
+        p.add_argument("--data-dir", type=Path,
+                       help="ImageNet folder with train/<wnid>/*.JPEG and val/<wnid>/*.JPEG")
         p.add_argument("--data-backend", default="cpu", choices=data.BACKENDS,
                        help="cpu: Pillow decode in workers; gpu: nvJPEG; dali: NVIDIA DALI")
         p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
@@ -84,7 +82,7 @@ class ResNetWorkload(Workload):
         if a.batch_size % a.grad_accum:
             raise UserError(f"--batch-size {a.batch_size} is not divisible by "
                             f"--grad-accum {a.grad_accum}")
-        if str(a.data_dir) == SYNTHETIC:
+        if self.synthetic:
             self.index, num_classes = None, 1000
         else:
             self.index = data.ImageFolderIndex.scan(a.data_dir)

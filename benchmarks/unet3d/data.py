@@ -65,7 +65,8 @@ def _check_pair(case_id: str, image: Path, label: Path) -> Case:
 
 
 def scan(root: Path) -> tuple[list[Case], list[Case]]:
-    """(training cases, evaluation cases), sorted by case id; checks names, shapes, dtypes.
+    """(training cases, evaluation cases), sorted by case id; checks names, shapes, dtypes,
+    and that neither split is empty.
 
     Reads file names and .npy headers only, no voxels: it runs before run_start, and MLPerf
     starts the clock before any part of the system touches the data."""
@@ -89,6 +90,15 @@ def scan(root: Path) -> tuple[list[Case], list[Case]]:
                                 f"{next(iter(pair.values())).name} exists)")
         case = _check_pair(case_id, pair["x"], pair["y"])
         (val if case_id in EVAL_CASES else train).append(case)
+    # Without evaluation cases every evaluation logs mean Dice nan and training goes on.
+    if not val:
+        raise UserError(f"{root}: none of the reference's {len(EVAL_CASES)} evaluation cases "
+                        "(case_00000, case_00003, ...) is here, so nothing can be evaluated; "
+                        "preprocess all of KiTS19 with prepare_data.py")
+    if not train:
+        raise UserError(f"{root}: only evaluation cases, no training case (every case outside "
+                        f"the reference's {len(EVAL_CASES)} evaluation cases trains); "
+                        "preprocess all of KiTS19 with prepare_data.py")
     return train, val
 
 

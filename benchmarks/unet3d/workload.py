@@ -29,7 +29,6 @@ from common.mllog import constants
 from common.progress import say
 from common.sgd import DeviceLRSGD
 from common.workload import (
-    SYNTHETIC,
     CapturePolicy,
     EvalPoint,
     Target,
@@ -68,9 +67,8 @@ class Unet3DWorkload(Workload):
 
     @staticmethod
     def add_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--data-dir", type=Path, required=True,
-                       help=f"folder of case_XXXXX_x.npy / case_XXXXX_y.npy (prepare_data.py; "
-                            f"{SYNTHETIC}: no dataset, for throughput runs)")
+        p.add_argument("--data-dir", type=Path,
+                       help="folder of case_XXXXX_x.npy / case_XXXXX_y.npy (prepare_data.py)")
         p.add_argument("--batch-size", type=int, default=2, help="samples per step per replica")
         p.add_argument("--epochs", type=int, default=4000, help="epoch cap")
         p.add_argument("--lr", type=float, default=0.8, help="base learning rate")
@@ -104,9 +102,8 @@ class Unet3DWorkload(Workload):
     def build(self) -> None:
         a, env = self.args, self.env
         self._check_args()
-        self.synthetic = str(a.data_dir) == SYNTHETIC
         self.train_cases, self.val_cases = ([], []) if self.synthetic else data.scan(a.data_dir)
-        self.fixture = (a.data_dir / FIXTURE_MARKER).is_file()
+        self.fixture = not self.synthetic and (a.data_dir / FIXTURE_MARKER).is_file()
         self.sg = spatial.new_spatial_group(a.spatial_group) if a.spatial_group > 1 else None
         self.replicas = env.world_size // a.spatial_group
         self.replica = env.rank // a.spatial_group

@@ -210,3 +210,27 @@ def test_signal_ends_the_run_with_run_stop_aborted(tmp_path, sig):
     last = read_events(log)[-1]
     assert last["key"] == "run_stop" and last["metadata"]["status"] == "aborted"
     assert f"stopped by {sig.name}" in err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--synthetic-data", "--data-dir", "x"], "--synthetic-data is for throughput runs"),
+    ([], "--data-dir is required"),
+])
+def test_training_needs_a_dataset_and_refuses_synthetic_data(tmp_path, capsys, flags, message):
+    from benchmarks.unet3d.workload import Unet3DWorkload
+
+    with pytest.raises(SystemExit) as e:
+        main(Unet3DWorkload, ["--device", "cpu", "--log-file", str(tmp_path / "l"), *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and message in err[0]
+
+
+def test_a_folder_named_synthetic_is_read_as_a_dataset(tmp_path, capsys, monkeypatch):
+    from benchmarks.unet3d.workload import Unet3DWorkload
+
+    (tmp_path / "synthetic").mkdir()
+    monkeypatch.chdir(tmp_path)
+    code = main(Unet3DWorkload, ["--device", "cpu", "--precision", "fp32", "--data-dir",
+                                 "synthetic", "--log-file", str(tmp_path / "log.txt")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "synthetic" in err[0] and "case_" in err[0]

@@ -1,5 +1,6 @@
 """prepare_data round trip, the HDF5 reader on fixture shards, and its bad-input errors."""
 
+import re
 import shutil
 
 import h5py
@@ -21,6 +22,7 @@ The sea is salty and deep. Fish swim there.
 Third document talks about mountains. Mountains are tall.
 """
 WORDS = sorted(set(TEXT.lower().replace(".", " ").replace("!", " ").split()))
+VOCAB = 38  # the fixture's vocab.txt: 5 specials, ".", 32 words
 
 
 @pytest.fixture(scope="module")
@@ -102,3 +104,51 @@ def test_reader_errors(fixture_dir, tmp_path):
         data.Shards.scan(bad, 64, 10)
     with pytest.raises(UserError, match="outside the vocabulary"):
         data.read_shard(sorted((fixture_dir / "training").glob("*.hdf5"))[0], vocab_size=10)
+
+
+def empty_like(src, dst):
+    """A shard with ``src``'s keys, dtypes and widths but 0 sequences."""
+    with h5py.File(src) as f, h5py.File(dst, "w") as g:
+        for k in data.KEYS:
+            g.create_dataset(k, shape=(0, *f[k].shape[1:]), dtype=f[k].dtype)
+
+
+@pytest.mark.parametrize("split", ["training", "eval"])
+def test_shards_of_no_sequences_are_refused_at_scan(fixture_dir, tmp_path, split):
+    shards = sorted((fixture_dir / split).glob("*.hdf5"))
+    for src in shards:
+        empty_like(src, tmp_path / src.name)
+    with pytest.raises(UserError, match=re.escape(f"{tmp_path}: its {len(shards)} *.hdf5 "
+                                                  "shard(s) hold 0 sequences")):
+        data.Shards.scan(tmp_path, 64, 10)
+    shutil.copy(shards[0], tmp_path / "z.hdf5")  # one empty shard among others is harmless
+    assert data.Shards.scan(tmp_path, 64, 10).samples == data.Shards.scan(
+        fixture_dir / split, 64, 10).sizes[0]
+
+
+@pytest.mark.parametrize("key, where, value, words", [
+    ("input_ids", (3, 5), VOCAB, f"input_ids {VOCAB} is outside the vocabulary of {VOCAB}"),
+    ("input_ids", (3, 5), -1, f"input_ids -1 is outside the vocabulary of {VOCAB}"),
+    ("masked_lm_ids", (3, 0), VOCAB + 7, f"masked_lm_ids {VOCAB + 7} is outside the vocab"),
+    ("masked_lm_ids", (3, 9), -2, "masked_lm_ids -2 is outside the vocabulary"),
+    ("masked_lm_positions", (3, 1), 64, "masked_lm_positions 64 is outside the sequence "
+                                        "length 64; re-create the shard"),
+    ("masked_lm_positions", (3, 0), -1, "masked_lm_positions -1 is outside the sequence"),
+    ("next_sentence_labels", 3, 2, "next_sentence_labels 2 is not 0 (IsNext) or 1 (NotNext)"),
+    ("next_sentence_labels", 3, -100, "next_sentence_labels -100 is not 0"),
+])
+def test_bad_values_name_the_shard_and_sequence(fixture_dir, tmp_path, key, where, value, words):
+    shard = tmp_path / "bad.hdf5"
+    shutil.copy(sorted((fixture_dir / "training").glob("*.hdf5"))[0], shard)
+    with h5py.File(shard, "a") as f:
+        f[key][where] = value
+    with pytest.raises(UserError, match=re.escape(f"{shard}: sequence 3: {words}")):
+        data.read_shard(shard, VOCAB)
+    with pytest.raises(UserError, match=re.escape(str(shard))):  # the stream's first read
+        next(data.eval_batches(data.Shards.scan(tmp_path, 64, 10), VOCAB, 4, 0, 1,
+                               torch.device("cpu")))
+
+
+def test_fixture_values_pass(fixture_dir):
+    for path in sorted(fixture_dir.glob("*/*.hdf5")):
+        data.read_shard(path, VOCAB)

@@ -9,6 +9,7 @@ import pytest
 from benchmarks.bert.fixture import write_fixture
 from compliance.check import check_log
 from compliance.logs import summarize
+from tests.benchmarks.bert.test_data import empty_like
 from tests.compliance import e2e_logs
 from tests.entry_points import error_lines, run_program, run_script
 
@@ -141,3 +142,32 @@ def test_bad_checkpoint(tmp_path, small_fixture):
     assert proc.returncode == 2
     lines = error_lines(proc)
     assert len(lines) == 1 and "Expected a PyTorch file" in lines[0]
+
+
+@pytest.mark.parametrize("split", ["training", "eval"])
+def test_no_sequences_stop_the_run_before_the_clock(tmp_path, small_fixture, split):
+    """Today: a hang after run_start (training), accuracy 0.0000 at every evaluation (eval)."""
+    data = tmp_path / "d"
+    shutil.copytree(small_fixture, data)
+    for f in (data / split).glob("*.hdf5"):
+        empty_like(small_fixture / split / f.name, f)
+    proc = run_program("bert", *FLAGS, "--data-dir", str(data), "--log-file",
+                       str(tmp_path / "log.txt"), timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = error_lines(proc)
+    assert len(lines) == 1 and f"{data / split}: its" in lines[0] and "0 sequences" in lines[0]
+    assert "run_start" not in (tmp_path / "log.txt").read_text()
+
+
+def test_bad_value_stops_the_run_at_the_first_read(tmp_path, small_fixture):
+    data = tmp_path / "d"
+    shutil.copytree(small_fixture, data)
+    for f in (data / "training").glob("*.hdf5"):
+        with h5py.File(f, "a") as h:
+            h["next_sentence_labels"][0] = 2
+    proc = run_module("--data-dir", str(data), "--log-file", str(tmp_path / "log.txt"))
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = error_lines(proc)
+    assert len(lines) == 1 and str(data / "training") in lines[0], lines
+    assert "next_sentence_labels 2 is not 0 (IsNext) or 1 (NotNext)" in lines[0]
+    assert summarize(tmp_path / "log.txt").status == "aborted"

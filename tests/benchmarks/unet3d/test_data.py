@@ -1,5 +1,8 @@
 """The KiTS19 npy reader and augmentations on the fixture."""
 
+import re
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -63,6 +66,24 @@ def test_bad_label_value_is_reported(tmp_path, kits_fixture):
     label[0, 0, 0, 0] = 7
     np.save(tmp_path / "case_00001_y.npy", label)
     np.save(tmp_path / "case_00001_x.npy", np.load(case.image))
+    copy_cases(kits_fixture, tmp_path, "00000")  # scan needs an evaluation case
     (bad,), _ = data.scan(tmp_path)
     with pytest.raises(UserError, match=r"case_00001_y\.npy: label values \[7\]"):
         data.load(bad)
+
+
+def copy_cases(src, dst, *case_ids):
+    for case_id in case_ids:
+        for kind in "xy":
+            shutil.copy(src / f"case_{case_id}_{kind}.npy", dst)
+
+
+@pytest.mark.parametrize("case_ids, words", [
+    (("00001", "00002"), "none of the reference's 42 evaluation cases"),
+    (("00000", "00003"), "only evaluation cases, no training case"),
+])
+def test_scan_refuses_an_empty_split(tmp_path, kits_fixture, case_ids, words):
+    """Today: no evaluation cases log mean Dice nan at every evaluation and training goes on."""
+    copy_cases(kits_fixture, tmp_path, *case_ids)
+    with pytest.raises(UserError, match=re.escape(f"{tmp_path}: {words}")):
+        data.scan(tmp_path)

@@ -1,5 +1,7 @@
 """prepare_data: NIfTI case -> normalised, resampled, padded npy pair."""
 
+import shutil
+
 import nibabel
 import numpy as np
 
@@ -24,7 +26,10 @@ def test_prepare_writes_the_reference_format(tmp_path):
     _write_case(tmp_path / "raw", (8, 12, 12), (3.2, 1.2, 1.2))
     assert prepare_data.main(["--data-dir", str(tmp_path / "raw"),
                               "--results-dir", str(tmp_path / "out")]) == 0
-    (case,), _ = data.scan(tmp_path / "out")
+    out = tmp_path / "out"
+    for kind in "xy":  # scan needs an evaluation case too
+        shutil.copy(out / f"case_00001_{kind}.npy", out / f"case_00000_{kind}.npy")
+    (case,), _ = data.scan(out)
     image, label = data.load(case)
     # Depth resampled 3.2 -> 1.6 mm (8 -> 16 slices), then every axis edge-padded to 128.
     assert image.shape == label.shape == (1, 128, 128, 128)

@@ -83,6 +83,20 @@ def test_missing_case_file(tmp_path, kits_fixture):
     assert len(lines) == 1 and "case_00010_y.npy: missing" in lines[0]
 
 
+def test_no_evaluation_cases_stop_the_run_before_the_clock(tmp_path, kits_fixture):
+    """Today: every evaluation logs mean Dice nan and training goes on."""
+    data = tmp_path / "kits"
+    data.mkdir()
+    for case_id in ("00001", "00002", "00004", "00007"):
+        for kind in "xy":
+            shutil.copy(kits_fixture / f"case_{case_id}_{kind}.npy", data)
+    proc = run_module(data, tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = error_lines(proc)
+    assert len(lines) == 1 and f"{data}: none of the reference's 42 evaluation" in lines[0]
+    assert "run_start" not in (tmp_path / "log.txt").read_text()
+
+
 def test_missing_datadir(tmp_path):
     proc = run({"DATADIR": str(tmp_path / "absent"), "LOGDIR": str(tmp_path)})
     assert proc.returncode == 2
