@@ -4,12 +4,16 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # On a machine without CUDA, torch==2.13.0 resolves to the CPU wheel; on a GPU
 # machine the same pin takes the CUDA build.
-TORCH_SPEC ?= torch==2.13.0
-# Where nvidia-smi runs, .venv also gets the cuDNN frontend (extra "cudnn") for ResNet's
-# --cudnn-fusion, the GPU configs' setting.
+TORCH_PIN := torch==2.13.0
+TORCH_SPEC ?= $(TORCH_PIN)
+# Where nvidia-smi runs, .venv also gets the extra "gpu" (pyproject.toml), what the GPU configs
+# need: the cuDNN frontend for ResNet's --cudnn-fusion and torchvision 0.28.0, the build for
+# torch 2.13.0, for ResNet's --data-backend gpu (nvJPEG). A TORCH_SPEC other than TORCH_PIN
+# gets the extra "cudnn" only: torchvision==0.28.0 would replace that torch with 2.13.0.
+# CPU machines get no torchvision: its wheels cannot import next to the CPU torch wheel.
 CONFIG ?= cpu_tiny
 
-.PHONY: venv mxnet-venv run test lint clean compliance-ci
+.PHONY: venv mxnet-venv run test test-dali lint clean compliance-ci
 
 venv: $(VENV)/.installed
 
@@ -17,7 +21,11 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	extras=test; if command -v nvidia-smi > /dev/null; then extras=test,cudnn; fi; \
+	extras=test; if command -v nvidia-smi > /dev/null; then extras=test,gpu; \
+	  if [ "$(TORCH_SPEC)" != "$(TORCH_PIN)" ]; then extras=test,cudnn; \
+	    echo "make venv: TORCH_SPEC=$(TORCH_SPEC) is not $(TORCH_PIN): no torchvision installed; install the build for that torch by hand (--data-backend gpu needs it)"; \
+	  fi; \
+	fi; \
 	$(PY) -m pip install -q -e ".[$$extras]"
 	touch $@
 
@@ -36,6 +44,16 @@ run: venv
 
 test: venv
 	$(PY) -m pytest -q
+
+# The DALI reader (--data-backend dali) in DALI's CPU mode against the Pillow reader; not part
+# of `make test`: it installs nvidia-dali-cuda120 (the extra "dali", about 790 MB) into .venv.
+# REQUIRE_DALI=1 turns the tests' skip without DALI into a failure.
+test-dali: $(VENV)/.dali-installed
+	REQUIRE_DALI=1 $(PY) -m pytest -q -m dali tests/benchmarks/resnet/test_dali.py
+
+$(VENV)/.dali-installed: $(VENV)/.installed
+	$(PY) -m pip install -q -e ".[dali]"
+	touch $@
 
 # Compliance over the logs the end-to-end tests kept (E2E_LOGDIR, see tests/compliance/e2e_logs.py):
 # every log through the MLCommons checker, every full set of runs packaged and checked.

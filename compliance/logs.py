@@ -11,6 +11,14 @@ from mlperf_logging.mllog import constants
 from common.errors import UserError
 
 PREFIX = ":::MLLOG "
+# How the suite's fixtures name themselves in the ``dataset`` key.
+FIXTURE_PREFIX = "fixture:"
+# What the RCP checker reads without looking (rcp_checker.read_submission_file): without it, it
+# stops with a bare ``KeyError``. submission_division: the run's division, which its system
+# description must state.
+REQUIRED_EVENTS = (constants.SUBMISSION_BENCHMARK, constants.SUBMISSION_DIVISION)
+REQUIRED_METADATA = {constants.RUN_STOP: constants.STATUS,
+                     constants.EVAL_ACCURACY: constants.EPOCH_NUM}
 
 
 def read_events(path: str | Path) -> list[dict]:
@@ -34,6 +42,7 @@ def read_events(path: str | Path) -> list[dict]:
 @dataclass(frozen=True)
 class RunSummary:
     benchmark: str
+    division: str | None
     seed: int | None
     status: str
     seconds: float | None      # run_start to run_stop
@@ -43,6 +52,25 @@ class RunSummary:
     @property
     def success(self) -> bool:
         return self.status == constants.SUCCESS
+
+    @property
+    def fixture(self) -> bool:
+        """Trained on a fixture, which RCPs (convergence on the real dataset) do not describe."""
+        return self.dataset.startswith(FIXTURE_PREFIX)
+
+
+def missing_key(path: str | Path) -> str | None:
+    """The first key of ``REQUIRED_EVENTS``/``REQUIRED_METADATA`` the log lacks, or None."""
+    events = read_events(path)
+    keys = {ev.get("key") for ev in events}
+    absent = next((k for k in REQUIRED_EVENTS if k not in keys), None)
+    if absent:
+        return f"no {absent} event"
+    for ev in events:
+        need = REQUIRED_METADATA.get(ev.get("key"))
+        if need and need not in (ev.get("metadata") or {}):
+            return f"{ev['key']} without metadata {need}"
+    return None
 
 
 def summarize(path: str | Path) -> RunSummary:
@@ -64,6 +92,7 @@ def summarize(path: str | Path) -> RunSummary:
     status = (stop or {}).get("metadata", {}).get(constants.STATUS, "missing")
     return RunSummary(
         benchmark=first.get(constants.SUBMISSION_BENCHMARK, {}).get("value", "unknown"),
+        division=first.get(constants.SUBMISSION_DIVISION, {}).get("value"),
         seed=first.get(constants.SEED, {}).get("value"),
         status=status,
         seconds=seconds,

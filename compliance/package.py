@@ -9,9 +9,11 @@ LOGDIR, renumbered), ``OUTDIR/systems/<system>.json`` (detected from this
 machine, completed by ``--field``/``--system-desc``) and
 ``OUTDIR/benchmarks/<benchmark>/implementations/pytorch/`` (the code, with
 its git commit in ``CODE_REFERENCE.json``). Then runs the run count, the
-system-description checker, the package checker, the RCP checker and the
-result summarizer, one verdict line each, and prints the score table.
-Runs on fixture data get ``rcp-bypass`` and are labelled as such.
+system-description checker, the compliance checker on each log, a seed
+check, the RCP checker, the package checker and the result summarizer, one
+verdict line each, and prints the score table. Runs on fixture data get
+``rcp-bypass`` and are labelled as such; the RCP verdict says BYPASSED.
+What the tools take on trust is refused first (``compliance.tree``).
 
 Exit status 0 when every check passes, 1 when one fails, 2 on bad input.
 """
@@ -19,7 +21,6 @@ Exit status 0 when every check passes, 1 when one fails, 2 on bad input.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from common.cli import OneLineParser, one_line_errors
 from common.errors import UserError
-from compliance import mlperf_tools, system
+from compliance import mlperf_tools, system, tree
 from compliance.check import check_log
 from compliance.logs import read_events, summarize
 from compliance.summarize import print_and_write, score_table
@@ -35,26 +36,21 @@ from compliance.summarize import print_and_write, score_table
 REPO = Path(__file__).resolve().parents[1]
 IMPLEMENTATION = "pytorch"
 CODE_SUFFIXES = {".py", ".sh", ".toml", ".md"}
-FIXTURE_PREFIX = "fixture"
 
 
 def result_logs(logdir: Path) -> list[Path]:
     if not logdir.is_dir():
         raise UserError(f"{logdir}: no such log directory (run_and_time.sh writes "
                         f"LOGDIR/result_<i>.txt)")
-    logs = [p for p in logdir.glob("result_*.txt") if re.fullmatch(r"result_\d+\.txt", p.name)]
+    logs = tree.result_files(logdir)
     if not logs:
         raise UserError(f"{logdir}: no result_<i>.txt logs (run run_and_time.sh with "
                         f"LOGDIR={logdir} NEXP=N first)")
-    return sorted(logs, key=lambda p: int(p.stem.split("_")[1]))
+    return logs
 
 
 def first_value(log: Path, key: str):
     return next((e.get("value") for e in read_events(log) if e.get("key") == key), None)
-
-
-def is_fixture_run(log: Path) -> bool:
-    return str(summarize(log).dataset).startswith(FIXTURE_PREFIX)
 
 
 def parse_fields(pairs: list[str]) -> dict:
@@ -70,14 +66,14 @@ def parse_fields(pairs: list[str]) -> dict:
     return fields
 
 
-def system_description(args, logs: list[Path]) -> dict:
+def system_description(args, logs: list[Path], division: str) -> dict:
+    """The description of ``args.system``; ``division`` is the logs'."""
     given = {}
     if args.system_desc:
         try:
             given = json.loads(Path(args.system_desc).read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise UserError(f"--system-desc {args.system_desc}: {exc}") from exc
-    division = first_value(logs[0], "submission_division") or "closed"
     status = first_value(logs[0], "submission_status") or "onprem"
     given.update({"submitter": args.submitter, "system_name": args.system,
                   "division": given.get("division", division),
@@ -88,6 +84,9 @@ def system_description(args, logs: list[Path]) -> dict:
     if missing:
         raise UserError("cannot detect " + ", ".join(missing) + ": give each with "
                         "--field NAME=VALUE (or all in --system-desc FILE)")
+    fix = "correct it with --field NAME=VALUE (or in --system-desc FILE)"
+    system.validate(desc, args.system, "system description", fix)
+    tree.check_division(desc, division, "system description", fix)
     return desc
 
 
@@ -120,11 +119,8 @@ def copy_code(benchmark: str, dest: Path) -> None:
 
 def build_tree(args) -> Path:
     logs = result_logs(args.logdir)
-    for log in logs:
-        bench = summarize(log).benchmark
-        if bench != args.benchmark:
-            raise UserError(f"{log} is a {bench!r} log, not {args.benchmark!r}")
-    desc = system_description(args, logs)
+    division, fixture = tree.check_runs(logs, args.benchmark)
+    desc = system_description(args, logs, division)
     out: Path = args.outdir
     results = out / "results" / args.system / args.benchmark
     if results.exists():
@@ -132,7 +128,6 @@ def build_tree(args) -> Path:
     results.mkdir(parents=True)
     for i, log in enumerate(logs):
         shutil.copy2(log, results / f"result_{i}.txt")
-    fixture = [log.name for log in logs if is_fixture_run(log)]
     if fixture:
         # The checker compares whole lines without their newline: no trailing newline.
         (results / mlperf_tools.RCP_BYPASS_FILE).write_text("rcp-bypass")
@@ -141,39 +136,50 @@ def build_tree(args) -> Path:
     copy_code(args.benchmark, out / "benchmarks" / args.benchmark / "implementations" /
               IMPLEMENTATION)
     print(f"packaged {len(logs)} run(s) of {args.benchmark} on {args.system} into {out}"
-          + (f" ({len(fixture)} on fixture data: not MLPerf results)" if fixture else ""))
+          + (" (on fixture data: not MLPerf results)" if fixture else ""))
     return out
 
 
-def check_logs(bench_dir: Path, ruleset: str) -> mlperf_tools.Verdict:
+def check_logs(logs: list[Path], ruleset: str) -> mlperf_tools.Verdict:
     """Every log on its own: the package checker lets one bad run pass under olympic scoring."""
-    verdicts = [check_log(log, ruleset) for log in sorted(bench_dir.glob("result_*.txt"))]
-    bad = [v for v in verdicts if not v.compliant]
+    bad = [v for v in (check_log(log, ruleset) for log in logs) if not v.compliant]
     if not bad:
-        return mlperf_tools.Verdict("compliance checker", True, "every log is compliant")
+        return mlperf_tools.Verdict("compliance checker", mlperf_tools.PASS,
+                                    "every log is compliant")
     first = bad[0].problems[0].splitlines()[0] if bad[0].problems else "not compliant"
     names = ", ".join(v.path.name for v in bad)
-    return mlperf_tools.Verdict("compliance checker", False, f"{names} not compliant ({first})")
+    return mlperf_tools.Verdict("compliance checker", mlperf_tools.FAIL,
+                                f"{names} not compliant ({first})")
 
 
-def check_tree(tree: Path, ruleset: str) -> list[mlperf_tools.Verdict]:
-    """Every check on a submission tree, one verdict each."""
-    if not (tree / "results").is_dir():
-        raise UserError(f"{tree}: no results/ folder: not a submission tree")
-    verdicts = []
-    for json_file in sorted((tree / "systems").glob("*.json")):
-        verdicts.append(mlperf_tools.check_system_desc(json_file, ruleset))
-    for system_dir in sorted(p for p in (tree / "results").iterdir() if p.is_dir()):
-        if not (tree / "systems" / f"{system_dir.name}.json").is_file():
-            verdicts.append(mlperf_tools.Verdict(
-                "system description", False, f"systems/{system_dir.name}.json is missing"))
-            return verdicts  # the package checker cannot read the tree without it
-        for bench_dir in sorted(p for p in system_dir.iterdir() if p.is_dir()):
-            verdicts.append(mlperf_tools.check_run_count(bench_dir, bench_dir.name, ruleset))
-            verdicts.append(check_logs(bench_dir, ruleset))
-            fixture = any(is_fixture_run(log) for log in bench_dir.glob("result_*.txt"))
-            verdicts.append(mlperf_tools.rcp_verdict(bench_dir, ruleset, fixture))
-    verdicts.append(mlperf_tools.check_package(tree, ruleset))
+def check_seeds(logs: list[Path]) -> mlperf_tools.Verdict:
+    """A seed per run, none repeated, in any division (the package checker checks closed only)."""
+    runs: dict[object, list[str]] = {}
+    for log in logs:
+        runs.setdefault(summarize(log).seed, []).append(log.name)
+    unseeded = runs.pop(None, [])
+    if unseeded:
+        return mlperf_tools.Verdict("seeds", mlperf_tools.FAIL,
+                                    f"{', '.join(unseeded)} log no seed: rerun with a seed")
+    for seed, names in runs.items():
+        if len(names) > 1:
+            return mlperf_tools.Verdict(
+                "seeds", mlperf_tools.FAIL, f"{' and '.join(names)} share seed {seed}: rerun "
+                f"all but one (run_and_time.sh seeds run i with SEED+i, or afresh)")
+    return mlperf_tools.Verdict("seeds", mlperf_tools.PASS, f"{len(logs)} distinct seeds")
+
+
+def check_tree(path: Path, ruleset: str) -> list[mlperf_tools.Verdict]:
+    """Every check on a submission tree, one verdict each, once ``tree.validate`` accepts it."""
+    fixture = tree.validate(path)
+    verdicts = [mlperf_tools.check_system_desc(json_file, ruleset)
+                for json_file in sorted((path / "systems").glob("*.json"))]
+    for bench_dir, on_fixture in fixture.items():
+        logs = tree.result_files(bench_dir)
+        verdicts += [mlperf_tools.check_run_count(bench_dir, bench_dir.name, ruleset),
+                     check_logs(logs, ruleset), check_seeds(logs),
+                     mlperf_tools.rcp_verdict(bench_dir, ruleset, on_fixture)]
+    verdicts.append(mlperf_tools.check_package(path, ruleset))
     return verdicts
 
 
@@ -193,23 +199,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         if len(args.paths) != 1:
             p.error("--check takes one path: the submission tree")
-        tree = args.paths[0]
+        path = args.paths[0]
     else:
         if len(args.paths) != 2 or not (args.submitter and args.system and args.benchmark):
             p.error("packaging needs --submitter, --system, --benchmark, LOGDIR and OUTDIR")
         args.logdir, args.outdir = args.paths
-        tree = build_tree(args)
-    verdicts = check_tree(tree, args.ruleset)
+        path = build_tree(args)
+    verdicts = check_tree(path, args.ruleset)
     for v in verdicts:
         print(v.line())
-    rows = score_table(tree, args.ruleset)
+    rows = score_table(path, args.ruleset)
     verdicts.append(mlperf_tools.Verdict(
-        "result summarizer", all(r.score_minutes is not None for r in rows),
+        "result summarizer", mlperf_tools.outcome(all(r.score_minutes is not None for r in rows)),
         "; ".join(f"{r.benchmark} on {r.system}: " + (f"{r.score_minutes:.3f} min"
                   if r.score_minutes is not None else "no score") for r in rows)))
     print(verdicts[-1].line())
-    print_and_write(rows, tree)
-    return 0 if all(v.ok for v in verdicts) else 1
+    print_and_write(rows, path)
+    return 1 if any(v.failed for v in verdicts) else 0
 
 
 if __name__ == "__main__":

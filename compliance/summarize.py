@@ -4,8 +4,11 @@
 
 The score is the MLCommons result summarizer's (``mlperf_logging``): the mean
 of the run times in minutes after dropping the fastest and the slowest run.
-Runs on fixture data are labelled ``fixture`` and are not MLPerf results.
-Writes ``OUTDIR/summary.csv`` and ``OUTDIR/summary.md``.
+Runs on fixture data are labelled ``fixture`` and are not MLPerf results; their
+RCP verdict is BYPASSED. A run the compliance checker rejects is marked
+``(non-compliant)``. Writes ``OUTDIR/summary.csv`` and ``OUTDIR/summary.md``.
+
+Exit status 0, 1 when a run is not compliant (its verdict printed), 2 on bad input.
 """
 
 from __future__ import annotations
@@ -16,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.cli import OneLineParser, one_line_errors
-from common.errors import UserError
-from compliance import mlperf_tools
+from compliance import check, mlperf_tools, tree
 from compliance.logs import summarize
 
 COLUMNS = ("system", "benchmark", "runs", "minutes_per_run", "score_minutes", "rcp", "data")
@@ -30,44 +32,42 @@ class Row:
     runs: int
     minutes: tuple[float | None, ...]   # per result_<i>.txt, in index order
     statuses: tuple[str, ...]
+    compliance: tuple[check.Verdict, ...]
     score_minutes: float | None
     rcp: str
     data: str
 
     def cells(self) -> list[str]:
         per_run = " ".join(
-            ("nan" if m is None else f"{m:.3f}") + ("" if s == "success" else f"({s})")
-            for m, s in zip(self.minutes, self.statuses))
+            ("nan" if m is None else f"{m:.3f}") + _marks(s, v.compliant)
+            for m, s, v in zip(self.minutes, self.statuses, self.compliance))
         score = "n/a" if self.score_minutes is None else f"{self.score_minutes:.3f}"
         return [self.system, self.benchmark, str(self.runs), per_run, score, self.rcp, self.data]
 
 
-def _data_label(datasets: set[str]) -> str:
-    if any(d.startswith("fixture") for d in datasets):
-        return "fixture (not an MLPerf result)"
-    return "; ".join(sorted(datasets))
+def _marks(status: str, compliant: bool) -> str:
+    marks = ([] if status == "success" else [status]) + ([] if compliant else ["non-compliant"])
+    return f"({', '.join(marks)})" if marks else ""
 
 
-def score_table(tree: Path, ruleset: str = "1.1.0") -> list[Row]:
-    results = tree / "results"
-    if not results.is_dir():
-        raise UserError(f"{tree}: no results/ folder: not a submission tree")
-    scores, _ = mlperf_tools.olympic_scores(tree, ruleset)
+def score_table(path: Path, ruleset: str = "1.1.0") -> list[Row]:
+    """One row per benchmark folder, once ``tree.validate`` accepts the tree."""
+    fixture = tree.validate(path)
+    scores, _ = mlperf_tools.olympic_scores(path, ruleset)
     rows = []
-    for system_dir in sorted(p for p in results.iterdir() if p.is_dir()):
-        for bench_dir in sorted(p for p in system_dir.iterdir() if p.is_dir()):
-            logs = sorted(bench_dir.glob("result_*.txt"), key=lambda p: int(p.stem.split("_")[1]))
-            runs = [summarize(log) for log in logs]
-            datasets = {r.dataset for r in runs}
-            fixture = any(d.startswith("fixture") for d in datasets)
-            rcp = mlperf_tools.rcp_verdict(bench_dir, ruleset, fixture)
-            rows.append(Row(
-                system=system_dir.name, benchmark=bench_dir.name, runs=len(runs),
-                minutes=tuple(None if r.seconds is None else r.seconds / 60 for r in runs),
-                statuses=tuple(r.status for r in runs),
-                score_minutes=scores.get((system_dir.name, bench_dir.name)),
-                rcp=("PASS: " if rcp.ok else "FAIL: ") + rcp.detail,
-                data=_data_label(datasets)))
+    for bench_dir, on_fixture in fixture.items():
+        logs = tree.result_files(bench_dir)
+        runs = [summarize(log) for log in logs]
+        system = bench_dir.parent.name
+        rows.append(Row(
+            system=system, benchmark=bench_dir.name, runs=len(runs),
+            minutes=tuple(None if r.seconds is None else r.seconds / 60 for r in runs),
+            statuses=tuple(r.status for r in runs),
+            compliance=tuple(check.check_log(log, ruleset) for log in logs),
+            score_minutes=scores.get((system, bench_dir.name)),
+            rcp=mlperf_tools.rcp_verdict(bench_dir, ruleset, on_fixture).result(),
+            data=("fixture (not an MLPerf result)" if on_fixture
+                  else "; ".join(sorted({r.dataset for r in runs})))))
     return rows
 
 
@@ -100,7 +100,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {args.tree}/results holds no <system>/<benchmark> folder", file=sys.stderr)
         return 2
     print_and_write(rows, args.tree)
-    return 0
+    rejected = [v for r in rows for v in r.compliance if not v.compliant]
+    for verdict in rejected:
+        print(verdict.line())
+    return 1 if rejected else 0
 
 
 if __name__ == "__main__":

@@ -2,7 +2,9 @@
 
 Every field the 1.1.0 system-description checker requires is either detected
 (processor, memory, accelerators, software versions) or given by the user;
-a field that is neither is reported as missing, never guessed.
+a field that is neither is reported as missing, never guessed. Fields the
+tools read as a choice or a number are validated here: the 1.1.0 checker
+passes any value, and the result summarizer stops on a count it cannot read.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+
+from common.errors import UserError
 
 # The fields mlperf_logging's system_desc_checker requires (training 1.1.0), in its order.
 REQUIRED_FIELDS = (
@@ -32,6 +36,24 @@ STATUS = {"onprem": "Available on-premise", "cloud": "Available cloud", "preview
           "research": "Research, Development, or Internal (RDI)"}
 # Accelerator fields that do not apply to a machine without accelerators.
 ACCELERATOR_FIELDS = tuple(f for f in REQUIRED_FIELDS if f.startswith("accelerator_"))
+DIVISIONS = ("closed", "open")
+
+
+def _whole(value, least: int) -> bool:
+    return re.fullmatch(r"[0-9]+", str(value)) is not None and int(value) >= least
+
+
+# field -> (test, what the value must be). status: the wordings the system-description checker
+# enforces from ruleset 4.0 on. The result summarizer multiplies the counts with int(); a
+# machine without accelerators has 0 of them.
+FIELD_VALUES = {
+    "division": (lambda v: v in DIVISIONS, " or ".join(DIVISIONS)),
+    "status": (lambda v: v in STATUS.values(), "one of " + "; ".join(STATUS.values())),
+    **{f: (lambda v: _whole(v, 1), "a positive whole number") for f in (
+        "number_of_nodes", "host_processors_per_node", "host_processor_core_count",
+        "host_processor_vcpu_count")},
+    "accelerators_per_node": (lambda v: _whole(v, 0), "a whole number (0: no accelerators)"),
+}
 
 
 def _cpuinfo() -> list[dict[str, str]]:
@@ -170,6 +192,22 @@ def detect() -> dict:
 def missing_fields(desc: dict) -> list[str]:
     return [f for f in REQUIRED_FIELDS if desc.get(f) in (None, "")
             and f not in ("hw_notes", "sw_notes")]
+
+
+def validate(desc: dict, name: str, where: str, fix: str) -> None:
+    """Refuse (``UserError``: where, the field, fix) a value the tools would misread.
+
+    ``name`` is the system's in the tree (results/<name>, systems/<name>.json); a field
+    that is absent is left to ``missing_fields`` and the system-description checker.
+    """
+    problems = [f"{f}={desc[f]!r} is not {what}" for f, (ok, what) in FIELD_VALUES.items()
+                if f in desc and not ok(desc[f])]
+    if desc.get("system_name", name) != name:
+        problems.insert(0, f"system_name={desc['system_name']!r} is not the system's name "
+                           f"in the tree, {name!r}")
+    if problems:
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UserError(f"{where}: {problems[0]}{more}: {fix}")
 
 
 def describe(given: dict, detected: dict | None = None) -> dict:

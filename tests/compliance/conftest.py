@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.resnet.fixture import write_fixture
-from tests.compliance import e2e_logs
+from compliance import package
+from tests.compliance import e2e_logs, handmade_logs
 
 REPO = Path(__file__).resolve().parents[2]
 # 4 classes at 32 px: each run of the real model reaches 0.759 top-1 in a few seconds; the
@@ -26,6 +27,20 @@ USER_FIELDS = {"host_processor_frequency": "2450 MHz", "host_processor_interconn
 
 def field_flags() -> list[str]:
     return [x for k, v in USER_FIELDS.items() for x in ("--field", f"{k}={v}")]
+
+
+def pack(logdir: Path, out: Path, *extra: str) -> int:
+    """``compliance.package`` of ResNet logs as TestOrg's ``cpu_tiny``."""
+    return package.main(["--submitter", "TestOrg", "--system", "cpu_tiny", "--benchmark",
+                         "resnet", *field_flags(), *extra, str(logdir), str(out)])
+
+
+@pytest.fixture(scope="session")
+def handmade_tree(tmp_path_factory) -> Path:
+    """A submission tree of five hand-written open-division fixture runs (no training)."""
+    root = tmp_path_factory.mktemp("handmade")
+    assert pack(handmade_logs.write_logdir(root / "logs"), root / "tree") == 0
+    return root / "tree"
 
 
 @pytest.fixture(scope="session")

@@ -19,14 +19,15 @@ def write(path: Path, events: list[dict]) -> Path:
 
 
 def open_run(benchmark: str = "resnet", accuracy=0.8, start_ms: int = 100,
-             stop_ms: int = 5000) -> list[dict]:
+             stop_ms: int = 5000, seed: int = 42) -> list[dict]:
     """A whole open-division run that the 1.1.0 checker passes: one epoch, one evaluation."""
     return [
         event("submission_org", "TestOrg"), event("submission_platform", "cpu"),
         event("submission_division", "open"), event("submission_status", "onprem"),
         event("submission_benchmark", benchmark), event("cache_clear", True),
-        event("init_start"), event("seed", 42), event("dataset", "fixture: handmade"),
-        event("train_samples", 96), event("eval_samples", 100), event("init_stop", t=50),
+        event("init_start"), event("seed", seed), event("dataset", "fixture: handmade"),
+        event("global_batch_size", 16), event("train_samples", 96), event("eval_samples", 100),
+        event("init_stop", t=50),
         event("run_start", t=start_ms),
         event("epoch_start", t=start_ms + 1, epoch_num=1),
         event("epoch_stop", t=start_ms + 2, epoch_num=1),
@@ -35,3 +36,17 @@ def open_run(benchmark: str = "resnet", accuracy=0.8, start_ms: int = 100,
         event("eval_accuracy", accuracy, t=start_ms + 4, epoch_num=1),
         event("run_stop", t=stop_ms, status="success"),
     ]
+
+
+def write_logdir(folder: Path, seeds=(1, 2, 3, 4, 5)) -> Path:
+    """A LOGDIR of ResNet ``open_run``s, one per seed, as run_and_time.sh names them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, seed in enumerate(seeds):
+        write(folder / f"result_{i}.txt", open_run(seed=seed, stop_ms=5000 + 1000 * i))
+    return folder
+
+
+def edit(log: Path, change) -> None:
+    """Rewrite each mllog event of a log as ``change(event)`` returns it (None drops it)."""
+    events = [json.loads(line[len(":::MLLOG "):]) for line in log.read_text().splitlines()]
+    write(log, [e for e in map(change, events) if e is not None])

@@ -1,17 +1,14 @@
 """Submission trees from real ResNet-50 logs, checked by the real MLCommons tools."""
 
+import csv
 import json
 import shutil
 
 import pytest
 
-from compliance import package, system
-from tests.compliance.conftest import field_flags
-
-
-def pack(logdir, out, *extra) -> int:
-    return package.main(["--submitter", "TestOrg", "--system", "cpu_tiny", "--benchmark",
-                         "resnet", *field_flags(), *extra, str(logdir), str(out)])
+from compliance import mlperf_tools, package, summarize, system
+from tests.compliance import handmade_logs
+from tests.compliance.conftest import pack
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +23,11 @@ def test_fixture_logs_make_a_passing_tree(resnet_logs, tmp_path, capsys):
     out = tmp_path / "tree"
     assert pack(resnet_logs, out) == 0
     stdout = capsys.readouterr().out
-    for check in ("system description", "run count", "compliance checker", "RCP checker",
+    for check in ("system description", "run count", "compliance checker", "seeds",
                   "package checker", "result summarizer"):
         assert f"{check}: PASS" in stdout, stdout
-    assert "bypassed: fixture data" in stdout and "fixture (not an MLPerf result)" in stdout
+    assert f"RCP checker: {mlperf_tools.BYPASSED}" in stdout.splitlines()
+    assert "fixture (not an MLPerf result)" in stdout
     results = out / "results/cpu_tiny/resnet"
     assert sorted(p.name for p in results.glob("result_*.txt")) == [
         f"result_{i}.txt" for i in range(5)]
@@ -111,3 +109,136 @@ def test_detected_fields_are_never_empty():
     desc = system.describe({"submitter": "o"}, detected)
     assert "submitter" not in system.missing_fields(desc)
     assert "cooling" in system.missing_fields(desc)
+
+
+def refusal(capsys) -> str:
+    """The one line of a refusal (exit status 2), which comes before any verdict."""
+    out, err = capsys.readouterr()
+    assert out == ""
+    (line,) = err.splitlines()
+    assert line.startswith("error: ")
+    return line
+
+
+def tree_refusal(tree, capsys) -> str:
+    """The refusal of ``package --check`` and of ``summarize`` on a tree, the same line."""
+    lines = set()
+    for main, argv in ((package.main, ["--check", str(tree)]), (summarize.main, [str(tree)])):
+        assert main(argv) == 2
+        lines.add(refusal(capsys))
+    (line,) = lines
+    return line
+
+
+def copy(tree, tmp_path):
+    return shutil.copytree(tree, tmp_path / "tree")
+
+
+def edit_json(path, **fields):
+    path.write_text(json.dumps({**json.loads(path.read_text()), **fields}))
+
+
+def closed(event):
+    return {**event, "value": "closed"} if event["key"] == "submission_division" else event
+
+
+def test_a_repeated_seed_fails_in_the_open_division(tmp_path, capsys):
+    logs = handmade_logs.write_logdir(tmp_path / "logs", seeds=(7, 8, 7, 9, 10))
+    assert pack(logs, tmp_path / "tree") == 1
+    out = capsys.readouterr().out
+    assert "seeds: FAIL: result_0.txt and result_2.txt share seed 7: " in out
+
+
+def test_a_division_other_than_the_logs_is_refused(handmade_tree, tmp_path, capsys):
+    """Open skips the package checker's seed and RCP checks: the division must be the runs'."""
+    logs = handmade_logs.write_logdir(tmp_path / "logs")
+    for log in logs.glob("result_*.txt"):
+        handmade_logs.edit(log, closed)
+    assert pack(logs, tmp_path / "out", "--field", "division=open") == 2
+    line = refusal(capsys)
+    assert line.startswith("error: system description: division 'open', but the logs' "
+                           "submission_division is 'closed'")
+    assert line.endswith("correct it with --field NAME=VALUE (or in --system-desc FILE)")
+    assert not (tmp_path / "out").exists()
+    tree = copy(handmade_tree, tmp_path)
+    edit_json(tree / "systems/cpu_tiny.json", division="closed")
+    assert tree_refusal(tree, capsys).startswith(
+        f"error: {tree / 'systems/cpu_tiny.json'}: division 'closed', but the logs' "
+        f"submission_division is 'open'")
+
+
+def test_logs_of_two_divisions_are_refused(tmp_path, capsys):
+    logs = handmade_logs.write_logdir(tmp_path / "logs")
+    handmade_logs.edit(logs / "result_3.txt", closed)
+    assert pack(logs, tmp_path / "out") == 2
+    assert refusal(capsys) == (f"error: {logs / 'result_3.txt'}: submission_division 'closed', "
+                               f"but result_0.txt's is 'open': package open and closed runs "
+                               f"separately")
+
+
+def test_fixture_and_real_runs_are_refused_together(handmade_tree, tmp_path, capsys):
+    """One fixture run would otherwise write the RCP bypass for the real ones."""
+    def real(event):
+        return {**event, "value": "ImageNet"} if event["key"] == "dataset" else event
+
+    logs = handmade_logs.write_logdir(tmp_path / "logs")
+    for i in (0, 1, 2, 4):
+        handmade_logs.edit(logs / f"result_{i}.txt", real)
+    assert pack(logs, tmp_path / "out") == 2
+    assert refusal(capsys) == (
+        f"error: {logs}: fixture runs (result_3.txt) mixed with real-data runs (result_0.txt, "
+        f"result_1.txt, result_2.txt, result_4.txt): the fixture's RCP bypass would cover the "
+        f"real runs too; package them separately")
+    assert not (tmp_path / "out").exists()
+    tree = copy(handmade_tree, tmp_path)
+    handmade_logs.edit(tree / "results/cpu_tiny/resnet/result_1.txt", real)
+    assert "mixed with real-data runs (result_1.txt)" in tree_refusal(tree, capsys)
+
+
+def test_a_bypassed_rcp_check_is_no_pass(handmade_tree, tmp_path, capsys):
+    bypassed = "BYPASSED (fixture data: RCPs describe the real dataset)"
+    tree = copy(handmade_tree, tmp_path)
+    assert package.main(["--check", str(tree)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f"RCP checker: {bypassed}" in out
+    assert not any(line.startswith("RCP checker: PASS") for line in out)
+    with open(tree / "summary.csv") as f:
+        (rec,) = list(csv.DictReader(f))
+    assert rec["rcp"] == bypassed
+
+
+@pytest.mark.parametrize("field, value", [
+    ("number_of_nodes", "many"), ("host_processors_per_node", "0"),
+    ("accelerators_per_node", "-1"), ("status", "available"), ("division", "secret"),
+    ("system_name", "other"),
+])
+def test_system_fields_are_validated_before_any_check(handmade_tree, tmp_path, capsys, field,
+                                                      value):
+    logs = handmade_logs.write_logdir(tmp_path / "logs")
+    assert pack(logs, tmp_path / "out", "--field", f"{field}={value}") == 2
+    line = refusal(capsys)
+    assert line.startswith(f"error: system description: {field}={value!r} is not ")
+    assert line.endswith("correct it with --field NAME=VALUE (or in --system-desc FILE)")
+    assert not (tmp_path / "out").exists()
+    tree = copy(handmade_tree, tmp_path)
+    json_file = tree / "systems/cpu_tiny.json"
+    edit_json(json_file, **{field: value})
+    assert tree_refusal(tree, capsys).startswith(f"error: {json_file}: {field}={value!r} is not ")
+
+
+@pytest.mark.parametrize("key, change", [
+    ("no submission_benchmark event",
+     lambda e: None if e["key"] == "submission_benchmark" else e),
+    ("run_stop without metadata status",
+     lambda e: {**e, "metadata": {}} if e["key"] == "run_stop" else e),
+    ("eval_accuracy without metadata epoch_num",
+     lambda e: {**e, "metadata": {}} if e["key"] == "eval_accuracy" else e),
+])
+def test_a_log_lacking_a_key_the_checkers_need_is_named(handmade_tree, tmp_path, capsys, key,
+                                                        change):
+    """Not the RCP or package checker's bare ``KeyError``."""
+    tree = copy(handmade_tree, tmp_path)
+    log = tree / "results/cpu_tiny/resnet/result_2.txt"
+    handmade_logs.edit(log, change)
+    assert tree_refusal(tree, capsys) == (f"error: {log}: {key}, which the checkers need: "
+                                          f"rerun the benchmark or leave this log out")

@@ -2,10 +2,12 @@
 
 import csv
 import json
+import shutil
 
 import pytest
 
-from compliance import package, summarize
+from compliance import mlperf_tools, package, summarize
+from tests.compliance import handmade_logs
 from tests.compliance.conftest import field_flags
 
 
@@ -35,7 +37,7 @@ def test_score_is_the_olympic_mean(resnet_logs, tmp_path, capsys):
     assert row.minutes == pytest.approx(minutes, rel=1e-9)
     assert row.runs == 5 and row.statuses == ("success",) * 5
     assert row.data == "fixture (not an MLPerf result)"
-    assert row.rcp.startswith("PASS: bypassed: fixture data")
+    assert row.rcp == mlperf_tools.BYPASSED
     with open(tree / "summary.csv") as f:
         (rec,) = list(csv.DictReader(f))
     assert float(rec["score_minutes"]) == pytest.approx(expected, abs=5e-4)
@@ -47,3 +49,14 @@ def test_score_is_the_olympic_mean(resnet_logs, tmp_path, capsys):
 def test_not_a_tree(tmp_path, capsys):
     assert summarize.main([str(tmp_path)]) == 2
     assert "not a submission tree" in capsys.readouterr().err
+
+
+def test_a_non_compliant_run_fails_and_is_marked(handmade_tree, tmp_path, capsys):
+    tree = shutil.copytree(handmade_tree, tmp_path / "tree")
+    log = tree / "results/cpu_tiny/resnet/result_3.txt"
+    handmade_logs.edit(log, lambda e: None if e["key"] == "submission_org" else e)
+    assert summarize.main([str(tree)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith(f"compliance FAIL: {log} (training 1.1.0): ")
+    (row,) = summarize.score_table(tree)
+    assert row.cells()[3] == "0.082 0.098 0.115 0.132(non-compliant) 0.148"
