@@ -1,0 +1,11 @@
+"""The SSD fixture: the shared COCO-format fixture (``benchmarks.coco.fixture``).
+
+    python -m benchmarks.ssd.fixture OUTDIR [--train N --val M --image-size S --classes K]
+"""
+
+import sys
+
+from benchmarks.coco.fixture import main
+
+if __name__ == "__main__":
+    sys.exit(main())
