@@ -263,5 +263,5 @@ def _load_backbone(model: SSD300, path: Path) -> None:
         model.backbone.load_torchvision(state)
     except Exception as exc:
         raise UserError(f"{path}: not a torchvision resnet34 state dict ({type(exc).__name__}: "
-                        f"{one_line(exc)[:200]}); save one with torch.save(torchvision.models.resnet34("
-                        f"weights='IMAGENET1K_V1').state_dict(), PATH)") from None
+                        f"{one_line(exc)[:200]}); save one with torch.save(torchvision."
+                        f"models.resnet34(weights='IMAGENET1K_V1').state_dict(), PATH)") from None
