@@ -20,16 +20,15 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 from pycocotools import mask as mask_utils
 
-MARKER = "FIXTURE_COMPLETE"
+from common.fixture_cache import cached_fixture
+
 # COCO's 80 category ids: 1..90 without the 10 ids it never used
 COCO_CATEGORY_IDS = tuple(i for i in range(1, 91)
                           if i not in (12, 26, 29, 30, 45, 66, 68, 69, 71, 83))
@@ -140,35 +139,27 @@ def write_fixture(root, train: int = 300, val: int = 60, image_size: int = 128,
     """Write the fixture under ``root`` (reused when the same one is already there)."""
     if not 1 <= classes <= MAX_CLASSES:
         raise ValueError(f"classes must lie in 1..{MAX_CLASSES}")
-    root = Path(root)
     params = dict(train=train, val=val, image_size=image_size, classes=classes, seed=seed,
                   version=1)
-    marker = root / MARKER
-    if marker.is_file() and json.loads(marker.read_text()) == params:
-        return root
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
-    rng = np.random.default_rng(seed)
-    # COCO-like ids: unique, unordered, not contiguous
-    image_ids = (rng.permutation(600_000)[:train + val] + 1).tolist()
-    ann_ids = itertools.count(1)
-    category_ids = COCO_CATEGORY_IDS[::len(COCO_CATEGORY_IDS) // classes][:classes]
-    categories = [{"id": category_ids[k], "name": " ".join(class_style(k)[::-1]),
-                   "supercategory": "shape"} for k in range(classes)]
-    (tmp / "annotations").mkdir()
-    for split, ids in (("train", image_ids[:train]), ("val", image_ids[train:])):
-        folder = tmp / f"{split}2017"
-        folder.mkdir()
-        images, annotations = _split(folder, ids, ann_ids, category_ids, image_size, rng)
-        doc = {"info": {"description": "synthetic COCO-format fixture (not COCO)"},
-               "licenses": [], "images": images, "annotations": annotations,
-               "categories": categories}
-        (tmp / "annotations" / f"instances_{split}2017.json").write_text(json.dumps(doc))
-    (tmp / MARKER).write_text(json.dumps(params))
-    if root.exists():
-        shutil.rmtree(root)
-    tmp.rename(root)
-    return root
+
+    def write(tmp: Path) -> None:
+        rng = np.random.default_rng(seed)
+        # COCO-like ids: unique, unordered, not contiguous
+        image_ids = (rng.permutation(600_000)[:train + val] + 1).tolist()
+        ann_ids = itertools.count(1)
+        category_ids = COCO_CATEGORY_IDS[::len(COCO_CATEGORY_IDS) // classes][:classes]
+        categories = [{"id": category_ids[k], "name": " ".join(class_style(k)[::-1]),
+                       "supercategory": "shape"} for k in range(classes)]
+        (tmp / "annotations").mkdir()
+        for split, ids in (("train", image_ids[:train]), ("val", image_ids[train:])):
+            folder = tmp / f"{split}2017"
+            folder.mkdir()
+            images, annotations = _split(folder, ids, ann_ids, category_ids, image_size, rng)
+            doc = {"info": {"description": "synthetic COCO-format fixture (not COCO)"},
+                   "licenses": [], "images": images, "annotations": annotations,
+                   "categories": categories}
+            (tmp / "annotations" / f"instances_{split}2017.json").write_text(json.dumps(doc))
+    return cached_fixture(root, params, write)
 
 
 def main(argv=None) -> int:

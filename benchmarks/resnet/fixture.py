@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import argparse
 import colorsys
-import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-MARKER = "FIXTURE_COMPLETE"
+from common.fixture_cache import cached_fixture
+
 NOISY_EVERY = 20  # image i of a class with i % 20 == 19 looks like the next class
 
 
@@ -54,35 +52,27 @@ def _image(cls: int, num_classes: int, size: int, rng: np.random.Generator) -> I
 def write_fixture(root, num_classes: int = 10, train_per_class: int = 100,
                   val_per_class: int = 50, image_size: int = 80, seed: int = 0) -> Path:
     """Write the fixture under ``root`` (reused when the same one is already there)."""
-    root = Path(root)
     params = dict(num_classes=num_classes, train_per_class=train_per_class,
                   val_per_class=val_per_class, image_size=image_size, seed=seed,
                   noisy_every=NOISY_EVERY)
-    marker = root / MARKER
-    if marker.is_file() and json.loads(marker.read_text()) == params:
-        return root
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
-    rng = np.random.default_rng(seed)
-    wnids = [f"n{10_000_000 + 7919 * c:08d}" for c in range(num_classes)]
-    val_no = 0
-    for c, wnid in enumerate(wnids):
-        for split, count in (("train", train_per_class), ("val", val_per_class)):
-            folder = tmp / split / wnid
-            folder.mkdir(parents=True)
-            for i in range(count):
-                if split == "train":
-                    name = f"{wnid}_{i}.JPEG"
-                else:
-                    val_no += 1
-                    name = f"ILSVRC2012_val_{val_no:08d}.JPEG"
-                drawn = (c + 1) % num_classes if i % NOISY_EVERY == NOISY_EVERY - 1 else c
-                _image(drawn, num_classes, image_size, rng).save(folder / name, quality=90)
-    (tmp / MARKER).write_text(json.dumps(params))
-    if root.exists():
-        shutil.rmtree(root)
-    tmp.rename(root)
-    return root
+
+    def write(tmp: Path) -> None:
+        rng = np.random.default_rng(seed)
+        wnids = [f"n{10_000_000 + 7919 * c:08d}" for c in range(num_classes)]
+        val_no = 0
+        for c, wnid in enumerate(wnids):
+            for split, count in (("train", train_per_class), ("val", val_per_class)):
+                folder = tmp / split / wnid
+                folder.mkdir(parents=True)
+                for i in range(count):
+                    if split == "train":
+                        name = f"{wnid}_{i}.JPEG"
+                    else:
+                        val_no += 1
+                        name = f"ILSVRC2012_val_{val_no:08d}.JPEG"
+                    drawn = (c + 1) % num_classes if i % NOISY_EVERY == NOISY_EVERY - 1 else c
+                    _image(drawn, num_classes, image_size, rng).save(folder / name, quality=90)
+    return cached_fixture(root, params, write)
 
 
 def main(argv=None) -> int:

@@ -9,6 +9,7 @@ from PIL import Image
 
 from benchmarks.coco import data, fixture
 from common.errors import UserError
+from common.fixture_cache import MARKER
 
 # pycocotools 2.0.11 decodes masks with numpy 1 semantics; harmless under numpy 2
 pytestmark = pytest.mark.filterwarnings(
@@ -132,7 +133,7 @@ def test_decode_image_converts_to_rgb(tmp_path, val):
 
 def test_fixture_is_written_once(tmp_path):
     root = fixture.write_fixture(tmp_path / "f", train=3, val=2, classes=2)
-    marker = root / fixture.MARKER
+    marker = root / MARKER
     stamp = marker.stat().st_mtime_ns
     assert fixture.main([str(root), "--train", "3", "--val", "2", "--classes", "2"]) == 0
     assert marker.stat().st_mtime_ns == stamp
