@@ -58,6 +58,15 @@ class Precision:
         return DeviceLossScaler(device, enabled=self.needs_loss_scaling)
 
 
+def grad_scaler_state(scaler: torch.amp.GradScaler, device: torch.device) -> list[torch.Tensor]:
+    """A ``GradScaler``'s tensors (scale, growth tracker) for ``Workload.training_state``;
+    none when it is disabled. They exist only after a first ``scale()``, so one is made."""
+    if not scaler.is_enabled():
+        return []
+    scaler.scale(torch.zeros((), device=device))
+    return [scaler._scale, scaler._growth_tracker]
+
+
 class DeviceLossScaler:
     """Dynamic loss scaling as ``torch.amp.GradScaler`` does it, without host syncs.
 

@@ -27,6 +27,7 @@ from benchmarks.ssd.model import SSD300, WIDTH, mllog_tensor_names
 from common import dist
 from common.errors import UserError, one_line
 from common.mllog import constants
+from common.precision import grad_scaler_state
 from common.sgd import DeviceLRSGD
 from common.workload import CapturePolicy, EvalPoint, Target, Workload, epoch_points
 
@@ -208,12 +209,8 @@ class SSDWorkload(Workload):
 
     def training_state(self) -> list[torch.Tensor]:
         momenta = [s["momentum_buffer"] for s in self.optimizer.state.values()]
-        state = [*self.net.state_dict(keep_vars=True).values(), *momenta, self.lr,
-                 self.step_count]
-        if self.scaler.is_enabled():   # amp-fp16: scale() makes the scaler's tensors
-            self.scaler.scale(torch.zeros((), device=self.env.device))
-            state += [self.scaler._scale, self.scaler._growth_tracker]
-        return state
+        return [*self.net.state_dict(keep_vars=True).values(), *momenta, self.lr,
+                self.step_count, *grad_scaler_state(self.scaler, self.env.device)]
 
     def synthetic_batch(self, batch_size: int):
         return data.synthetic_batch(batch_size, self.num_classes, self.env.device,

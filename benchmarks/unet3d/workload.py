@@ -26,6 +26,7 @@ from benchmarks.unet3d.model import FILTERS, NUM_CLASSES, Unet3D
 from common import dist
 from common.errors import UserError
 from common.mllog import constants
+from common.precision import grad_scaler_state
 from common.progress import say
 from common.sgd import DeviceLRSGD
 from common.workload import (
@@ -220,11 +221,8 @@ class Unet3DWorkload(Workload):
 
     def training_state(self) -> list[torch.Tensor]:
         momenta = [s["momentum_buffer"] for s in self.optimizer.state.values()]
-        state = [*self.net.state_dict(keep_vars=True).values(), *momenta, self.lr]
-        if self.scaler.is_enabled():   # amp-fp16: scale() makes the scaler's tensors
-            self.scaler.scale(torch.zeros((), device=self.env.device))
-            state += [self.scaler._scale, self.scaler._growth_tracker]
-        return state
+        return [*self.net.state_dict(keep_vars=True).values(), *momenta, self.lr,
+                *grad_scaler_state(self.scaler, self.env.device)]
 
     # -- steps ----------------------------------------------------------------------------
     def epoch_batches(self, epoch: int):
