@@ -211,5 +211,6 @@ def group_norm_layers(model: torch.nn.Module, env: DistEnv, group_size: int) -> 
     if env.world_size % group_size:
         from common.errors import UserError
         raise UserError(f"--bn-group {group_size} does not divide the {env.world_size} ranks")
+    from common import group_bn
     group, _ = dist.new_subgroups(group_size=group_size)
-    return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=group)
+    return group_bn.convert(model, group)

@@ -6,7 +6,8 @@ Writes ``OUTDIR/annotations/instances_{train,val}2017.json`` and
 ``OUTDIR/{train,val}2017/<12-digit id>.jpg``. Each class is one shape in one colour
 (``class_style``), drawn as a filled polygon on a grey, noisy background; the polygon is
 also the annotation's segmentation, its extent the box (xywh) and its rasterised area
-(pycocotools) the area. Objects are 15-60% of the image side, at random positions, up to
+(pycocotools) the area. Objects are ``sizes`` (default 15-60%) of the image side, at random
+positions, up to
 ``MAX_OBJECTS`` per image, overlapping a little (box IoU at most ``MAX_IOU``; later
 objects occlude earlier ones); one image in ``EMPTY_EVERY`` has none, so the train reader
 must drop it. Image sizes vary from 3/4 of ``image_size`` up to it, so images are not
@@ -83,12 +84,13 @@ def _iou(a, b) -> float:
     return inter / (a[2] * a[3] + b[2] * b[3] - inter)
 
 
-def _place(width: int, height: int, count: int, rng: np.random.Generator) -> list:
+def _place(width: int, height: int, count: int, sizes: tuple[float, float],
+           rng: np.random.Generator) -> list:
     boxes, side = [], min(width, height)
     for _ in range(20 * count):  # a crowded image may end up with fewer objects
         if len(boxes) == count:
             break
-        w, h = (rng.uniform(*SIZE_RANGE, 2) * side).round(1)
+        w, h = (rng.uniform(*sizes, 2) * side).round(1)
         box = (round(rng.uniform(0, width - w), 1), round(rng.uniform(0, height - h), 1), w, h)
         if all(_iou(box, other) <= MAX_IOU for other in boxes):
             boxes.append(box)
@@ -108,13 +110,13 @@ def _image(width: int, height: int, objects: list, rng: np.random.Generator) -> 
 
 
 def _split(folder: Path, image_ids, ann_ids, category_ids, image_size: int,
-           rng: np.random.Generator) -> tuple[list, list]:
+           sizes: tuple[float, float], rng: np.random.Generator) -> tuple[list, list]:
     images, annotations = [], []
     for n, image_id in enumerate(image_ids):
         width, height = (int(v) for v in rng.integers(image_size * 3 // 4, image_size + 1, 2))
         count = 0 if n % EMPTY_EVERY == EMPTY_EVERY - 1 else int(rng.integers(1, MAX_OBJECTS + 1))
         objects = []
-        for box in _place(width, height, count, rng):
+        for box in _place(width, height, count, sizes, rng):
             k = int(rng.integers(len(category_ids)))
             polygon = _unit_to_box(SHAPES[class_style(k)[0]], box).round(2)
             flat = polygon.ravel().tolist()
@@ -135,12 +137,15 @@ def _split(folder: Path, image_ids, ann_ids, category_ids, image_size: int,
 
 
 def write_fixture(root, train: int = 300, val: int = 60, image_size: int = 128,
-                  classes: int = 5, seed: int = 0) -> Path:
+                  classes: int = 5, seed: int = 0,
+                  sizes: tuple[float, float] = SIZE_RANGE) -> Path:
     """Write the fixture under ``root`` (reused when the same one is already there)."""
     if not 1 <= classes <= MAX_CLASSES:
         raise ValueError(f"classes must lie in 1..{MAX_CLASSES}")
+    if not 0 < sizes[0] <= sizes[1] <= 1:
+        raise ValueError(f"object sizes {sizes} must satisfy 0 < smallest <= largest <= 1")
     params = dict(train=train, val=val, image_size=image_size, classes=classes, seed=seed,
-                  version=1)
+                  sizes=list(sizes), version=1)
 
     def write(tmp: Path) -> None:
         rng = np.random.default_rng(seed)
@@ -154,12 +159,24 @@ def write_fixture(root, train: int = 300, val: int = 60, image_size: int = 128,
         for split, ids in (("train", image_ids[:train]), ("val", image_ids[train:])):
             folder = tmp / f"{split}2017"
             folder.mkdir()
-            images, annotations = _split(folder, ids, ann_ids, category_ids, image_size, rng)
+            images, annotations = _split(folder, ids, ann_ids, category_ids, image_size,
+                                         tuple(sizes), rng)
             doc = {"info": {"description": "synthetic COCO-format fixture (not COCO)"},
                    "licenses": [], "images": images, "annotations": annotations,
                    "categories": categories}
             (tmp / "annotations" / f"instances_{split}2017.json").write_text(json.dumps(doc))
     return cached_fixture(root, params, write)
+
+
+def _fractions(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two fractions like 0.15,0.6, got {text!r}"
+                                         ) from None
+    if not 0 < lo <= hi <= 1:
+        raise argparse.ArgumentTypeError(f"need 0 < smallest <= largest <= 1, got {text!r}")
+    return lo, hi
 
 
 def main(argv=None) -> int:
@@ -171,8 +188,10 @@ def main(argv=None) -> int:
     p.add_argument("--image-size", type=int, default=128, help="largest image side")
     p.add_argument("--classes", type=int, default=5, help=f"1..{MAX_CLASSES}")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--object-sizes", type=_fractions, default=SIZE_RANGE,
+                   help="smallest,largest object extent as a fraction of the image side")
     a = p.parse_args(argv)
-    write_fixture(a.outdir, a.train, a.val, a.image_size, a.classes, a.seed)
+    write_fixture(a.outdir, a.train, a.val, a.image_size, a.classes, a.seed, a.object_sizes)
     return 0
 
 

@@ -1,0 +1,12 @@
+# SSD300 on one H100 with the hyper-parameters of the 1.1.0 reference convergence point for
+# global batch 1024 (rcps_ssd.json "ssd_ref_1024_s128": base LR 0.8 = 0.025 x 1024/32, 300
+# warm-up steps = 2.62 epochs of 117266 images, decay after epochs 40 and 50, weight decay
+# 5e-4, max_samples 50). Not yet run on a GPU: its memory at batch 1024 is unmeasured.
+NPROC=1
+PRECISION=${PRECISION:-amp-bf16}
+TRAIN_ARGS=(
+    --precision "$PRECISION" --workers 12 --channels-last
+    --batch-size 1024 --eval-batch-size 256 --max-samples 50
+    --lr 0.025 --warmup-epochs 2.62 --warmup-factor 0 --lr-decay-epochs 40,50
+    --weight-decay 5e-4 --epochs 80 --scoring faster-coco-eval
+)

@@ -1,0 +1,11 @@
+# SSD300 on 8 H200s: 8 x 128 = global batch 1024 with the hyper-parameters of the 1.1.0
+# reference convergence point "ssd_ref_1024_s128" (batch norm over each GPU's 128 images,
+# model_bn_span 128). Not yet run: no machine of several GPUs was lent.
+NPROC=8
+PRECISION=${PRECISION:-amp-bf16}
+TRAIN_ARGS=(
+    --precision "$PRECISION" --workers 12 --channels-last
+    --batch-size 128 --eval-batch-size 64 --max-samples 50 --bn-group 1
+    --lr 0.025 --warmup-epochs 2.62 --warmup-factor 0 --lr-decay-epochs 40,50
+    --weight-decay 5e-4 --epochs 80 --scoring faster-coco-eval
+)
