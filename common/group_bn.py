@@ -2,8 +2,9 @@
 
 ``torch.nn.SyncBatchNorm`` runs only on GPU-like devices; ``GroupBatchNorm2d`` combines its
 ranks' per-channel count, mean and sum of squared deviations (fp32, or fp64 for fp64 inputs)
-with one differentiable all-reduce, so the same layer trains on gloo (CPU, tests) and NCCL (GPU). With a group of one rank it is
-``nn.BatchNorm2d``. Ranks may hold different batch sizes: the count is reduced too.
+with one differentiable all-reduce, so the same layer trains on gloo (CPU, tests) and NCCL
+(GPU). With a group of one rank it is ``nn.BatchNorm2d``. Ranks may hold different batch
+sizes: the counts travel with the statistics.
 """
 
 from __future__ import annotations
