@@ -11,10 +11,10 @@ projection shortcut, ``fc1``).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.resnet import pool, residual
+from common.stem import space_to_depth_conv
 
 STAGE_DEPTHS = (3, 4, 6, 3)
 STAGE_WIDTHS = (64, 128, 256, 512)
@@ -46,23 +46,6 @@ class Bottleneck(nn.Module):
         out = self.bn3(self.conv3(out))
         shortcut = self.bnsc(self.conv1sc(x)) if self.has_shortcut else x
         return self.relu(out + shortcut)
-
-
-def space_to_depth_conv(x: torch.Tensor, weight: torch.Tensor, channels: int) -> torch.Tensor:
-    """The stem's 7x7 stride-2 convolution (padding 3) computed as a 4x4 stride-1 convolution
-    over the 2x2 space-to-depth rearrangement of the padded image, zero-padded to ``channels``
-    input channels. The result is the same; cuDNN's kernels for 3 input channels are slow."""
-    n, c, h, w = x.shape
-    x = F.pad(x, (3, 3 + (w + 6) % 2, 3, 3 + (h + 6) % 2))
-    hs, ws = x.shape[2] // 2, x.shape[3] // 2
-    x = x.reshape(n, c, hs, 2, ws, 2).permute(0, 1, 3, 5, 2, 4).reshape(n, 4 * c, hs, ws)
-    k = weight.shape[0]
-    weight = F.pad(weight, (0, 1, 0, 1)).reshape(k, c, 4, 2, 4, 2)
-    weight = weight.permute(0, 1, 3, 5, 2, 4).reshape(k, 4 * c, 4, 4)
-    pad = max(channels - 4 * c, 0)
-    x = F.pad(x, (0, 0, 0, 0, 0, pad)).contiguous(memory_format=torch.channels_last)
-    weight = F.pad(weight, (0, 0, 0, 0, 0, pad)).contiguous(memory_format=torch.channels_last)
-    return F.conv2d(x, weight)  # (h + 1) // 2 x (w + 1) // 2, as the 7x7/2 convolution gives
 
 
 class ResNet50(nn.Module):

@@ -1,12 +1,15 @@
 # SSD300 on one H100 with the hyper-parameters of the 1.1.0 reference convergence point for
 # global batch 1024 (rcps_ssd.json "ssd_ref_1024_s128": base LR 0.8 = 0.025 x 1024/32, 300
 # warm-up steps = 2.62 epochs of 117266 images, decay after epochs 40 and 50, weight decay
-# 5e-4, max_samples 50). Not yet run on a GPU: its memory at batch 1024 is unmeasured.
+# 5e-4, max_samples 50). The step at batch 1024 peaks at 64.2 GiB (docs/performance.md), so
+# COCO's device image cache (51.9 GB at side 384) does not fit beside it: images are decoded
+# on the CPU by 14 loader processes, which measured 358 img/s on 640-pixel JPEGs, far below
+# the step's 3340 img/s.
 NPROC=1
 PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
-    --precision "$PRECISION" --workers 12 --channels-last
+    --precision "$PRECISION" --workers 14 --channels-last --space-to-depth --compile default
     --batch-size 1024 --eval-batch-size 256 --max-samples 50
     --lr 0.025 --warmup-epochs 2.62 --warmup-factor 0 --lr-decay-epochs 40,50
-    --weight-decay 5e-4 --epochs 80 --scoring faster-coco-eval
+    --weight-decay 5e-4 --epochs 80 --scoring faster-coco-eval --background-scoring
 )

@@ -8,10 +8,14 @@ DataLoader workers and on GPU tensors after a GPU decode. Randomness comes from 
 is a function of (seed, epoch, index).
 
 Training: ``ssd_crop`` (the IoU-constrained crop), ``hflip`` (p=0.5), resize to 300x300
-(bilinear, antialiased like PIL's), ``color_jitter`` (brightness 0.125, contrast 0.5,
+(bilinear, antialiased like PIL's), colour jitter (brightness 0.125, contrast 0.5,
 saturation 0.5, hue 0.05 in a random order, as torchvision's ``ColorJitter``), ImageNet
 normalisation; boxes come out ltrb, relative to the image (0..1), padded to ``max_boxes``
-with a validity mask so a training step's shapes are static. Evaluation: resize to
+with a validity mask so a training step's shapes are static. A sample's random choices
+(``augmentation``: crop window, flip, jitter factors and order, and the targets they give)
+are drawn apart from the pixel work (``augment_image``), so the device image cache
+(``image_cache.py``) applies the same choices to its cached pixels; the colour jitter runs
+on batches (``apply_color_jitter``), one image being a batch of one. Evaluation: resize to
 300x300, normalise; the image id and the original (height, width) travel with the image.
 
 Deviations from the reference, all below a pixel or outside its behaviour: the crop window
@@ -116,21 +120,36 @@ def _centres_inside(boxes: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
     return ((centre > window[:2]) & (centre < window[2:])).all(1)
 
 
-def apply_crop(image: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor,
-               px: tuple[int, int, int, int] | None
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Cut ``image`` [C, H, W] to the pixel window ``px`` (None: unchanged); keep the boxes
-    whose centre lies strictly inside, clipped to the window and made relative to it."""
+def crop_boxes(boxes: torch.Tensor, labels: torch.Tensor, width: int, height: int,
+               px: tuple[int, int, int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The targets of a ``width`` x ``height`` image cut to the pixel window ``px`` (None:
+    unchanged): the boxes whose centre lies strictly inside, clipped to the window and made
+    relative to it, and their labels."""
     if px is None:
-        return image, boxes, labels
-    height, width = image.shape[-2:]
+        return boxes, labels
     l, t, r, b = px
     window = torch.tensor([l / width, t / height, r / width, b / height],
                           dtype=boxes.dtype, device=boxes.device)
     keep = _centres_inside(boxes, window)
     kept = torch.minimum(torch.maximum(boxes[keep], window[:2].repeat(2)), window[2:].repeat(2))
     size = (window[2:] - window[:2]).repeat(2)
-    return image[..., t:b, l:r], (kept - window[:2].repeat(2)) / size, labels[keep]
+    return (kept - window[:2].repeat(2)) / size, labels[keep]
+
+
+def crop_image(image: torch.Tensor, px: tuple[int, int, int, int] | None) -> torch.Tensor:
+    """``image`` [C, H, W] cut to the pixel window ``px`` (None: unchanged)."""
+    if px is None:
+        return image
+    l, t, r, b = px
+    return image[..., t:b, l:r]
+
+
+def apply_crop(image: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor,
+               px: tuple[int, int, int, int] | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`crop_image` and :func:`crop_boxes`."""
+    height, width = image.shape[-2:]
+    return crop_image(image, px), *crop_boxes(boxes, labels, width, height, px)
 
 
 def ssd_crop(image: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor,
@@ -141,10 +160,14 @@ def ssd_crop(image: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor,
     return apply_crop(image, boxes, labels, crop_window(boxes, width, height, g, max_samples))
 
 
+def flip_boxes(boxes: torch.Tensor) -> torch.Tensor:
+    """Relative ltrb boxes mirrored left-right."""
+    return torch.stack((1 - boxes[:, 2], boxes[:, 1], 1 - boxes[:, 0], boxes[:, 3]), 1)
+
+
 def hflip(image: torch.Tensor, boxes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mirror the image left-right and its relative ltrb boxes with it."""
-    return image.flip(-1), torch.stack((1 - boxes[:, 2], boxes[:, 1], 1 - boxes[:, 0],
-                                        boxes[:, 3]), 1)
+    return image.flip(-1), flip_boxes(boxes)
 
 
 # -- resize, colour and normalisation --------------------------------------------------------
@@ -159,16 +182,16 @@ def resize(image: torch.Tensor, size: int = IMAGE_SIZE) -> torch.Tensor:
 
 def _grey(x: torch.Tensor) -> torch.Tensor:
     w = torch.tensor(GREY, dtype=x.dtype, device=x.device).view(3, 1, 1)
-    return (x * w).sum(0, keepdim=True)
+    return (x * w).sum(-3, keepdim=True)
 
 
-def _blend(x: torch.Tensor, other, factor: float) -> torch.Tensor:
+def _blend(x: torch.Tensor, other, factor) -> torch.Tensor:
     return (factor * x + (1 - factor) * other).clamp(0, 1)
 
 
 def _rgb_to_hsv(x: torch.Tensor) -> torch.Tensor:
-    r, g, b = x.unbind(0)
-    maxc, minc = x.max(0).values, x.min(0).values
+    r, g, b = x.unbind(-3)
+    maxc, minc = x.max(-3).values, x.min(-3).values
     span = maxc - minc
     flat = span == 0
     s = span / torch.where(maxc == 0, torch.ones_like(maxc), maxc)
@@ -176,38 +199,58 @@ def _rgb_to_hsv(x: torch.Tensor) -> torch.Tensor:
     rc, gc, bc = (maxc - r) / d, (maxc - g) / d, (maxc - b) / d
     h = torch.where(maxc == r, bc - gc, torch.where(maxc == g, 2 + rc - bc, 4 + gc - rc))
     h = torch.where(flat, torch.zeros_like(h), h)
-    return torch.stack(((h / 6).remainder(1), s, maxc))
+    return torch.stack(((h / 6).remainder(1), s, maxc), -3)
 
 
 def _hsv_to_rgb(x: torch.Tensor) -> torch.Tensor:
-    h, s, v = x.unbind(0)
+    h, s, v = x.split(1, -3)
     n = torch.tensor([5.0, 3.0, 1.0], dtype=x.dtype, device=x.device).view(3, 1, 1)
     k = (n + h * 6).remainder(6)
     return v - v * s * torch.minimum(k, 4 - k).clamp(0, 1)
 
 
-def adjust_hue(x: torch.Tensor, shift: float) -> torch.Tensor:
-    hsv = _rgb_to_hsv(x)
-    hsv = torch.cat(((hsv[:1] + shift).remainder(1), hsv[1:]))
-    return _hsv_to_rgb(hsv)
+def adjust_hue(x: torch.Tensor, shift) -> torch.Tensor:
+    """Float [..., 3, H, W] in 0..1 with its hue turned by ``shift`` (a float, or a tensor
+    that broadcasts, such as [B, 1, 1, 1])."""
+    h, sv = _rgb_to_hsv(x).split((1, 2), -3)
+    return _hsv_to_rgb(torch.cat(((h + shift).remainder(1), sv), -3))
 
 
-def color_jitter(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-    """torchvision's ``ColorJitter(0.125, 0.5, 0.5, 0.05)`` on float [3, H, W] in 0..1:
-    factors drawn uniformly, the four adjustments applied in a random order."""
+def jitter_params(g: torch.Generator) -> tuple[tuple[float, ...], tuple[int, ...]]:
+    """``ColorJitter(0.125, 0.5, 0.5, 0.05)``'s random choice: the brightness, contrast and
+    saturation factors and the hue shift, drawn uniformly, then the order of the four."""
     factors = (_uniform(g, 1 - BRIGHTNESS, 1 + BRIGHTNESS),
                _uniform(g, 1 - CONTRAST, 1 + CONTRAST),
                _uniform(g, 1 - SATURATION, 1 + SATURATION),
                _uniform(g, -HUE, HUE))
-    for i in torch.randperm(4, generator=g).tolist():
-        if i == 0:
-            x = _blend(x, 0.0, factors[0])
-        elif i == 1:
-            x = _blend(x, _grey(x).mean(), factors[1])
-        elif i == 2:
-            x = _blend(x, _grey(x), factors[2])
-        else:
-            x = adjust_hue(x, factors[3])
+    return factors, tuple(torch.randperm(4, generator=g).tolist())
+
+
+def _jitter_op(op: int, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    if op == 0:
+        return _blend(x, 0.0, factor)
+    if op == 1:
+        return _blend(x, _grey(x).mean((-3, -2, -1), keepdim=True), factor)
+    if op == 2:
+        return _blend(x, _grey(x), factor)
+    return adjust_hue(x, factor)
+
+
+def apply_color_jitter(x: torch.Tensor, factors: torch.Tensor, order: torch.Tensor
+                       ) -> torch.Tensor:
+    """torchvision's ``ColorJitter`` on a batch, float [B, 3, H, W] in 0..1: sample ``b``
+    gets op ``order[b, k]`` (0 brightness, 1 contrast, 2 saturation, 3 hue) at step ``k``
+    with its factor ``factors[b, op]`` (the hue's is a shift). No loop over samples: each
+    step runs the ops that some sample takes there on the whole batch and picks per sample.
+    ``order`` lives on the CPU, where that choice is read without a device sync."""
+    f = factors.to(x.device, x.dtype, non_blocking=True).view(-1, 4, 1, 1, 1).unbind(1)
+    picks = order.to(x.device, non_blocking=True).view(-1, 4, 1, 1, 1)
+    for k in range(4):
+        ops = order[:, k].unique().tolist()
+        out = _jitter_op(ops[0], x, f[ops[0]])
+        for op in ops[1:]:
+            out = torch.where(picks[:, k] == op, _jitter_op(op, x, f[op]), out)
+        x = out
     return x
 
 
@@ -219,17 +262,49 @@ def normalize(x: torch.Tensor) -> torch.Tensor:
 
 
 # -- whole transforms ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Augmentation:
+    """One training sample's random choices and the targets they give."""
+    crop: tuple[int, int, int, int] | None   # pixel window (l, t, r, b); None: whole image
+    flip: bool
+    factors: tuple[float, ...]               # brightness, contrast, saturation, hue shift
+    order: tuple[int, ...]                   # the order of those four (jitter_params)
+    boxes: torch.Tensor                      # kept boxes, ltrb relative to the output
+    labels: torch.Tensor
+
+
+def augmentation(boxes: torch.Tensor, labels: torch.Tensor, width: int, height: int,
+                 g: torch.Generator, max_samples: int = MAX_SAMPLES) -> Augmentation:
+    """``SSDTransformer``'s (training) random choices for a ``width`` x ``height`` image with
+    ltrb boxes relative to it, drawn from ``g`` in its order: crop, flip, colour jitter."""
+    crop = crop_window(boxes, width, height, g, max_samples)
+    boxes, labels = crop_boxes(boxes, labels, width, height, crop)
+    flip = _uniform(g) < FLIP_P
+    if flip:
+        boxes = flip_boxes(boxes)
+    return Augmentation(crop, flip, *jitter_params(g), boxes, labels)
+
+
+def augment_image(image: torch.Tensor, a: Augmentation, size: int = IMAGE_SIZE
+                  ) -> torch.Tensor:
+    """uint8 [3, H, W] -> float [3, size, size]: crop, flip, resize, colour jitter and
+    normalise as ``a`` says."""
+    image = crop_image(image, a.crop)
+    if a.flip:
+        image = image.flip(-1)
+    x = apply_color_jitter(resize(image, size)[None], torch.tensor([a.factors]),
+                           torch.tensor([a.order]))[0]
+    return normalize(x)
+
+
 def train_transform(image: torch.Tensor, boxes: torch.Tensor, labels: torch.Tensor,
                     g: torch.Generator, max_samples: int = MAX_SAMPLES, size: int = IMAGE_SIZE
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``SSDTransformer`` (training) on uint8 [3, H, W] with ltrb boxes relative to the
     image: crop, flip, resize, colour jitter, normalise. Returns the float [3, size, size]
     image, the kept boxes (relative to the output, 0..1) and their labels."""
-    image, boxes, labels = ssd_crop(image, boxes, labels, g, max_samples)
-    if _uniform(g) < FLIP_P:
-        image, boxes = hflip(image, boxes)
-    x = color_jitter(resize(image, size), g)
-    return normalize(x), boxes, labels
+    a = augmentation(boxes, labels, image.shape[-1], image.shape[-2], g, max_samples)
+    return augment_image(image, a, size), a.boxes, a.labels
 
 
 def eval_transform(image: torch.Tensor, size: int = IMAGE_SIZE) -> torch.Tensor:
@@ -280,14 +355,18 @@ class TrainDataset(torch.utils.data.Dataset):
     def __len__(self):
         return len(self.records)
 
+    def plan(self, i: int) -> tuple[Augmentation, tuple[torch.Tensor, ...]]:
+        """Sample ``i``'s augmentation in this epoch and its padded targets."""
+        r = self.records[i]
+        a = augmentation(relative_boxes(r), torch.from_numpy(r.labels), r.width, r.height,
+                         sample_generator(self.seed, self.epoch, i), self.max_samples)
+        return a, pad_targets(a.boxes, a.labels, self.max_boxes, r.path)
+
     def __getitem__(self, i):
         r = self.records[i]
-        image = decode_image_chw(r.path, (r.width, r.height))
-        g = sample_generator(self.seed, self.epoch, i)
-        image, boxes, labels = train_transform(image, relative_boxes(r),
-                                               torch.from_numpy(r.labels), g,
-                                               self.max_samples, self.size)
-        return (image, *pad_targets(boxes, labels, self.max_boxes, r.path))
+        a, targets = self.plan(i)
+        image = augment_image(decode_image_chw(r.path, (r.width, r.height)), a, self.size)
+        return (image, *targets)
 
 
 class EvalDataset(torch.utils.data.Dataset):
@@ -341,7 +420,8 @@ def eval_batches(n: int, batch_size: int, rank: int, world_size: int) -> list[li
 
 
 @dataclass
-class _Epoch:
+class Epoch:
+    """One pass of a loader (anything with ``batches(epoch)`` and ``iterate(epoch)``)."""
     loader: Loader
     epoch: int
 
@@ -378,8 +458,8 @@ class Loader:
     def __len__(self) -> int:
         return len(self.batches(0))
 
-    def epoch(self, epoch: int) -> _Epoch:
-        return _Epoch(self, epoch)
+    def epoch(self, epoch: int) -> Epoch:
+        return Epoch(self, epoch)
 
     def iterate(self, epoch: int):
         if self.train:

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from common.stem import space_to_depth_conv
+
 NUM_CLASSES = 81                      # 80 COCO categories and background (label 0)
 NUM_DEFAULTS = (4, 6, 6, 6, 4, 4)     # default boxes per position of each feature map
 WIDTH = 64                            # ResNet-34's stem width; every channel count scales with it
@@ -70,8 +72,9 @@ class ResNet34Backbone(nn.Module):
     reference's ``_ModifyBlock(stride=(1, 1))``), but still widens, so its first block
     keeps the 1x1 projection, at stride 1."""
 
-    def __init__(self, width: int = WIDTH):
+    def __init__(self, width: int = WIDTH, space_to_depth: bool = False):
         super().__init__()
+        self.space_to_depth = space_to_depth
         self.conv1 = nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(width)
         self.relu = nn.ReLU(inplace=True)
@@ -84,7 +87,9 @@ class ResNet34Backbone(nn.Module):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = space_to_depth_conv(x, self.conv1.weight, 16) if self.space_to_depth \
+            else self.conv1(x)
+        x = self.maxpool(self.relu(self.bn1(x)))
         return self.layer3(self.layer2(self.layer1(x)))
 
     def load_torchvision(self, state_dict: Mapping[str, torch.Tensor]) -> None:
@@ -99,10 +104,11 @@ class SSD300(nn.Module):
     the order of :func:`benchmarks.ssd.boxes.dboxes300_coco`. ``width`` scales every channel
     count (64: the reference's); a smaller one keeps the code path for CPU fixtures."""
 
-    def __init__(self, num_classes: int = NUM_CLASSES, width: int = WIDTH):
+    def __init__(self, num_classes: int = NUM_CLASSES, width: int = WIDTH,
+                 space_to_depth: bool = False):
         super().__init__()
         self.num_classes = num_classes
-        self.backbone = ResNet34Backbone(width)
+        self.backbone = ResNet34Backbone(width, space_to_depth)
         chans = out_channels(width)
         # 38 -> 19 -> 10 -> 5 by stride 2, then 5 -> 3 -> 1 by unpadded 3x3 convolutions
         self.additional_blocks = nn.ModuleList(

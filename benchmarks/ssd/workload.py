@@ -20,7 +20,7 @@ import torch
 
 from benchmarks.coco import data as coco
 from benchmarks.coco.evaluation import BACKENDS, Detections, ScoreRequest, score
-from benchmarks.ssd import data
+from benchmarks.ssd import data, image_cache
 from benchmarks.ssd.boxes import dboxes300_coco, decode_batch, match
 from benchmarks.ssd.loss import Loss
 from benchmarks.ssd.model import SSD300, WIDTH, mllog_tensor_names
@@ -29,7 +29,14 @@ from common.errors import UserError, one_line
 from common.mllog import constants
 from common.precision import grad_scaler_state
 from common.sgd import DeviceLRSGD
-from common.workload import CapturePolicy, EvalPoint, Target, Workload, epoch_points
+from common.workload import (
+    CapturePolicy,
+    EvalPoint,
+    Target,
+    Workload,
+    epoch_points,
+    maybe_compile,
+)
 
 FIXTURE_MARKER = "FIXTURE_COMPLETE"
 COCO_TRAIN_IMAGES, COCO_EVAL_IMAGES = 117_266, 5_000
@@ -87,7 +94,17 @@ class SSDWorkload(Workload):
                             "(64: the reference; smaller only for CPU fixtures)")
         p.add_argument("--bn-group", type=int, default=1, help="ranks sharing BN statistics")
         p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=False)
+        p.add_argument("--space-to-depth", action=argparse.BooleanOptionalAction, default=False,
+                       help="the stem convolution over 2x2 pixel blocks (same result; cuDNN "
+                            "is slow on 3 input channels)")
         p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
+        p.add_argument("--image-cache", default="none", choices=("none", "device"),
+                       help="device: decode every training image once (on the first batch) "
+                            "and keep it on the device, where crop, flip, resize and colour "
+                            "jitter run (benchmarks/ssd/image_cache.py)")
+        p.add_argument("--cache-side", type=int, default=image_cache.MAX_SIDE,
+                       help="longer side of cached images in pixels; device memory: images x "
+                            "3 x side^2 bytes (COCO at 384: 51.9 GB per rank)")
         p.add_argument("--scoring", default="pycocotools", choices=BACKENDS,
                        help="COCO evaluator (faster-coco-eval: the same statistics, faster)")
         p.add_argument("--backbone-checkpoint", type=Path,
@@ -104,16 +121,17 @@ class SSDWorkload(Workload):
         else:
             num_classes = 81
         self.num_classes = num_classes
-        model = SSD300(num_classes, a.width)
+        model = SSD300(num_classes, a.width, a.space_to_depth)
         if a.backbone_checkpoint:
             _load_backbone(model, a.backbone_checkpoint)
         self.tensor_names = mllog_tensor_names(model)
         model = dist.group_norm_layers(model, env, a.bn_group)
         mem = torch.channels_last if a.channels_last else torch.contiguous_format
         self.net = model.to(env.device, memory_format=mem)
-        self.model = dist.data_parallel(self.net, env)
+        self.model = maybe_compile(dist.data_parallel(self.net, env), a.compile)
         self.dboxes = dboxes300_coco().to(env.device)
         self.loss = Loss(self.dboxes).to(env.device)
+        self.match_loss = maybe_compile(self._match_loss, a.compile)
         self.lr = torch.zeros((), device=env.device)
         self.step_count = torch.zeros((), device=env.device)
         self.optimizer = DeviceLRSGD(self.net.parameters(), lr=self.lr, momentum=a.momentum,
@@ -124,9 +142,13 @@ class SSDWorkload(Workload):
         else:
             common = dict(rank=env.rank, world_size=env.world_size, num_workers=a.workers,
                           device=env.device)
-            self.train_loader = data.build_train_loader(
-                self.train_split, a.batch_size, seed=a.seed, max_boxes=a.max_boxes,
-                max_samples=a.max_samples, **common)
+            train = dict(seed=a.seed, max_boxes=a.max_boxes, max_samples=a.max_samples, **common)
+            if a.image_cache == "device":
+                self.train_loader = image_cache.build_train_loader(
+                    self.train_split, a.batch_size, max_side=a.cache_side, **train)
+            else:
+                self.train_loader = data.build_train_loader(self.train_split, a.batch_size,
+                                                            **train)
             self.eval_loader = data.build_eval_loader(self.val_split, a.eval_batch_size,
                                                       **common)
             self._steps_per_epoch = len(self.train_loader)
@@ -196,16 +218,19 @@ class SSDWorkload(Workload):
         a = self.args
         self.lr.copy_(lr_at(self.step_count, self.base_lr, self.warmup_steps, a.warmup_factor,
                             self.steps_per_epoch, a.lr_decay_epochs))
-        gloc, glabel = match(boxes, labels, valid, self.dboxes)
         self.optimizer.zero_grad(set_to_none=True)
         with self.precision.autocast():
             ploc, plabel = self.model(images)
-        loss = self.loss(ploc.float(), plabel.float(), gloc, glabel)
+        loss = self.match_loss(ploc, plabel, boxes, labels, valid)
         self.scaler.scale(loss).backward()
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.step_count += 1
         return loss.detach()
+
+    def _match_loss(self, ploc, plabel, boxes, labels, valid) -> torch.Tensor:
+        gloc, glabel = match(boxes, labels, valid, self.dboxes)
+        return self.loss(ploc.float(), plabel.float(), gloc, glabel)
 
     def training_state(self) -> list[torch.Tensor]:
         momenta = [s["momentum_buffer"] for s in self.optimizer.state.values()]

@@ -5,7 +5,8 @@ import pytest
 import torch
 import yaml
 
-from benchmarks.resnet.model import ResNet50, mllog_tensor_names, space_to_depth_conv
+from benchmarks.resnet.model import ResNet50, mllog_tensor_names
+from common.stem import space_to_depth_conv
 
 RULESET = Path(mlperf_logging.__file__).parent / "compliance_checker/training_1.1.0"
 

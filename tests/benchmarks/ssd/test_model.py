@@ -149,3 +149,14 @@ def test_every_trainable_parameter_has_one_name(model):
     assert shape["ssd0_resnetmlperf0_stage2_batchnorm8_gamma"] == (128,)
     assert shape["ssd0_expand_trans_conv4_weight"] == (128, 256, 1, 1)
     assert shape["ssd0_expand_conv4_weight"] == (256, 128, 3, 3)
+
+
+def test_space_to_depth_stem_gives_the_same_outputs():
+    torch.manual_seed(0)
+    plain = SSD300(5, width=8).double().eval()     # fp64: no rounding to tell apart
+    s2d = SSD300(5, width=8, space_to_depth=True).double().eval()
+    s2d.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 3, 300, 300, dtype=torch.float64)
+    with torch.no_grad():
+        for a, b in zip(plain(x), s2d(x)):
+            torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-10)

@@ -1,0 +1,196 @@
+"""SSD300 training throughput on device-resident batches: ours against what a user would run.
+
+    python -m benchmarks.ssd.throughput --batch-size 128 --precision amp-bf16 \
+        --variants ours,ours-compile,ours-eager,plain-compile,torchvision-vgg16
+
+``ours`` is the workload's real training step (SSD300 with the ResNet-34 backbone,
+channels-last, matching and the loss batched on the device, momentum SGD) captured as one
+CUDA graph; ``ours-compile`` also runs the model and the matching + loss through
+``torch.compile`` inside that graph (``ours-compile-s2d``, the GPU configs' step: with the
+stem convolution over 2x2 pixel blocks, ``--space-to-depth``); ``ours-eager`` is the step
+without graph or compile.
+The baselines: ``plain-compile`` is the same model trained as a user would write it,
+``torch.compile(model)`` (channels-last, autocast) with the same matching and loss run
+eagerly and ``torch.optim.SGD``; ``torchvision-vgg16`` is torchvision's ``ssd300_vgg16``
+(its own matching and loss, eager). Every variant gets the same images and boxes (4 per
+image, padded to ``--max-boxes``); ``--profile`` adds kernel time by family.
+
+With ``--coco-dir DIR`` (a COCO 2017 layout, such as the fixture at a real image size) the
+training input pipeline is timed too: the CPU path (decode and augment in ``--workers``
+processes) and the device image cache (``--image-cache device``: its one-off fill, then
+batches), as images/s delivered on the GPU.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.coco.data import load_split
+from benchmarks.ssd import data, image_cache
+from benchmarks.ssd.boxes import dboxes300_coco, match
+from benchmarks.ssd.loss import Loss
+from benchmarks.ssd.model import SSD300
+from benchmarks.ssd.workload import SSDWorkload
+from common.cuda_graph import GraphedStep
+from common.dist import DistEnv
+from common.kernel_profile import kernel_breakdown
+from common.precision import Precision
+from common.throughput import gpu_variants, time_steps, tool_parser
+from common.training import build_parser
+
+# variant -> (CUDA graph, compile mode, other workload flags) for the workload's step
+OURS = {"ours": (True, "none", ()), "ours-compile": (True, "default", ()),
+        "ours-eager": (False, "none", ()),
+        "ours-compile-s2d": (True, "default", ("--space-to-depth",))}
+VARIANTS = (*OURS, "plain-compile", "torchvision-vgg16")
+NUM_CLASSES = 81
+LR = 2.5e-3 * 4   # any small LR: throughput only
+
+
+def ours(variant: str, batch_size: int, max_boxes: int, precision: Precision, device):
+    graph, compile_mode, flags = OURS[variant]
+    args = SSDWorkload.parse_bench_args(
+        build_parser(SSDWorkload), ["--precision", precision.name, "--seed", "0",
+                                    "--channels-last", "--compile", compile_mode,
+                                    "--max-boxes", str(max_boxes), *flags],
+        "synthetic", batch_size)
+    wl = SSDWorkload(args, DistEnv(device=device), precision)
+    wl.build()
+    return GraphedStep(wl.train_step, enabled=graph), wl.synthetic_batch(batch_size)
+
+
+def plain_compile(precision: Precision, device):
+    """The same model, loss and matching, a user's step: compiled model, eager rest."""
+    model = SSD300(NUM_CLASSES).to(device, memory_format=torch.channels_last)
+    dboxes = dboxes300_coco().to(device)
+    loss_fn = Loss(dboxes).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, weight_decay=5e-4)
+    fwd = torch.compile(model)
+
+    def step(images, boxes, labels, valid):
+        gloc, glabel = match(boxes, labels, valid, dboxes)
+        opt.zero_grad(set_to_none=True)
+        with precision.autocast():
+            ploc, plabel = fwd(images)
+        loss = loss_fn(ploc.float(), plabel.float(), gloc, glabel)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step
+
+
+def torchvision_vgg16(precision: Precision, device):
+    """torchvision's SSD300-VGG16 as its detection reference trains it (eager)."""
+    import torchvision  # GPU machines only: the CPU wheels cannot load it
+
+    model = torchvision.models.detection.ssd300_vgg16(
+        weights=None, weights_backbone=None, num_classes=NUM_CLASSES).to(device).train()
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, weight_decay=5e-4)
+
+    def step(images, boxes, labels, valid):
+        size = images.shape[-1]
+        targets = [{"boxes": b[v] * size, "labels": lab[v]}
+                   for b, lab, v in zip(boxes, labels, valid)]
+        opt.zero_grad(set_to_none=True)
+        with precision.autocast():
+            losses = model(list(images), targets)
+        loss = sum(losses.values())
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step
+
+
+def input_pipeline(coco_dir: Path, batch_size: int, workers: int, cache_side: int, device,
+                   max_batches: int = 60) -> list[dict]:
+    """Training batches per second from the CPU loader and from the device image cache."""
+    split = load_split(coco_dir, "train")
+    rows = []
+    for name in ("cpu-decode", "device-cache"):
+        common = dict(seed=0, num_workers=workers, device=device, max_boxes=200)
+        if name == "cpu-decode":
+            loader, fill = data.build_train_loader(split, batch_size, **common), 0.0
+        else:
+            loader = image_cache.build_train_loader(split, batch_size, max_side=cache_side,
+                                                    **common)
+            t0 = time.perf_counter()
+            loader.cache.fill()
+            torch.cuda.synchronize()
+            fill = time.perf_counter() - t0
+        images, t0, epoch = 0, None, 0
+        while images < max_batches * batch_size:
+            epoch += 1
+            for batch in loader.epoch(epoch):
+                if t0 is None:            # the first batch pays for worker start-up
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    continue
+                images += batch[0].shape[0]
+        torch.cuda.synchronize()
+        rate = images / (time.perf_counter() - t0)
+        rows.append({"pipeline": name, "workers": workers, "images_per_second": rate,
+                     "fill_seconds": fill, "train_images": len(split)})
+        print(f"{name:12s} {workers} workers: {rate:8.1f} img/s"
+              + (f" (fill {fill:.1f} s, {len(split)} images, side {cache_side})"
+                 if fill else ""), flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    p = tool_parser("python -m benchmarks.ssd.throughput", __doc__,
+                    "ours,ours-compile,ours-eager,plain-compile,torchvision-vgg16",
+                    warmup=20, iters=30)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--max-boxes", type=int, default=200)
+    p.add_argument("--coco-dir", type=Path, help="also time the input pipeline on this folder")
+    p.add_argument("--workers", type=int, default=12, help="loader processes (--coco-dir)")
+    p.add_argument("--cache-side", type=int, default=image_cache.MAX_SIDE)
+    a = p.parse_args(argv)
+    variants = gpu_variants(p, a.variants, VARIANTS)
+    device = torch.device("cuda")
+    torch.backends.cudnn.benchmark = True
+    precision = Precision(a.precision, "cuda")
+    precision.apply_backend_flags()
+    rows = []
+    for v in variants:
+        if v in OURS:
+            step, batch = ours(v, a.batch_size, a.max_boxes, precision, device)
+        else:
+            batch = data.synthetic_batch(a.batch_size, NUM_CLASSES, device, a.max_boxes)
+            step = plain_compile(precision, device) if v == "plain-compile" \
+                else torchvision_vgg16(precision, device)
+        m = time_steps(v, step, batch, device, a.warmup, a.iters)
+        rows.append({"variant": v, "batch_size": a.batch_size, "precision": a.precision,
+                     "samples_per_second": m.samples_per_second,
+                     "peak_memory_gib": m.peak_memory_bytes / 2**30})
+        print(f"{v:18s} batch {a.batch_size} {a.precision}: {m.samples_per_second:8.1f} img/s, "
+              f"peak {m.peak_memory_bytes / 2**30:.1f} GiB", flush=True)
+        if a.profile:
+            print(kernel_breakdown(step, batch), flush=True)
+        del step, batch
+        gc.collect()
+        torch.cuda.empty_cache()
+    base = {r["variant"]: r["samples_per_second"] for r in rows}
+    for ref in ("plain-compile", "torchvision-vgg16"):
+        if ref in base:
+            for r in rows:
+                print(f"{r['variant']:18s} x{r['samples_per_second'] / base[ref]:.2f} vs {ref}")
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "results": rows}
+    if a.coco_dir:
+        report["input_pipeline"] = input_pipeline(a.coco_dir, a.batch_size, a.workers,
+                                                  a.cache_side, device)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
