@@ -69,11 +69,12 @@ def _uniform(g: torch.Generator, lo: float = 0.0, hi: float = 1.0) -> float:
 
 # -- the IoU-constrained crop ------------------------------------------------------------------
 def _iou_with(boxes: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
-    lt = torch.maximum(boxes[:, :2], window[:2])
-    rb = torch.minimum(boxes[:, 2:], window[2:])
-    inter = (rb - lt).clamp(min=0).prod(1)
-    area = (boxes[:, 2:] - boxes[:, :2]).prod(1)
-    win_area = (window[2:] - window[:2]).prod()
+    """IoU of ltrb ``boxes`` [..., 4] and ``window`` [..., 4] (broadcast) -> [...]."""
+    lt = torch.maximum(boxes[..., :2], window[..., :2])
+    rb = torch.minimum(boxes[..., 2:], window[..., 2:])
+    inter = (rb - lt).clamp(min=0).prod(-1)
+    area = (boxes[..., 2:] - boxes[..., :2]).prod(-1)
+    win_area = (window[..., 2:] - window[..., :2]).prod(-1)
     return inter / (area + win_area - inter)
 
 
@@ -82,42 +83,44 @@ def crop_window(boxes: torch.Tensor, width: int, height: int, g: torch.Generator
     """``SSDCropping``'s choice for an image of ``width`` x ``height`` pixels with ltrb boxes
     relative to it: a pixel window (left, top, right, bottom), or None to keep the image.
 
-    Each round draws one of ``CROP_OPTIONS``; for a constraint, up to ``max_samples``
-    windows of width and height in ``CROP_SCALE`` (fractions, their ratio within
-    ``CROP_ASPECT``) at a uniform position are tried; a window is taken when every box's IoU
-    with it lies strictly within the bounds and at least one box's centre lies strictly
-    inside it. When every try fails, the next round draws an option again.
+    Each round draws one of ``CROP_OPTIONS``; for a constraint, ``max_samples`` windows of
+    width and height in ``CROP_SCALE`` (fractions) at a uniform position are drawn at once
+    and the first that passes is taken: its width/height ratio within ``CROP_ASPECT``, every
+    box's IoU with it strictly within the bounds and at least one box's centre strictly
+    inside it (the reference tries them one by one; the tries are independent, so taking
+    the first passing one chooses alike). When none passes, the next round draws an option
+    again.
     """
+    extent = torch.tensor([width, height] * 2, dtype=torch.float64)
+    boxes = boxes.double()
     for _ in range(MAX_CROP_ROUNDS):
         mode = CROP_OPTIONS[int(torch.randint(len(CROP_OPTIONS), (), generator=g))]
         if mode is None:
             return None
         min_iou = -math.inf if mode[0] is None else mode[0]
         max_iou = math.inf if mode[1] is None else mode[1]
-        for _ in range(max_samples):
-            w, h = _uniform(g, *CROP_SCALE), _uniform(g, *CROP_SCALE)
-            if not CROP_ASPECT[0] <= w / h <= CROP_ASPECT[1]:
-                continue
-            left, top = _uniform(g, 0, 1 - w), _uniform(g, 0, 1 - h)
-            # the pixel window the image is cut to (the reference truncates the same way)
-            px = (int(left * width), int(top * height), int((left + w) * width),
-                  int((top + h) * height))
-            if px[2] <= px[0] or px[3] <= px[1]:
-                continue
-            window = torch.tensor([px[0] / width, px[1] / height, px[2] / width,
-                                   px[3] / height], dtype=boxes.dtype, device=boxes.device)
-            ious = _iou_with(boxes, window)
-            if not bool(((ious > min_iou) & (ious < max_iou)).all()):
-                continue
-            if not bool(_centres_inside(boxes, window).any()):
-                continue
-            return px
+        u = torch.rand(max_samples, 4, generator=g, dtype=torch.float64)
+        wh = CROP_SCALE[0] + (CROP_SCALE[1] - CROP_SCALE[0]) * u[:, :2]
+        lt = u[:, 2:] * (1 - wh)
+        # the pixel window the image is cut to (the reference truncates the same way)
+        px = (torch.cat((lt, lt + wh), 1) * extent).floor()
+        window = px / extent
+        ratio = wh[:, 0] / wh[:, 1]
+        ok = (ratio >= CROP_ASPECT[0]) & (ratio <= CROP_ASPECT[1])
+        ok &= (px[:, 2] > px[:, 0]) & (px[:, 3] > px[:, 1])
+        ious = _iou_with(boxes[None], window[:, None])                    # [tries, boxes]
+        ok &= ((ious > min_iou) & (ious < max_iou)).all(1)
+        ok &= _centres_inside(boxes[None], window[:, None]).any(1)
+        passed = ok.nonzero()
+        if len(passed):
+            return tuple(int(v) for v in px[passed[0, 0]].tolist())
     return None
 
 
 def _centres_inside(boxes: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
-    centre = 0.5 * (boxes[:, :2] + boxes[:, 2:])
-    return ((centre > window[:2]) & (centre < window[2:])).all(1)
+    """Whether each ltrb box's centre lies strictly inside ``window`` (broadcast) -> [...]."""
+    centre = 0.5 * (boxes[..., :2] + boxes[..., 2:])
+    return ((centre > window[..., :2]) & (centre < window[..., 2:])).all(-1)
 
 
 def crop_boxes(boxes: torch.Tensor, labels: torch.Tensor, width: int, height: int,
@@ -240,16 +243,23 @@ def apply_color_jitter(x: torch.Tensor, factors: torch.Tensor, order: torch.Tens
                        ) -> torch.Tensor:
     """torchvision's ``ColorJitter`` on a batch, float [B, 3, H, W] in 0..1: sample ``b``
     gets op ``order[b, k]`` (0 brightness, 1 contrast, 2 saturation, 3 hue) at step ``k``
-    with its factor ``factors[b, op]`` (the hue's is a shift). No loop over samples: each
-    step runs the ops that some sample takes there on the whole batch and picks per sample.
-    ``order`` lives on the CPU, where that choice is read without a device sync."""
-    f = factors.to(x.device, x.dtype, non_blocking=True).view(-1, 4, 1, 1, 1).unbind(1)
-    picks = order.to(x.device, non_blocking=True).view(-1, 4, 1, 1, 1)
+    with its factor ``factors[b, op]`` (the hue's is a shift). No loop over samples: at each
+    step every op runs once, on the samples that take it there (gathered, then written
+    back), so a step costs one op over the batch. ``order`` lives on the CPU, where the
+    groups are formed without a device sync."""
+    f = factors.to(x.device, x.dtype, non_blocking=True).view(-1, 4, 1, 1, 1)
+    if len(x) == 1:                            # the CPU path: no gathering
+        for op in order[0].tolist():
+            x = _jitter_op(op, x, f[:, op])
+        return x
     for k in range(4):
-        ops = order[:, k].unique().tolist()
-        out = _jitter_op(ops[0], x, f[ops[0]])
-        for op in ops[1:]:
-            out = torch.where(picks[:, k] == op, _jitter_op(op, x, f[op]), out)
+        out = torch.empty_like(x)
+        for op in range(4):
+            rows = (order[:, k] == op).nonzero()[:, 0]
+            if len(rows):
+                rows = rows.to(x.device, non_blocking=True)
+                out.index_copy_(0, rows, _jitter_op(op, x.index_select(0, rows),
+                                                    f.index_select(0, rows)[:, op]))
         x = out
     return x
 
