@@ -2,13 +2,14 @@
 # global batch 1024 (rcps_ssd.json "ssd_ref_1024_s128": base LR 0.8 = 0.025 x 1024/32, 300
 # warm-up steps = 2.62 epochs of 117266 images, decay after epochs 40 and 50, weight decay
 # 5e-4, max_samples 50). The step at batch 1024 peaks at 64.2 GiB (docs/performance.md), so
-# COCO's device image cache (51.9 GB at side 384) does not fit beside it: images are decoded
-# on the CPU by 14 loader processes, which measured 358 img/s on 640-pixel JPEGs, far below
-# the step's 3340 img/s.
+# COCO's decoded images (51.9 GB at side 384) are cached in host memory instead of on the
+# GPU (--image-cache host): each batch's images are copied over, then cropped, flipped,
+# resized and jittered on the GPU.
 NPROC=1
 PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
     --precision "$PRECISION" --workers 14 --channels-last --space-to-depth --compile default
+    --image-cache host --cache-side 384
     --batch-size 1024 --eval-batch-size 256 --max-samples 50
     --lr 0.025 --warmup-epochs 2.62 --warmup-factor 0 --lr-decay-epochs 40,50
     --weight-decay 5e-4 --epochs 80 --scoring faster-coco-eval --background-scoring

@@ -19,7 +19,10 @@ pixels; 2 epochs, 64 samples) the mean absolute difference from the CPU path is 
 ``max_side`` 640 and 0.0026 at 384, whose antialiased shrink removes part of the aliasing
 (pixel values 0..1, before normalisation).
 Every rank caches every image (its batches come from the whole shuffled epoch): COCO's
-117266 images take 117266 x 3 x S^2 bytes per device, 51.9 GB at S = 384.
+117266 images take 117266 x 3 x S^2 bytes per device, 51.9 GB at S = 384. Where that does
+not fit beside the step (one H100 at batch 1024), ``storage="host"`` (``--image-cache host``)
+keeps the cache in host memory: each batch's images are gathered there and copied to the
+device, where the same crop, flip, resize and jitter run.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from benchmarks.ssd import data
 from common.errors import UserError
 
 MAX_SIDE = 384     # --cache-side default
+STORAGES = ("device", "host")
 FILL_CHUNK = 32    # images per decoded, pinned chunk copied to the device
 
 
@@ -94,15 +98,19 @@ class _Decoded(torch.utils.data.Dataset):
 
 
 class ImageCache:
-    """Every image of ``split`` on ``device``: uint8 [N, 3, max_side, max_side] (``images``,
-    decoded by ``num_workers`` processes on first use), each in its top-left
-    ``sizes[i]`` = (height, width) corner."""
+    """Every image of ``split``: uint8 [N, 3, max_side, max_side] (``images``, decoded by
+    ``num_workers`` processes on first use), each in its top-left ``sizes[i]`` = (height,
+    width) corner, held on ``device`` (``storage`` "device") or in host memory ("host");
+    batches are augmented on ``device`` either way."""
 
     def __init__(self, split: CocoSplit, device: torch.device | str, max_side: int = MAX_SIDE,
-                 num_workers: int = 0):
+                 num_workers: int = 0, storage: str = "device"):
         if max_side < 1:
             raise UserError(f"--cache-side {max_side}: must be at least 1 pixel")
+        if storage not in STORAGES:
+            raise ValueError(f"storage must be one of {STORAGES}, not {storage!r}")
         self.split, self.device = split, torch.device(device)
+        self.holder = self.device if storage == "device" else torch.device("cpu")
         self.max_side, self.num_workers = max_side, num_workers
         self.sizes = torch.tensor([cached_size(r.height, r.width, max_side)
                                    for r in split.records], dtype=torch.int64).view(-1, 2)
@@ -129,17 +137,17 @@ class ImageCache:
         return self._images
 
     def fill(self) -> None:
-        """Decode every image (CPU workers) and copy them to the device in pinned chunks."""
+        """Decode every image (CPU workers) into the cache (to the device in pinned chunks)."""
         side = self.max_side
         try:
-            images = torch.empty(len(self), 3, side, side, dtype=torch.uint8, device=self.device)
-        except torch.cuda.OutOfMemoryError:
+            images = torch.empty(len(self), 3, side, side, dtype=torch.uint8, device=self.holder)
+        except (torch.cuda.OutOfMemoryError, RuntimeError):
             raise UserError(f"the image cache ({self.nbytes / 1e9:.1f} GB: {len(self)} images "
-                            f"of up to {side}x{side}) does not fit on {self.device}; lower "
-                            "--cache-side or use --image-cache none") from None
+                            f"of up to {side}x{side}) does not fit in {self.holder} memory; "
+                            "lower --cache-side, or use --image-cache host or none") from None
         loader = torch.utils.data.DataLoader(
             _Decoded(self.split, side), batch_size=FILL_CHUNK, num_workers=self.num_workers,
-            pin_memory=self.device.type == "cuda")
+            pin_memory=self.holder.type == "cuda")
         start = 0
         for chunk in loader:
             images[start:start + len(chunk)].copy_(chunk, non_blocking=True)
@@ -152,7 +160,8 @@ class ImageCache:
         """Normalised training images [B, 3, size, size] on the device from cached images
         ``index`` [B]: windows [B, 4] in original pixels, flips, jitter factors and order
         (all on the CPU; ``data.Augmentation``)."""
-        images = self.images.index_select(0, index.to(self.device, non_blocking=True))
+        images = self.images.index_select(0, index.to(self.holder, non_blocking=True))
+        images = images.to(self.device, non_blocking=True)
         x = crop_flip_resize(images, windows * self.scales[index].repeat(1, 2), flips, size)
         return data.normalize(data.apply_color_jitter(x, factors, order))
 
@@ -196,9 +205,9 @@ class CachedLoader:
 def build_train_loader(split: CocoSplit, batch_size: int, rank: int = 0, world_size: int = 1,
                        seed: int = 0, num_workers: int = 0, device: torch.device | str = "cpu",
                        max_boxes: int = data.MAX_BOXES, max_samples: int = data.MAX_SAMPLES,
-                       max_side: int = MAX_SIDE) -> CachedLoader:
+                       max_side: int = MAX_SIDE, storage: str = "device") -> CachedLoader:
     """``data.build_train_loader``'s batches with the pixels from a device cache of
     ``split`` (filled on the first batch); ``num_workers`` decode it and compute plans."""
     plans = data.Loader(PlanDataset(split, seed, max_boxes, max_samples), True, batch_size,
                         rank, world_size, seed, num_workers)
-    return CachedLoader(ImageCache(split, device, max_side, num_workers), plans)
+    return CachedLoader(ImageCache(split, device, max_side, num_workers, storage), plans)

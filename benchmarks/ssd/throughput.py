@@ -17,8 +17,8 @@ image, padded to ``--max-boxes``); ``--profile`` adds kernel time by family.
 
 With ``--coco-dir DIR`` (a COCO 2017 layout, such as the fixture at a real image size) the
 training input pipeline is timed too: the CPU path (decode and augment in ``--workers``
-processes) and the device image cache (``--image-cache device``: its one-off fill, then
-batches), as images/s delivered on the GPU.
+processes) and the image cache in device or host memory (``--image-cache device|host``: its
+one-off fill, then batches), as images/s delivered on the GPU.
 """
 
 from __future__ import annotations
@@ -108,38 +108,53 @@ def torchvision_vgg16(precision: Precision, device):
 
 
 def input_pipeline(coco_dir: Path, batch_size: int, workers: int, cache_side: int, device,
-                   max_batches: int = 200) -> list[dict]:
-    """Training batches per second from the CPU loader and from the device image cache."""
+                   epochs: int = 3) -> list[dict]:
+    """Training images per second from the CPU loader and from the device image cache: the
+    steady state inside an epoch (from the batch after the first ``workers``, which the
+    workers prepare at once, to the epoch's end) and the whole epochs with their start-up
+    (new workers, the first batches), which a small fixture's short epochs magnify."""
     split = load_split(coco_dir, "train")
     rows = []
-    for name in ("cpu-decode", "device-cache"):
+    for name in ("cpu-decode", "device-cache", "host-cache"):
         common = dict(seed=0, num_workers=workers, device=device, max_boxes=200)
         if name == "cpu-decode":
             loader, fill = data.build_train_loader(split, batch_size, **common), 0.0
         else:
             loader = image_cache.build_train_loader(split, batch_size, max_side=cache_side,
-                                                    **common)
+                                                    storage=name.split("-")[0], **common)
             t0 = time.perf_counter()
             loader.cache.fill()
             torch.cuda.synchronize()
             fill = time.perf_counter() - t0
-        images, t0, epoch = 0, None, 0
-        while images < max_batches * batch_size:
-            epoch += 1
-            for batch in loader.epoch(epoch):
-                if t0 is None:            # the first batch pays for worker start-up
+        steady_images = steady_seconds = whole_images = whole_seconds = 0.0
+        for epoch in range(1, epochs + 1):
+            start = time.perf_counter()
+            mark = None
+            for n, batch in enumerate(loader.epoch(epoch)):
+                if n == workers:
                     torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    continue
-                images += batch[0].shape[0]
-        torch.cuda.synchronize()
-        rate = images / (time.perf_counter() - t0)
-        rows.append({"pipeline": name, "workers": workers, "batch_size": batch_size,
-                     "images_per_second": rate,
-                     "fill_seconds": fill, "train_images": len(split)})
-        print(f"{name:12s} {workers} workers, batch {batch_size}: {rate:8.1f} img/s"
-              + (f" (fill {fill:.1f} s, {len(split)} images, side {cache_side})"
-                 if fill else ""), flush=True)
+                    mark = time.perf_counter()
+                elif n > workers:
+                    steady_images += batch[0].shape[0]
+                whole_images += batch[0].shape[0]
+            torch.cuda.synchronize()
+            end = time.perf_counter()
+            if mark is None:
+                raise SystemExit(f"{coco_dir}: an epoch of {len(loader)} batches of "
+                                 f"{batch_size} needs more than {workers} batches to time; "
+                                 "lower --pipeline-batch-size or use more images")
+            steady_seconds += end - mark
+            whole_seconds += end - start
+        row = {"pipeline": name, "workers": workers, "batch_size": batch_size,
+               "steady_images_per_second": steady_images / steady_seconds,
+               "epoch_images_per_second": whole_images / whole_seconds,
+               "fill_seconds": fill, "train_images": len(split)}
+        rows.append(row)
+        print(f"{name:12s} {workers} workers, batch {batch_size}: "
+              f"{row['steady_images_per_second']:8.1f} img/s within an epoch, "
+              f"{row['epoch_images_per_second']:8.1f} img/s over whole epochs of "
+              f"{len(loader)} batches" + (f" (fill {fill:.1f} s, {len(split)} images, "
+                                          f"side {cache_side})" if fill else ""), flush=True)
     return rows
 
 

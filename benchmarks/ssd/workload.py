@@ -98,13 +98,14 @@ class SSDWorkload(Workload):
                        help="the stem convolution over 2x2 pixel blocks (same result; cuDNN "
                             "is slow on 3 input channels)")
         p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
-        p.add_argument("--image-cache", default="none", choices=("none", "device"),
+        p.add_argument("--image-cache", default="none", choices=("none", *image_cache.STORAGES),
                        help="device: decode every training image once (on the first batch) "
                             "and keep it on the device, where crop, flip, resize and colour "
-                            "jitter run (benchmarks/ssd/image_cache.py)")
+                            "jitter run; host: keep it in host memory and copy each batch's "
+                            "images to the device (benchmarks/ssd/image_cache.py)")
         p.add_argument("--cache-side", type=int, default=image_cache.MAX_SIDE,
-                       help="longer side of cached images in pixels; device memory: images x "
-                            "3 x side^2 bytes (COCO at 384: 51.9 GB per rank)")
+                       help="longer side of cached images in pixels; memory: images x 3 x "
+                            "side^2 bytes (COCO at 384: 51.9 GB per rank)")
         p.add_argument("--scoring", default="pycocotools", choices=BACKENDS,
                        help="COCO evaluator (faster-coco-eval: the same statistics, faster)")
         p.add_argument("--backbone-checkpoint", type=Path,
@@ -143,9 +144,10 @@ class SSDWorkload(Workload):
             common = dict(rank=env.rank, world_size=env.world_size, num_workers=a.workers,
                           device=env.device)
             train = dict(seed=a.seed, max_boxes=a.max_boxes, max_samples=a.max_samples, **common)
-            if a.image_cache == "device":
+            if a.image_cache != "none":
                 self.train_loader = image_cache.build_train_loader(
-                    self.train_split, a.batch_size, max_side=a.cache_side, **train)
+                    self.train_split, a.batch_size, max_side=a.cache_side,
+                    storage=a.image_cache, **train)
             else:
                 self.train_loader = data.build_train_loader(self.train_split, a.batch_size,
                                                             **train)

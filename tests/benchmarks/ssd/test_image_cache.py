@@ -28,9 +28,11 @@ def train(root):
     return load_split(root, "train")
 
 
-def test_cache_loader_matches_the_cpu_loader(train):
+@pytest.mark.parametrize("storage", image_cache.STORAGES)
+def test_cache_loader_matches_the_cpu_loader(train, storage):
     cpu = data.build_train_loader(train, **LOADER)
-    cached = image_cache.build_train_loader(train, max_side=144, **LOADER)   # no shrinking
+    cached = image_cache.build_train_loader(train, max_side=144, storage=storage,
+                                            **LOADER)   # no shrinking
     assert len(cached) == len(cpu) == len(train) // 4
     for epoch in (0, 1):
         assert cached.batches(epoch) == cpu.batches(epoch)
