@@ -269,7 +269,9 @@ class Unet3DWorkload(Workload):
                     a.eval_batch_size, env.rank, env.world_size)
             scores += dice_score(logits, inference.crop(label, crops)).double()
         self.net.train()
-        return {"mean_dice": float(scores.mean() / len(self.eval_set))}
+        scores = scores / len(self.eval_set)
+        return {"mean_dice": float(scores.mean()), "kidney_dice": float(scores[0]),
+                "tumour_dice": float(scores[1])}
 
 
 class _Batches:
