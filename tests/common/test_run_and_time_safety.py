@@ -44,8 +44,11 @@ def group_alive(pgid: int) -> bool:
 @pytest.fixture
 def training(tmp_path):
     """run_and_time.sh with NEXP=3, once its first run has logged run_start."""
+    # no evaluation before epoch 40: the run cannot reach its target before the signal (it
+    # did once, when the test was slow to send it)
     proc = start(tmp_path, {"CONFIG": "cpu_tiny", "NEXP": "3", "SEED": "7",
-                            "LOGDIR": str(tmp_path / "logs")})
+                            "LOGDIR": str(tmp_path / "logs"),
+                            "EXTRA_ARGS": "--epochs 40 --eval-offset 39"})
     try:
         log = tmp_path / "logs/result_0.txt"
         deadline = time.monotonic() + WAIT_S
