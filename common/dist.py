@@ -201,6 +201,27 @@ def data_parallel(model: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
     return ddp
 
 
+class _AllReduceSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, t, group):
+        ctx.group = group
+        out = t.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def summed_over_group(t: torch.Tensor, group=None) -> torch.Tensor:
+    """The sum of ``t`` over ``group``'s ranks, differentiable for consumers that differ per
+    rank: the backward sums every rank's output gradient into each rank's input gradient."""
+    return _AllReduceSum.apply(t, group)
+
+
 def group_norm_layers(model: torch.nn.Module, env: DistEnv, group_size: int) -> torch.nn.Module:
     """Group batch norm: BN statistics reduced over ``group_size`` consecutive ranks.
 

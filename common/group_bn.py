@@ -13,23 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-
-class _AllReduceSum(torch.autograd.Function):
-    """Sum over the group's ranks; the gradient of each rank's input is the sum of every
-    rank's output gradient (each rank's loss depends on the one total)."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        x = x.clone()
-        dist.all_reduce(x, group=group)
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
+from common.dist import summed_over_group
 
 
 class GroupBatchNorm2d(nn.BatchNorm2d):
@@ -53,7 +37,7 @@ class GroupBatchNorm2d(nn.BatchNorm2d):
         rows = xf.new_zeros(dist.get_world_size(self.group), 2 * c + 1)
         rows[dist.get_rank(self.group)] = torch.cat(
             (local_mean, local_m2, local_mean.new_full((1,), count)))
-        rows = _AllReduceSum.apply(rows, self.group)
+        rows = summed_over_group(rows, self.group)
         means, m2s, counts = rows[:, :c], rows[:, c:2 * c], rows[:, 2 * c:]
         n = counts.sum()
         mean = (counts * means).sum(0) / n

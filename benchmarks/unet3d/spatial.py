@@ -32,6 +32,7 @@ from torch import nn
 
 from benchmarks.unet3d import loss as losses
 from benchmarks.unet3d.model import InstanceNormReLU, norm_relu, norm_sums, plain_views
+from common.dist import summed_over_group
 from common.fusion import compiled
 
 DEPTH = 2  # the split axis of (N, C, D, H, W)
@@ -77,23 +78,6 @@ def new_spatial_group(size: int) -> SpatialGroup:
 
 
 # -- collectives with the gradients the split needs -------------------------------------------
-class _AllReduceSum(torch.autograd.Function):
-    """Sum over the group whose consumers differ per rank: backward sums the gradients too."""
-
-    @staticmethod
-    def forward(ctx, t, group):
-        ctx.group = group
-        out = t.clone()
-        dist.all_reduce(out, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
 class _AllReduceReplicated(torch.autograd.Function):
     """Sum over the group whose consumers are identical on every rank (the loss): each rank's
     partial gets that one gradient, so backward is the identity."""
@@ -247,7 +231,7 @@ class SpatialInstanceNormReLU(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         sums, apply = ((compiled(norm_sums), compiled(norm_relu)) if self.fused
                        else (norm_sums, norm_relu))
-        moments = _AllReduceSum.apply(sums(x), self.sg.group) / (x[0, 0].numel() * self.sg.size)
+        moments = summed_over_group(sums(x), self.sg.group) / (x[0, 0].numel() * self.sg.size)
         return apply(x, moments, *plain_views(self.weight, self.bias), self.eps)
 
 
