@@ -49,6 +49,20 @@ def time_steps(name: str, step: Callable[..., torch.Tensor], batch: tuple[torch.
 
 
 
+def meta_train_flops(build_model: Callable[[], torch.nn.Module], sample_shape: tuple[int, ...],
+                     batch: int = 2) -> float:
+    """Forward + backward FLOPs per sample of ``build_model()`` on inputs of ``sample_shape``
+    (convolutions and matmuls, counted by torch's FlopCounterMode on meta tensors)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        model = build_model()
+        inputs = torch.empty(batch, *sample_shape)
+    with FlopCounterMode(display=False) as counter:
+        model(inputs).sum().backward()
+    return counter.get_total_flops() / batch
+
+
 def gpu_variants(parser: argparse.ArgumentParser, text: str, known) -> list[str]:
     """The comma-separated variants of a GPU comparison; ``parser.error`` (one line, exit 2)
     without CUDA or for a name not in ``known``."""

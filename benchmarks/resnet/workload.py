@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 from pathlib import Path
 
 import torch
@@ -23,6 +22,7 @@ from benchmarks.resnet.schedule import poly_warmup_lr
 from common import dist
 from common.errors import UserError
 from common.mllog import constants
+from common.throughput import meta_train_flops
 from common.workload import (
     CapturePolicy,
     EvalPoint,
@@ -202,7 +202,8 @@ class ResNetWorkload(Workload):
     @property
     def flops_per_sample(self) -> float:
         """Training FLOPs per image (forward + backward), counted by torch's FlopCounterMode."""
-        return _train_flops_per_image(self.args.image_size)
+        size = self.args.image_size
+        return meta_train_flops(lambda: ResNet50(1000), (3, size, size))
 
     # -- steps ----------------------------------------------------------------------------
     def epoch_batches(self, epoch: int):
@@ -286,17 +287,3 @@ def _check_cudnn_fusion(a: argparse.Namespace, env) -> None:
     except ImportError as exc:
         raise UserError(f"--cudnn-fusion needs the cuDNN frontend ({exc}): "
                         f"pip install nvidia-cudnn-frontend") from exc
-
-
-@functools.lru_cache
-def _train_flops_per_image(image_size: int) -> float:
-    """Convolution and matmul FLOPs of one training step of ResNet-50, per image (meta tensors)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    batch = 2
-    with torch.device("meta"):
-        model = ResNet50(1000)
-        images = torch.empty(batch, 3, image_size, image_size)
-    with FlopCounterMode(display=False) as counter:
-        model(images).sum().backward()
-    return counter.get_total_flops() / batch

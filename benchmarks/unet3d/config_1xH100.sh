@@ -6,7 +6,7 @@
 NPROC=1
 PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
-    --precision "$PRECISION" --workers 8 --channels-last --fused-norm
+    --precision "$PRECISION" --workers 8 --channels-last --fused-norm --compile default
     --batch-size 2 --eval-batch-size 4 --lr 0.8 --init-lr 1e-4 --lr-warmup-epochs 200
     --momentum 0.9 --weight-decay 0 --oversampling 0.4
     --input-shape 128,128,128 --val-input-shape 128,128,128 --overlap 0.5

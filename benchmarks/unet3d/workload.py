@@ -22,13 +22,14 @@ import torch
 
 from benchmarks.unet3d import data, inference, spatial
 from benchmarks.unet3d.loss import dice_ce_loss, dice_score
-from benchmarks.unet3d.model import FILTERS, NUM_CLASSES, Unet3D
+from benchmarks.unet3d.model import FILTERS, NUM_CLASSES, Unet3D, as_channels_last_3d
 from common import dist
 from common.errors import UserError
 from common.mllog import constants
 from common.precision import grad_scaler_state
 from common.progress import say
 from common.sgd import DeviceLRSGD
+from common.throughput import meta_train_flops
 from common.workload import (
     CapturePolicy,
     EvalPoint,
@@ -123,7 +124,13 @@ class Unet3DWorkload(Workload):
         if a.channels_last:
             self.net = self.net.to(memory_format=torch.channels_last_3d)
         train_net = spatial.spatial_parallel(self.net, self.sg) if self.sg else self.net
-        self.model = maybe_compile(dist.data_parallel(train_net, env), a.compile)
+        self.model = dist.data_parallel(train_net, env)
+        # --compile: the forward and the loss as one graph (the spatial loss's collectives stay
+        # outside it, so there only the model is compiled)
+        if self.sg:
+            self.model = maybe_compile(self.model, a.compile)
+        self.forward_loss = self._forward_loss if self.sg else maybe_compile(self._forward_loss,
+                                                                             a.compile)
         self.lr = torch.zeros((), device=env.device)
         self.optimizer = DeviceLRSGD(self.net.parameters(), lr=self.lr, momentum=a.momentum,
                                      weight_decay=a.weight_decay, nesterov=True)
@@ -216,6 +223,12 @@ class Unet3DWorkload(Workload):
             epochs.append(a.epochs)
         return epoch_points(epochs, self.steps_per_epoch)
 
+    @property
+    def flops_per_sample(self) -> float:
+        """Training FLOPs per sample (forward + backward) of the model on one patch."""
+        return meta_train_flops(lambda: Unet3D(self.args.filters, 1, NUM_CLASSES),
+                                (1, *self.args.input_shape))
+
     def capture_policy(self) -> CapturePolicy:
         return CapturePolicy("static", fp16=False)  # GradScaler reads its overflow flag on the host
 
@@ -234,23 +247,25 @@ class Unet3DWorkload(Workload):
         if self.sg:
             image, label = self.sg.slab(image).contiguous(), self.sg.slab(label).contiguous()
         if self.args.channels_last:
-            image = image.contiguous(memory_format=torch.channels_last_3d)
+            image = as_channels_last_3d(image)
         return image, label
 
     def infer_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), self.precision.autocast():
             return self.net(images)
 
-    def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        self.optimizer.zero_grad(set_to_none=True)
+    def _forward_loss(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with self.precision.autocast():
             logits = self.model(images)
         if self.sg:
-            loss = spatial.spatial_loss(logits, labels, self.sg)
-            # Each rank's gradient is its slab's share; DDP divides by the world, not the replicas.
-            scaled = loss * self.sg.size
-        else:
-            loss = scaled = dice_ce_loss(logits, labels)
+            return spatial.spatial_loss(logits, labels, self.sg)
+        return dice_ce_loss(logits, labels)
+
+    def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.forward_loss(images, labels)
+        # Each rank's gradient is its slab's share; DDP divides by the world, not the replicas.
+        scaled = loss * self.sg.size if self.sg else loss
         self.scaler.scale(scaled).backward()
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -291,9 +306,10 @@ class _Batches:
 
     def __iter__(self):
         dev, sg = self.wl.env.device, self.wl.sg
-        mem = torch.channels_last_3d if self.wl.args.channels_last else torch.contiguous_format
         for image, label in self.loader:
             if sg:
                 image, label = sg.slab(image), sg.slab(label)
-            image = image.to(dev, non_blocking=True).contiguous(memory_format=mem)
+            image = image.to(dev, non_blocking=True).contiguous()
+            if self.wl.args.channels_last:
+                image = as_channels_last_3d(image)
             yield image, label.to(dev, non_blocking=True).contiguous()
