@@ -21,10 +21,15 @@ references (SSD ``COCODetection``, Mask R-CNN ``COCODataset``):
   pixels outside their image are clipped to it.
 
 Everything else that would make wrong targets stops the load with a one-line
-``UserError`` naming the file: a missing or invalid annotation file, images missing from
-the image folder, an annotation of an unknown image or category, a box with negative or
-non-finite size or more than ``BOX_TOLERANCE`` outside its image. An image that cannot be
-decoded is named when it is read. As in the references, EXIF orientation is ignored.
+``UserError`` naming the file: a missing, empty or invalid annotation file (no images or no
+annotations count as empty), images missing from the image folder, an annotation of an
+unknown image or category, a box with negative or non-finite size or more than
+``BOX_TOLERANCE`` outside its image. With ``masks=True`` the segmentation of every target is
+checked too: a list of polygons (each an even number, at least 6, of finite coordinates: 3
+points enclose an area, and pycocotools would read 4 numbers as a box) or an RLE dict
+(``counts``, ``size`` = the image's [height, width]); anything else, a polygon of fewer
+than 3 points included, is an error. An image that cannot be decoded is named when it is
+read. As in the references, EXIF orientation is ignored.
 """
 
 from __future__ import annotations
@@ -122,6 +127,8 @@ def _read_json(path: Path) -> dict:
     if not path.is_file():
         raise UserError(f"{path}: missing; unzip annotations_trainval2017.zip into "
                         f"{path.parent.parent} (ROOT/annotations/instances_*2017.json)")
+    if path.stat().st_size == 0:
+        raise UserError(f"{path}: empty file (0 bytes); re-extract annotations_trainval2017.zip")
     try:
         with open(path, "rb") as f:
             data = json.load(f)
@@ -132,16 +139,42 @@ def _read_json(path: Path) -> dict:
                if not isinstance(data, dict) or not isinstance(data.get(k), list)]
     if missing:
         raise UserError(f"{path}: no '{missing[0]}' list; not a COCO instances file")
+    empty = [k for k in ("images", "annotations") if not data[k]]
+    if empty:
+        raise UserError(f"{path}: its '{empty[0]}' list is empty; use a COCO instances file "
+                        "with annotated images")
     return data
 
 
-def _polygons_or_rle(segmentation):
-    # float32 keeps COCO's two decimals and halves the memory of train2017's polygons;
-    # polygons of fewer than 3 points enclose nothing (and pycocotools would read a
-    # 4-number polygon as a box)
-    if isinstance(segmentation, list):
-        return [np.asarray(p, np.float32) for p in segmentation if len(p) >= 6]
-    return segmentation
+def _segmentation(segmentation, height: int, width: int):
+    """``segmentation`` parsed (polygons as float32 arrays, or the RLE dict) and None, or
+    None and what is wrong with it."""
+    if isinstance(segmentation, list) and segmentation:
+        polygons = []
+        for p in segmentation:
+            try:
+                # float32 keeps COCO's two decimals and halves train2017's polygon memory
+                polygon = np.asarray(p, np.float32) if isinstance(p, list) else None
+            except (TypeError, ValueError):
+                polygon = None
+            if polygon is None or polygon.ndim != 1:
+                return None, ("has a segmentation in an unknown format (a polygon that is "
+                              "not a list of numbers)")
+            if len(polygon) % 2 or len(polygon) < 6:
+                return None, (f"has a polygon of {len(polygon)} coordinates; a polygon needs "
+                              "an even number, at least 6 (3 points)")
+            if not np.isfinite(polygon).all():
+                return None, "has a polygon with non-finite coordinates"
+            polygons.append(polygon)
+        return polygons, None
+    if isinstance(segmentation, dict) and isinstance(segmentation.get("counts"), (str, list)):
+        size = segmentation.get("size")
+        if size != [height, width]:
+            return None, (f"has an RLE of size {size}, not its image's [height, width] "
+                          f"[{height}, {width}]")
+        return segmentation, None
+    return None, ("has a segmentation in an unknown format (neither a non-empty list of "
+                  "polygons nor an RLE dict with 'counts' and 'size')")
 
 
 def load_split(root, split: str, *, masks: bool = False, keep_crowd: bool = True,
@@ -215,17 +248,45 @@ def load_split(root, split: str, *, masks: bool = False, keep_crowd: bool = True
     starts = np.searchsorted(pos[order], np.arange(len(images) + 1))
     if drop_empty is None:
         drop_empty = split == "train"
+    segmentations = _target_segmentations(anns, order, wh, ann_path) if masks else None
     records = []
     for i, im in enumerate(images):
         if drop_empty and not has_annotation[i]:
             continue
         idx = order[starts[i]:starts[i + 1]]
-        segs = (tuple(_polygons_or_rle(anns[j]["segmentation"]) for j in idx)
-                if masks else None)
+        segs = tuple(segmentations[j] for j in idx) if masks else None
         records.append(ImageRecord(int(im["id"]), str(img_dir / im["file_name"]),
                                    int(im["width"]), int(im["height"]), xyxy[idx],
                                    labels[idx], crowd[idx], segs))
     return CocoSplit(split, ann_path, img_dir, categories, records)
+
+
+def _target_segmentations(anns: list, targets: np.ndarray, wh: np.ndarray, ann_path: Path
+                          ) -> dict:
+    """Annotation index -> parsed segmentation, for the annotations that are ``targets``;
+    the first bad one stops the load (annotations that are no targets are not checked)."""
+    parsed, problems = {}, []
+    for j in targets.tolist():
+        seg, problem = _segmentation(anns[j].get("segmentation"), int(wh[j, 1]), int(wh[j, 0]))
+        if problem:
+            problems.append((j, problem))
+        parsed[j] = seg
+    if problems:
+        j, problem = problems[0]
+        raise UserError(f"{ann_path}: annotation {anns[j].get('id')} (image "
+                        f"{anns[j]['image_id']}) {problem} ({len(problems)} annotation(s) with "
+                        "a bad segmentation); fix or remove them")
+    return parsed
+
+
+def segmentation_rle(segmentation, height: int, width: int) -> dict:
+    """One instance's segmentation (polygons of at least 3 points, or an RLE) as one RLE
+    of a ``height`` x ``width`` image."""
+    if isinstance(segmentation, list):
+        return mask_utils.merge(mask_utils.frPyObjects(segmentation, height, width))
+    if isinstance(segmentation["counts"], list):
+        return mask_utils.frPyObjects(segmentation, height, width)
+    return segmentation
 
 
 def decode_masks(record: ImageRecord) -> np.ndarray:
@@ -233,17 +294,10 @@ def decode_masks(record: ImageRecord) -> np.ndarray:
     if record.segmentations is None:
         raise ValueError("the split was loaded without masks; use load_split(..., masks=True)")
     h, w = record.height, record.width
-    out = np.zeros((len(record.segmentations), h, w), np.uint8)
-    rles = {}
-    for k, seg in enumerate(record.segmentations):
-        if isinstance(seg, list):
-            if seg:  # no polygon left: an empty mask
-                rles[k] = mask_utils.merge(mask_utils.frPyObjects(seg, h, w))
-        else:
-            rles[k] = mask_utils.frPyObjects(seg, h, w) if isinstance(seg["counts"], list) else seg
-    if rles:
-        out[list(rles)] = mask_utils.decode(list(rles.values())).transpose(2, 0, 1)
-    return out
+    if not record.segmentations:
+        return np.zeros((0, h, w), np.uint8)
+    rles = [segmentation_rle(seg, h, w) for seg in record.segmentations]
+    return np.ascontiguousarray(mask_utils.decode(rles).transpose(2, 0, 1))
 
 
 def decode_image(path, size: tuple[int, int] | None = None) -> np.ndarray:

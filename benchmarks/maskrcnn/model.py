@@ -21,6 +21,10 @@
 - Mask head: RoIAlign 14x14, four 3x3 convolutions of 256 with ReLU, a 2x2 stride-2
   transposed convolution and ReLU, then 81 mask logits of 28x28.
 
+Every width is an argument of :class:`MaskRCNN` (the ResNet's base ``width``, the FPN's
+channels, the box head's and the mask head's widths), the reference's sizes by default, so a
+tiny configuration shrinks the network without changing its code path.
+
 Initialisation is the reference's: backbone, FPN and fc6/fc7 Kaiming-uniform with ``a=1``
 (Caffe2's XavierFill), the RPN normal(0.01), the box predictor normal(0.01) for scores and
 normal(0.001) for deltas, the mask head Kaiming-normal (fan-out, ReLU; Caffe2's MSRAFill);
@@ -41,13 +45,15 @@ from common.errors import UserError
 
 NUM_CLASSES = 81                    # 80 COCO categories and background
 STAGE_BLOCKS = (3, 4, 6, 3)         # ResNet-50's bottlenecks in layer1..layer4
-STEM_CHANNELS = 64
+WIDTH = 64                          # ResNet-50's base width: the stem's channels and
+                                    # layer1's bottleneck width (layer k: 2^(k-1) x, out 4 x)
 FREEZE_AT = 2                       # stem (stage 0) and layer1 (stage 1) are not trained
 BN_EPS = 1e-5                       # torchvision's BatchNorm2d eps (see FrozenBatchNorm2d)
 FPN_CHANNELS = 256
 NUM_ANCHORS = len(ASPECT_RATIOS)    # anchors per location and level
 MLP_HEAD_DIM = 1024
 MASK_CONV_LAYERS = (256, 256, 256, 256)
+EXPANSION = 4                       # a bottleneck's output channels over its width
 
 
 class FrozenBatchNorm2d(nn.Module):
@@ -127,22 +133,25 @@ class Bottleneck(nn.Module):
 
 
 class ResNet50(nn.Module):
-    """``forward(images [N, 3, H, W])`` -> ``[C2, C3, C4, C5]``: 256, 512, 1024 and 2048
-    channels at strides 4, 8, 16 and 32."""
+    """``forward(images [N, 3, H, W])`` -> ``[C2, C3, C4, C5]`` at strides 4, 8, 16 and 32,
+    with ``out_channels`` channels: 256, 512, 1024 and 2048 at the reference ``width`` 64
+    (``4 * width * 2^k`` in general)."""
 
-    def __init__(self, stride_in_1x1: bool = False, freeze_at: int = FREEZE_AT):
+    def __init__(self, stride_in_1x1: bool = False, freeze_at: int = FREEZE_AT,
+                 width: int = WIDTH):
         super().__init__()
-        self.conv1 = _conv(3, STEM_CHANNELS, 7, stride=2)
-        self.bn1 = FrozenBatchNorm2d(STEM_CHANNELS)
-        cin = STEM_CHANNELS
+        self.conv1 = _conv(3, width, 7, stride=2)
+        self.bn1 = FrozenBatchNorm2d(width)
+        cin = width
         for index, blocks in enumerate(STAGE_BLOCKS, 1):
-            mid = STEM_CHANNELS * 2 ** (index - 1)
+            mid = width * 2 ** (index - 1)
+            cout = EXPANSION * mid
             stride = 1 if index == 1 else 2
-            layer = [Bottleneck(cin, mid, 4 * mid, stride, stride_in_1x1)]
-            layer += [Bottleneck(4 * mid, mid, 4 * mid, 1, stride_in_1x1)
-                      for _ in range(blocks - 1)]
+            layer = [Bottleneck(cin, mid, cout, stride, stride_in_1x1)]
+            layer += [Bottleneck(cout, mid, cout, 1, stride_in_1x1) for _ in range(blocks - 1)]
             self.add_module(f"layer{index}", nn.Sequential(*layer))
-            cin = 4 * mid
+            cin = cout
+        self.out_channels = tuple(EXPANSION * width * 2 ** k for k in range(len(STAGE_BLOCKS)))
         for stage in self.stages()[:freeze_at]:
             for module in stage:
                 module.requires_grad_(False)
@@ -264,17 +273,24 @@ class MaskRCNN(nn.Module):
     """The networks of Mask R-CNN, each with its own forward; :meth:`features` runs the
     backbone and FPN. It has no ``forward`` of its own: the proposal selection, target
     matching, losses and post-processing that connect the heads (the reference's
-    ``GeneralizedRCNN.forward``) are later work."""
+    ``GeneralizedRCNN.forward``) are later work.
 
-    def __init__(self, stride_in_1x1: bool = False, num_classes: int = NUM_CLASSES):
+    ``width`` is the ResNet's base width, ``fpn_channels`` the FPN's and the RPN head's,
+    ``box_head_dim`` the width of fc6 and fc7, ``mask_head_dim`` that of the mask head's four
+    convolutions and its transposed convolution; the defaults are the reference's."""
+
+    def __init__(self, stride_in_1x1: bool = False, num_classes: int = NUM_CLASSES,
+                 width: int = WIDTH, fpn_channels: int = FPN_CHANNELS,
+                 box_head_dim: int = MLP_HEAD_DIM, mask_head_dim: int = MASK_CONV_LAYERS[-1]):
         super().__init__()
-        self.backbone = ResNet50(stride_in_1x1)
-        self.fpn = FPN()
-        self.rpn = RPNHead()
-        self.box_features = BoxFeatureExtractor()
-        self.box_predictor = BoxPredictor(num_classes=num_classes)
-        self.mask_features = MaskFeatureExtractor()
-        self.mask_predictor = MaskPredictor(num_classes=num_classes)
+        self.backbone = ResNet50(stride_in_1x1, width=width)
+        self.fpn = FPN(self.backbone.out_channels, fpn_channels)
+        self.rpn = RPNHead(fpn_channels)
+        self.box_features = BoxFeatureExtractor(fpn_channels, box_head_dim)
+        self.box_predictor = BoxPredictor(box_head_dim, num_classes)
+        self.mask_features = MaskFeatureExtractor(
+            fpn_channels, (mask_head_dim,) * len(MASK_CONV_LAYERS))
+        self.mask_predictor = MaskPredictor(mask_head_dim, num_classes)
 
     def features(self, images: torch.Tensor) -> list[torch.Tensor]:
         """FPN levels ``[P2, ..., P6]`` of padded images [N, 3, H, W] (H, W multiples of 32)."""

@@ -172,6 +172,12 @@ BAD_INPUTS = {
     "missing file": (lambda root: data.annotation_file(root, "train").unlink(), "missing"),
     "not coco": (lambda root: data.annotation_file(root, "train").write_text("[]"),
                  "no 'images' list"),
+    "empty file": (lambda root: data.annotation_file(root, "train").write_text(""),
+                   "empty file (0 bytes)"),
+    "no annotations": (_edit_annotations(lambda doc, ann: doc.__setitem__("annotations", [])),
+                       "its 'annotations' list is empty"),
+    "no images": (_edit_annotations(lambda doc, ann: doc.update(images=[], annotations=[])),
+                  "its 'images' list is empty"),
 }
 
 
@@ -185,6 +191,54 @@ def test_bad_annotations_name_the_file(tmp_path, case):
     text = str(caught.value)
     assert "\n" not in text and message in text
     assert text.startswith(str(data.annotation_file(root, "train")))
+
+
+BAD_SEGMENTATIONS = {
+    "two points": ([[10.0, 10.0, 20.0, 10.0]], "has a polygon of 4 coordinates; a polygon "
+                                                "needs an even number, at least 6 (3 points)"),
+    "odd length": ([[10.0, 10.0, 20.0, 10.0, 20.0, 20.0, 5.0]], "has a polygon of 7"),
+    "no polygons": ([], "unknown format (neither a non-empty list of polygons"),
+    "string": ("10 10 20 10 20 20", "unknown format (neither"),
+    "flat polygon": ([10.0, 10.0, 20.0, 10.0, 20.0, 20.0], "unknown format (a polygon that"),
+    "text polygon": ([["a", "b", "c", "d", "e", "f"]], "unknown format (a polygon that"),
+    "dict": ({"polygon": [1, 2]}, "unknown format (neither"),
+    "rle size": ({"counts": [0, 4], "size": [2, 2]}, "has an RLE of size [2, 2], not its "
+                                                    "image's [height, width]"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SEGMENTATIONS)
+def test_bad_segmentations_name_the_file(tmp_path, case):
+    root = fixture.write_fixture(tmp_path / "coco", train=6, val=2)
+    segmentation, message = BAD_SEGMENTATIONS[case]
+    _set("segmentation", segmentation)(root)
+    assert data.load_split(root, "train")  # SSD reads no masks: unchanged
+    with pytest.raises(UserError) as caught:
+        data.load_split(root, "train", masks=True)
+    text = str(caught.value)
+    first = _json(root, "train")["annotations"][0]
+    assert "\n" not in text and message in text
+    assert text.startswith(f"{data.annotation_file(root, 'train')}: annotation {first['id']} "
+                           f"(image {first['image_id']})")
+
+
+def test_only_target_segmentations_are_checked_and_rle_decodes(tmp_path):
+    root = fixture.write_fixture(tmp_path / "coco", train=6, val=2)
+    before = data.load_split(root, "train", masks=True)
+    path = data.annotation_file(root, "train")
+    doc = json.loads(path.read_text())
+    first, second = doc["annotations"][:2]
+    image = next(im for im in doc["images"] if im["id"] == second["image_id"])
+    rle = data.segmentation_rle(second["segmentation"], image["height"], image["width"])
+    second["segmentation"] = {"counts": rle["counts"].decode(), "size": rle["size"]}
+    first["iscrowd"], first["segmentation"] = 1, "not looked at: a dropped crowd annotation"
+    path.write_text(json.dumps(doc))
+    after = data.load_split(root, "train", masks=True, keep_crowd=False)
+    masks = {r.image_id: data.decode_masks(r) for r in after}
+    for r in before:
+        expected = data.decode_masks(r)[~np.isin(np.arange(len(r.labels)),
+                                                 [0] if r.image_id == first["image_id"] else [])]
+        np.testing.assert_array_equal(masks[r.image_id], expected)
 
 
 def test_undecodable_image_is_named_when_read(tmp_path):

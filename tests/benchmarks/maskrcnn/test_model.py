@@ -260,3 +260,25 @@ def test_initialisation_is_the_references(model):
         else:
             assert w.std() == pytest.approx(scale, rel=0.1), name
             assert w.abs().max() > 2.5 * scale, name              # tails a uniform lacks
+
+
+def test_shrunken_model_runs_the_same_path(model):
+    small = MaskRCNN(num_classes=6, width=8, fpn_channels=16, box_head_dim=32, mask_head_dim=8)
+    assert small.backbone.out_channels == (32, 64, 128, 256)
+    assert [type(m) for m in small.modules()] == [type(m) for m in model.modules()]
+    assert mllog_tensor_names(small) == mllog_tensor_names(model)
+    rois = rois_from_boxes(BOXES)
+    with torch.no_grad():
+        levels = small.features(torch.randn(2, 3, 96, 128))
+        logits, deltas = small.rpn(levels)
+        scores, box_deltas = small.box_predictor(small.box_features(levels, rois))
+        masks = small.mask_predictor(small.mask_features(levels, rois))
+    sizes = [(24, 32), (12, 16), (6, 8), (3, 4), (2, 2)]
+    assert [tuple(x.shape) for x in levels] == [(2, 16, h, w) for h, w in sizes]
+    assert [tuple(x.shape) for x in logits] == [(2, 3, h, w) for h, w in sizes]
+    assert [tuple(x.shape) for x in deltas] == [(2, 12, h, w) for h, w in sizes]
+    assert scores.shape == (3, 6) and box_deltas.shape == (3, 24)
+    assert masks.shape == (3, 6, 28, 28)
+    assert small.box_features.fc6.in_features == 16 * 7 * 7
+    assert sum(p.numel() for p in small.parameters()) < 0.01 * sum(
+        p.numel() for p in model.parameters())

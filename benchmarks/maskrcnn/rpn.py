@@ -1,0 +1,288 @@
+"""Proposal selection, training targets and loss of the Region Proposal Network of the MLPerf
+Training 1.1 Mask R-CNN (mlcommons/training ``object_detection/pytorch/maskrcnn_benchmark``:
+``modeling/rpn/{rpn,inference,loss,utils}.py``, ``modeling/balanced_positive_negative_sampler.py``,
+``layers/smooth_l1_loss.py``; values from ``configs/e2e_mask_rcnn_R_50_FPN_1x.yaml`` and
+``config/defaults.py``; NVIDIA's v1.1 ``benchmarks/maskrcnn`` for the per-image switch).
+
+Head outputs per FPN level are objectness logits [B, A, H, W] and deltas [B, 4A, H, W]; they
+are read in the anchors' order (row, column, anchor; :mod:`benchmarks.maskrcnn.anchors`), the
+deltas as ``[B, A, 4, H, W]``. Image sizes are ``(height, width)`` of the unpadded images.
+
+Proposals (``RPNPostProcessor``), per image, scores being the logits' sigmoid in float32:
+1. per level, the ``pre_nms_top_n`` best anchors (2000 training, 1000 test);
+2. decode with weights 1, 1, 1, 1, clip to the image, drop boxes with a side below
+   ``min_size`` (0), NMS at IoU 0.7 within the level, keep the level's best
+   ``post_nms_top_n`` (``POST_NMS_TOP_N``: 2000 training, 1000 test);
+3. over the levels (``FPN_POST_NMS_TOP_N``): in training the best 2000 of the whole batch
+   (the reference's ``select_over_all_levels``, whose comment says it should be per image;
+   NVIDIA keeps it per batch and sets 1000 per image of a GPU's batch, and offers
+   ``FPN_POST_NMS_TOP_N_PER_IMAGE``), kept in level order, then the image's ground-truth
+   boxes appended; in test the best 1000 of each image, best first.
+Equal scores rank by position (level, then rank within the level), as :mod:`topk` does.
+
+Loss (``RPNLossComputation``): anchors matched to ground truth at IoU 0.7 / 0.3 with the
+low-quality rule; label 1 if matched, 0 below 0.3, ignored between the thresholds or when the
+anchor leaves the image (straddle 0). Per image 256 anchors are sampled at random, at most
+half positive, the rest negative. Both losses are divided by the number of sampled anchors of
+the whole batch: binary cross-entropy on the sampled logits, smooth L1 (beta 1/9) summed over
+the positive anchors' deltas against ``encode(gt, anchor)``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from benchmarks.maskrcnn.anchors import STRADDLE_THRESH, visible
+from benchmarks.maskrcnn.boxes import (
+    RPN_BOX_WEIGHTS,
+    TO_REMOVE,
+    BoxCoder,
+    Matcher,
+    batched_nms,
+    box_iou,
+    min_size_mask,
+)
+from benchmarks.maskrcnn.topk import ordered_topk, split_topk
+from common.errors import UserError
+
+PRE_NMS_TOP_N_TRAIN = 2000      # per level
+PRE_NMS_TOP_N_TEST = 1000
+POST_NMS_TOP_N_TRAIN = 2000     # per level, after NMS
+POST_NMS_TOP_N_TEST = 1000
+FPN_POST_NMS_TOP_N_TRAIN = 2000  # over the levels, per batch (mllog num_image_candidates)
+FPN_POST_NMS_TOP_N_TEST = 1000   # over the levels, per image
+NMS_THRESH = 0.7
+MIN_SIZE = 0
+FG_IOU_THRESHOLD = 0.7
+BG_IOU_THRESHOLD = 0.3
+BATCH_SIZE_PER_IMAGE = 256
+POSITIVE_FRACTION = 0.5
+SMOOTH_L1_BETA = 1.0 / 9
+
+
+def flatten_levels(objectness: list[torch.Tensor], deltas: list[torch.Tensor]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits [B, N] and deltas [B, N, 4] of all levels in the anchors' order
+    (``concat_box_prediction_layers``), N the anchors of all levels."""
+    logits, codes = [], []
+    for obj, delta in zip(objectness, deltas, strict=True):
+        batch, num_anchors, height, width = obj.shape
+        if delta.shape != (batch, 4 * num_anchors, height, width):
+            raise ValueError(f"RPN deltas {tuple(delta.shape)} do not fit objectness "
+                             f"{tuple(obj.shape)}")
+        logits.append(obj.permute(0, 2, 3, 1).reshape(batch, -1))
+        codes.append(delta.reshape(batch, num_anchors, 4, height, width)
+                     .permute(0, 3, 4, 1, 2).reshape(batch, -1, 4))
+    return torch.cat(logits, dim=1), torch.cat(codes, dim=1)
+
+
+def _image_bounds(image_sizes: list[tuple[int, int]], device: torch.device) -> torch.Tensor:
+    """``(width - 1, height - 1)`` twice per image [B, 4], copied without a host sync."""
+    bounds = torch.tensor([[w, h, w, h] for h, w in image_sizes], dtype=torch.float32)
+    if device.type == "cuda":
+        bounds = bounds.pin_memory()
+    return (bounds - TO_REMOVE).to(device, non_blocking=True)
+
+
+def _rank_in_group(group: torch.Tensor) -> torch.Tensor:
+    """Position of each element [K] within its run of a sorted group id [K]."""
+    return torch.arange(len(group), device=group.device) - torch.searchsorted(group, group)
+
+
+def _random_subset(members: torch.Tensor, priority: torch.Tensor, most: int,
+                   limit: torch.Tensor | None = None) -> torch.Tensor:
+    """Mask [B, N] of ``min(count, most, limit)`` members of each row of ``members`` [B, N],
+    those of highest random ``priority`` [B, N] in [0, 1): a uniform random subset."""
+    most = min(most, members.shape[1])
+    top, index = torch.where(members, priority, -1.0).topk(most, dim=1)
+    take = top >= 0
+    if limit is not None:
+        take &= torch.arange(most, device=members.device) < limit[:, None]
+    return torch.zeros_like(members).scatter(1, index, take)
+
+
+class RPN(nn.Module):
+    """The RPN's proposal selection (:meth:`proposals`) and loss (:meth:`loss`), with the
+    reference's settings as defaults; ``train()`` / ``eval()`` pick the training or test
+    top-N. It holds no parameters: the head is :class:`benchmarks.maskrcnn.model.RPNHead`.
+
+    ``fpn_post_nms_per_image_train`` takes the training top-N over levels per image instead
+    of per batch (NVIDIA's switch); ``topk_chunks`` > 1 selects the pre-NMS candidates with
+    :func:`benchmarks.maskrcnn.topk.split_topk` (NVIDIA: 4), which gives the same result."""
+
+    def __init__(self, *, pre_nms_top_n_train: int = PRE_NMS_TOP_N_TRAIN,
+                 pre_nms_top_n_test: int = PRE_NMS_TOP_N_TEST,
+                 post_nms_top_n_train: int = POST_NMS_TOP_N_TRAIN,
+                 post_nms_top_n_test: int = POST_NMS_TOP_N_TEST,
+                 fpn_post_nms_top_n_train: int = FPN_POST_NMS_TOP_N_TRAIN,
+                 fpn_post_nms_top_n_test: int = FPN_POST_NMS_TOP_N_TEST,
+                 fpn_post_nms_per_image_train: bool = False,
+                 nms_thresh: float = NMS_THRESH, min_size: float = MIN_SIZE,
+                 fg_iou_threshold: float = FG_IOU_THRESHOLD,
+                 bg_iou_threshold: float = BG_IOU_THRESHOLD,
+                 batch_size_per_image: int = BATCH_SIZE_PER_IMAGE,
+                 positive_fraction: float = POSITIVE_FRACTION,
+                 straddle_thresh: float = STRADDLE_THRESH, topk_chunks: int = 1):
+        super().__init__()
+        counts = dict(pre_nms_top_n_train=pre_nms_top_n_train,
+                      pre_nms_top_n_test=pre_nms_top_n_test,
+                      post_nms_top_n_train=post_nms_top_n_train,
+                      post_nms_top_n_test=post_nms_top_n_test,
+                      fpn_post_nms_top_n_train=fpn_post_nms_top_n_train,
+                      fpn_post_nms_top_n_test=fpn_post_nms_top_n_test,
+                      batch_size_per_image=batch_size_per_image, topk_chunks=topk_chunks)
+        bad = [f"{name}={value}" for name, value in counts.items() if value < 1]
+        if not 0 < nms_thresh <= 1:
+            bad.append(f"nms_thresh={nms_thresh}")
+        if not 0 <= bg_iou_threshold <= fg_iou_threshold <= 1:
+            bad.append(f"IoU thresholds bg {bg_iou_threshold}, fg {fg_iou_threshold} "
+                       "(need 0 <= bg <= fg <= 1)")
+        if not 0 <= positive_fraction <= 1:
+            bad.append(f"positive_fraction={positive_fraction}")
+        if bad:
+            raise UserError(f"invalid RPN settings: {', '.join(bad)}")
+        self.pre_nms_top_n_train = pre_nms_top_n_train
+        self.pre_nms_top_n_test = pre_nms_top_n_test
+        self.post_nms_top_n_train = post_nms_top_n_train
+        self.post_nms_top_n_test = post_nms_top_n_test
+        self.fpn_post_nms_top_n_train = fpn_post_nms_top_n_train
+        self.fpn_post_nms_top_n_test = fpn_post_nms_top_n_test
+        self.fpn_post_nms_per_image_train = fpn_post_nms_per_image_train
+        self.nms_thresh = nms_thresh
+        self.min_size = min_size
+        self.matcher = Matcher(fg_iou_threshold, bg_iou_threshold,
+                               allow_low_quality_matches=True)
+        self.batch_size_per_image = batch_size_per_image
+        self.positive_fraction = positive_fraction
+        self.straddle_thresh = straddle_thresh
+        self.topk_chunks = topk_chunks
+        self.box_coder = BoxCoder(RPN_BOX_WEIGHTS)
+
+    def _topk(self, scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.topk_chunks == 1:
+            return ordered_topk(scores, k)
+        return split_topk(scores, k, self.topk_chunks)
+
+    @staticmethod
+    def _check(objectness: list[torch.Tensor], anchors: list[torch.Tensor],
+               image_sizes: list[tuple[int, int]]) -> None:
+        if len(objectness) != len(anchors):
+            raise ValueError(f"{len(objectness)} RPN levels but {len(anchors)} anchor levels")
+        for level, (obj, cells) in enumerate(zip(objectness, anchors)):
+            if obj[0].numel() != len(cells):
+                raise ValueError(f"level {level}: {obj[0].numel()} RPN outputs per image but "
+                                 f"{len(cells)} anchors")
+        if len(image_sizes) != len(objectness[0]):
+            raise ValueError(f"{len(image_sizes)} image sizes for a batch of "
+                             f"{len(objectness[0])}")
+
+    @torch.no_grad()
+    def proposals(self, objectness: list[torch.Tensor], deltas: list[torch.Tensor],
+                  anchors: list[torch.Tensor], image_sizes: list[tuple[int, int]],
+                  gt_boxes: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Proposals [K_i, 4] (float32) of each image from per-level ``objectness``
+        [B, A, H, W], ``deltas`` [B, 4A, H, W] and ``anchors`` [H * W * A, 4]; in training
+        mode the ``gt_boxes`` [M_i, 4], if given, are appended."""
+        self._check(objectness, anchors, image_sizes)
+        batch, levels = len(image_sizes), len(anchors)
+        pre_nms = self.pre_nms_top_n_train if self.training else self.pre_nms_top_n_test
+        scores, codes, cells, level_ids = [], [], [], []
+        per_level = zip(objectness, deltas, anchors, strict=True)
+        for level, (obj, delta, level_anchors) in enumerate(per_level):
+            logits, level_codes = flatten_levels([obj], [delta])
+            top, index = self._topk(logits.float().sigmoid(), min(pre_nms, logits.shape[1]))
+            scores.append(top)
+            codes.append(level_codes.gather(1, index[..., None].expand(-1, -1, 4)))
+            cells.append(level_anchors[index])
+            level_ids.append(torch.full_like(index[0], level))
+        device = scores[0].device
+        scores = torch.cat(scores, dim=1).flatten()
+        boxes = self.box_coder.decode(torch.cat(codes, dim=1).float().reshape(-1, 4),
+                                      torch.cat(cells, dim=1).float().reshape(-1, 4))
+        bounds = _image_bounds(image_sizes, device)
+        boxes = torch.minimum(boxes.view(batch, -1, 4).clamp(min=0), bounds[:, None])
+        # one NMS group per image and level, numbered in the reference's order
+        group = (torch.arange(batch, device=device)[:, None] * levels
+                 + torch.cat(level_ids)[None]).flatten()
+        boxes = boxes.reshape(-1, 4)
+        sizeable = min_size_mask(boxes, self.min_size).nonzero().squeeze(1)
+        boxes, scores, group = boxes[sizeable], scores[sizeable], group[sizeable]
+        kept = batched_nms(boxes, scores, group, self.nms_thresh)
+        kept = kept[group[kept].argsort(stable=True)]          # by image and level, best first
+        post_nms = self.post_nms_top_n_train if self.training else self.post_nms_top_n_test
+        kept = kept[_rank_in_group(group[kept]) < post_nms]
+        boxes, scores, image = boxes[kept], scores[kept], group[kept] // levels
+        chosen = self._select_over_levels(scores, image)
+        counts = torch.bincount(image[chosen], minlength=batch).tolist()
+        proposals = list(boxes[chosen].split(counts))
+        if self.training and gt_boxes is not None:
+            proposals = [torch.cat((p, gt.to(p))) for p, gt in zip(proposals, gt_boxes,
+                                                                    strict=True)]
+        return proposals
+
+    def _select_over_levels(self, scores: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        """Indices of the candidates (sorted by image, level and score) that
+        ``select_over_all_levels`` keeps: in training in their order, in test per image by
+        decreasing score."""
+        if self.training and not self.fpn_post_nms_per_image_train:
+            k = min(self.fpn_post_nms_top_n_train, len(scores))
+            return ordered_topk(scores[None], k)[1][0].sort().values
+        top_n = self.fpn_post_nms_top_n_train if self.training else self.fpn_post_nms_top_n_test
+        order = scores.argsort(descending=True, stable=True)
+        order = order[image[order].argsort(stable=True)]
+        order = order[_rank_in_group(image[order]) < top_n]
+        return order.sort().values if self.training else order
+
+    @torch.no_grad()
+    def targets(self, anchors: list[torch.Tensor], image_sizes: list[tuple[int, int]],
+                gt_boxes: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Labels [B, N] (float32: 1 positive, 0 negative, -1 ignored) and regression
+        targets [B, N, 4] of the anchors of all levels (N in all) for each image's
+        ``gt_boxes`` [M_i, 4] (at least one box each, as the reference's matcher needs)."""
+        if len(gt_boxes) != len(image_sizes):
+            raise ValueError(f"{len(gt_boxes)} ground-truth lists for {len(image_sizes)} images")
+        cells = torch.cat(anchors).float()
+        labels, regression = [], []
+        for size, gt in zip(image_sizes, gt_boxes):
+            gt = gt.to(cells)
+            matches = self.matcher(box_iou(gt, cells))
+            ignored = ((matches == Matcher.BETWEEN_THRESHOLDS)
+                       | ~visible(cells, size, self.straddle_thresh))
+            labels.append(torch.where(ignored, -1.0, (matches >= 0).float()))
+            regression.append(self.box_coder.encode(gt[matches.clamp(min=0)], cells))
+        return torch.stack(labels), torch.stack(regression)
+
+    def sample(self, labels: torch.Tensor, generator: torch.Generator | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Masks [B, N] of the sampled positive and negative anchors of labels [B, N]
+        (``BalancedPositiveNegativeSampler``): per image up to ``batch_size_per_image *
+        positive_fraction`` positives, then negatives up to ``batch_size_per_image`` in all,
+        each a uniform random subset drawn from ``generator`` (on the labels' device) or
+        the global generator."""
+        priority = torch.rand(labels.shape, generator=generator, device=labels.device)
+        positive = _random_subset(labels == 1, priority,
+                                  int(self.batch_size_per_image * self.positive_fraction))
+        negative = _random_subset(labels == 0, priority, self.batch_size_per_image,
+                                  limit=self.batch_size_per_image - positive.sum(dim=1))
+        return positive, negative
+
+    def loss(self, objectness: list[torch.Tensor], deltas: list[torch.Tensor],
+             anchors: list[torch.Tensor], image_sizes: list[tuple[int, int]],
+             gt_boxes: list[torch.Tensor], generator: torch.Generator | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss_objectness, loss_rpn_box_reg)``, float32 scalars, from the per-level head
+        outputs, anchors and ground truth; ``generator`` draws the sampled anchors."""
+        self._check(objectness, anchors, image_sizes)
+        logits, codes = flatten_levels(objectness, deltas)
+        labels, regression = self.targets(anchors, image_sizes, gt_boxes)
+        positive, negative = self.sample(labels, generator)
+        sampled = positive | negative
+        count = sampled.sum().clamp(min=1)     # the reference would give NaN for none
+        objectness_loss = F.binary_cross_entropy_with_logits(
+            logits.float(), labels.clamp(min=0), reduction="none")
+        box_loss = F.smooth_l1_loss(codes.float(), regression, beta=SMOOTH_L1_BETA,
+                                    reduction="none")
+        return (torch.where(sampled, objectness_loss, 0.0).sum() / count,
+                torch.where(positive[..., None], box_loss, 0.0).sum() / count)
