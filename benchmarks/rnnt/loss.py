@@ -1,0 +1,189 @@
+"""The transducer (RNN-T) loss: the negative log-likelihood of the labels summed over all
+alignments (Graves 2012), reduced as the MLPerf 1.1 reference reduces it.
+
+The reference (``rnnt/loss.py``) calls warp-transducer's ``RNNTLoss(blank=vocab_size)`` with
+its default reduction ``'mean'``: the sum of the per-utterance losses divided by the batch size
+(the binding's docstring says "divided by the target lengths"; its code does not).
+
+The reference path here is pure PyTorch, vectorised over the batch: only the blank's and the
+next label's log-probabilities enter the lattice, so those two ``[B, T, U+1]`` grids are
+gathered from the logits (through one log-sum-exp over the vocabulary) and the lattice runs on
+them in log space, one anti-diagonal ``t + u`` per step (no cancellation, ``T + U`` steps). Its
+backward pass uses the beta variables, computed by the same recursion on each utterance's
+reversed lattice, so autograd keeps no per-step graph. It takes padded logits
+``[B, T, U+1, V]`` or packed ones ``[N, V]`` (:func:`benchmarks.rnnt.model.packed_index`
+order). ``impl="torchaudio"`` calls ``torchaudio.functional.rnnt_loss`` instead (padded only;
+for the GPU, where torchaudio imports).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from benchmarks.rnnt.model import packed_index
+
+IMPLS = ("reference", "torchaudio")
+REDUCTIONS = ("mean", "sum", "none")
+NEG_INF = float("-inf")
+
+
+def _lattice(wt: torch.Tensor, wu: torch.Tensor, init: torch.Tensor) -> torch.Tensor:
+    """``V [B, T, U1]`` with ``V[:, 0, 0] = init`` and ``V[t, u] = logaddexp(V[t-1, u] +
+    wt[t, u], V[t, u-1] + wu[t, u])`` (missing neighbours are -inf), computed diagonal by
+    diagonal: cell ``(t, u)`` lives at ``[t + u, u]`` of the skewed grids."""
+    B, T, U1 = wt.shape
+    u = torch.arange(U1, device=wt.device)
+    t = torch.arange(T + U1 - 1, device=wt.device)[:, None] - u
+    outside = (t < 0) | (t >= T)
+    t = t.clamp(0, T - 1)
+    skew_t = wt[:, t, u].masked_fill(outside, NEG_INF)
+    skew_u = wu[:, t, u].masked_fill(outside, NEG_INF)
+    diag = torch.full((B, U1), NEG_INF, dtype=wt.dtype, device=wt.device)
+    diag[:, 0] = init
+    diags = [diag]
+    for d in range(1, T + U1 - 1):
+        from_u = torch.cat((diag.new_full((B, 1), NEG_INF), diag[:, :-1]), 1)
+        diag = torch.logaddexp(diag + skew_t[:, d], from_u + skew_u[:, d])
+        diags.append(diag)
+    skewed = torch.stack(diags, 1)
+    return skewed[:, torch.arange(T, device=wt.device)[:, None] + u, u]
+
+
+def _valid(enc_lens: torch.Tensor, label_lens: torch.Tensor, T: int, U1: int) -> torch.Tensor:
+    """``[B, T, U1]``: the lattice's cells ``t < enc_lens[b]``, ``u <= label_lens[b]``."""
+    t = torch.arange(T, device=enc_lens.device)[:, None]
+    u = torch.arange(U1, device=enc_lens.device)
+    return (t < enc_lens[:, None, None]) & (u <= label_lens[:, None, None])
+
+
+def _last(x: torch.Tensor, enc_lens: torch.Tensor, label_lens: torch.Tensor) -> torch.Tensor:
+    """``x[b, enc_lens[b] - 1, label_lens[b]]`` for each ``b``."""
+    return x[torch.arange(len(x), device=x.device), enc_lens - 1, label_lens]
+
+
+def _alpha(blank: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    """Forward variables: ``alpha[t, u]`` = log-probability of reaching ``(t, u)``."""
+    wt = torch.cat((torch.full_like(blank[:, :1], NEG_INF), blank[:, :-1]), 1)
+    wu = torch.cat((torch.full_like(label[:, :, :1], NEG_INF), label[:, :, :-1]), 2)
+    return _lattice(wt, wu, blank.new_zeros(len(blank)))
+
+
+def _beta(blank: torch.Tensor, label: torch.Tensor, enc_lens: torch.Tensor,
+          label_lens: torch.Tensor) -> torch.Tensor:
+    """Backward variables: ``beta[t, u]`` = log-probability of finishing from ``(t, u)``
+    (its own transition included); -inf outside each utterance. It is the forward recursion
+    on the lattice reversed per utterance, ``(t, u) -> (T_b - 1 - t, U_b - u)``."""
+    B, T, U1 = blank.shape
+    rows = torch.arange(B, device=blank.device)[:, None, None]
+    t = enc_lens[:, None, None] - 1 - torch.arange(T, device=blank.device)[:, None]
+    u = label_lens[:, None, None] - torch.arange(U1, device=blank.device)
+    outside = (t < 0) | (u < 0)
+    t, u = t.clamp(min=0).expand(B, T, U1), u.clamp(min=0).expand(B, T, U1)
+    reversed_beta = _lattice(blank[rows, t, u].masked_fill(outside, NEG_INF),
+                             label[rows, t, u].masked_fill(outside, NEG_INF),
+                             _last(blank, enc_lens, label_lens))
+    beta = torch.full_like(blank, NEG_INF)
+    beta[rows.expand(B, T, U1)[~outside], t[~outside], u[~outside]] = reversed_beta[~outside]
+    return beta
+
+
+class _TransducerNLL(torch.autograd.Function):
+    """``(blank [B, T, U+1], label [B, T, U+1], enc_lens, label_lens)`` -> ``nll [B]``:
+    ``blank[t, u]`` is the log-probability of the blank at cell ``(t, u)``, ``label[t, u]``
+    that of label ``u + 1`` (-inf for ``u >= label_lens``)."""
+
+    @staticmethod
+    def forward(ctx, blank: torch.Tensor, label: torch.Tensor, enc_lens: torch.Tensor,
+                label_lens: torch.Tensor) -> torch.Tensor:
+        alpha = _alpha(blank, label)
+        log_z = _last(alpha, enc_lens, label_lens) + _last(blank, enc_lens, label_lens)
+        ctx.save_for_backward(blank, label, enc_lens, label_lens, alpha, log_z)
+        return -log_z
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        blank, label, enc_lens, label_lens, alpha, log_z = ctx.saved_tensors
+        B, T, U1 = blank.shape
+        beta = _beta(blank, label, enc_lens, label_lens)
+        # beta one step on, with 0 just past each utterance's final blank
+        after = torch.full((B, T + 1, U1 + 1), NEG_INF, dtype=beta.dtype, device=beta.device)
+        after[:, :T, :U1] = beta
+        after[torch.arange(B, device=beta.device), enc_lens, label_lens] = 0.0
+        alpha = alpha.masked_fill(~_valid(enc_lens, label_lens, T, U1), NEG_INF)
+        scale = -grad[:, None, None]
+        base = alpha - log_z[:, None, None]
+        grad_blank = scale * torch.exp(base + blank + after[:, 1:, :U1])
+        grad_label = scale * torch.exp(base + label + after[:, :T, 1:])
+        return grad_blank, grad_label, None, None
+
+
+def _reduce(nll: torch.Tensor, reduction: str) -> torch.Tensor:
+    if reduction == "mean":
+        return nll.sum() / len(nll)
+    if reduction == "sum":
+        return nll.sum()
+    if reduction == "none":
+        return nll
+    raise ValueError(f"reduction {reduction!r} is not one of {REDUCTIONS}")
+
+
+def transducer_nll(blank: torch.Tensor, label: torch.Tensor, enc_lens: torch.Tensor,
+                   label_lens: torch.Tensor) -> torch.Tensor:
+    """Per-utterance loss ``[B]`` from the lattice's log-probabilities ``blank`` and ``label``
+    ``[B, T, U+1]`` (``label[b, t, u]`` = label ``u + 1``'s, -inf from ``label_lens[b]`` on)."""
+    return _TransducerNLL.apply(blank, label, enc_lens.long(), label_lens.long())
+
+
+def _torchaudio_loss(logits: torch.Tensor, enc_lens: torch.Tensor, labels: torch.Tensor,
+                     label_lens: torch.Tensor, blank: int) -> torch.Tensor:
+    # imported here: torchaudio cannot load on the CPU machines
+    import torchaudio.functional
+
+    # torchaudio wants the grid exactly as large as the longest utterance
+    T, U = int(enc_lens.max()), int(label_lens.max())
+    return torchaudio.functional.rnnt_loss(
+        logits[:, :T, :U + 1].contiguous(), labels[:, :U].int().contiguous(), enc_lens.int(),
+        label_lens.int(), blank=blank, reduction="none")
+
+
+def transducer_loss(logits: torch.Tensor, enc_lens: torch.Tensor, labels: torch.Tensor,
+                    label_lens: torch.Tensor, blank: int = -1, reduction: str = "mean",
+                    impl: str = "reference") -> torch.Tensor:
+    """The loss of padded logits ``[B, T, U+1, V]`` (before log-softmax), labels ``[B, U]``
+    (any ids past ``label_lens``), ``blank`` an index into ``V`` (-1: the last). ``reduction``
+    ``mean`` (the reference's: sum over utterances / B), ``sum`` or ``none`` (``[B]``)."""
+    blank %= logits.shape[-1]
+    if impl == "torchaudio":
+        return _reduce(_torchaudio_loss(logits, enc_lens, labels, label_lens, blank), reduction)
+    if impl != "reference":
+        raise ValueError(f"impl {impl!r} is not one of {IMPLS}")
+    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    B, T, U1, _ = logits.shape
+    norm = torch.logsumexp(logits, -1)
+    blank_lp = logits[..., blank] - norm
+    ids = labels[:, None, :U1 - 1, None].long().expand(B, T, U1 - 1, 1)
+    label_lp = logits[:, :, :U1 - 1].gather(-1, ids)[..., 0] - norm[:, :, :U1 - 1]
+    label_lp = torch.cat((label_lp, torch.full_like(blank_lp[:, :, :1], NEG_INF)), 2)
+    u = torch.arange(U1, device=logits.device)
+    label_lp = label_lp.masked_fill(u >= label_lens[:, None, None], NEG_INF)
+    return _reduce(transducer_nll(blank_lp, label_lp, enc_lens, label_lens), reduction)
+
+
+def packed_transducer_loss(logits: torch.Tensor, enc_lens: torch.Tensor, labels: torch.Tensor,
+                           label_lens: torch.Tensor, blank: int = -1,
+                           reduction: str = "mean") -> torch.Tensor:
+    """The same loss from packed logits ``[N, V]``, one row per valid ``(b, t, u)`` in
+    :func:`benchmarks.rnnt.model.packed_index` order; no ``[B, T, U+1, V]`` tensor is made."""
+    blank %= logits.shape[-1]
+    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+    b, t, u = packed_index(enc_lens, label_lens + 1, len(logits))
+    norm = torch.logsumexp(logits, -1)
+    has_label = u < label_lens[b]
+    ids = torch.where(has_label, labels[b, u.clamp(max=labels.shape[1] - 1)], 0)
+    label_row = (logits.gather(1, ids[:, None].long())[:, 0] - norm).masked_fill(~has_label,
+                                                                                  NEG_INF)
+    shape = (len(enc_lens), int(enc_lens.max()), int(label_lens.max()) + 1)
+    grid = torch.full(shape, NEG_INF, dtype=logits.dtype, device=logits.device)
+    blank_lp = grid.index_put((b, t, u), logits[:, blank] - norm)
+    label_lp = grid.index_put((b, t, u), label_row)
+    return _reduce(transducer_nll(blank_lp, label_lp, enc_lens, label_lens), reduction)
