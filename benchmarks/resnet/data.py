@@ -1,5 +1,9 @@
 """ImageNet readers for ResNet-50: the JPEG folder layout, decoded on the CPU, the GPU or by DALI.
 
+Backends: ``cpu`` (Pillow in loader processes, the reference), ``gpu`` (nvJPEG, then a
+crop and resize per image), ``nvjpeg`` (batched nvJPEG and one batched crop and resize,
+overlapped with the step; ``nvjpeg.py``) and ``dali``.
+
 Layout: ``ROOT/train/<wnid>/*.JPEG`` and ``ROOT/val/<wnid>/*.JPEG``; the class
 index is the position of the wnid among the sorted train folders.
 
@@ -29,7 +33,7 @@ from common.errors import UserError
 
 MEAN = (123.675, 116.28, 103.53)
 STD = (58.395, 57.12, 57.375)
-BACKENDS = ("cpu", "gpu", "dali")
+BACKENDS = ("cpu", "gpu", "nvjpeg", "dali")
 EVAL_CROP_FRACTION = 0.875
 _EXTENSIONS = (".jpeg", ".jpg")
 
@@ -121,6 +125,17 @@ def center_crop_box(width: int, height: int, size: int) -> tuple[int, int, int, 
     return (width - side) // 2, (height - side) // 2, side, side
 
 
+def crop_plan(width: int, height: int, size: int, train: bool, seed: int, epoch: int,
+              i: int) -> tuple[tuple[int, int, int, int], bool]:
+    """Sample ``i``'s crop box (left, top, w, h) in source pixels and whether it is mirrored,
+    in ``epoch``: the same for every backend that plans its crops on the host."""
+    if not train:
+        return center_crop_box(width, height, size), False
+    rng = random.Random(hash((seed, epoch, i)))
+    box = random_resized_crop_box(width, height, rng)
+    return box, rng.random() < 0.5
+
+
 def _decode_error(path: str, exc: Exception) -> UserError:
     return UserError(f"{path}: cannot decode JPEG ({exc}); remove or re-extract this file")
 
@@ -139,14 +154,11 @@ class _PillowDataset(torch.utils.data.Dataset):
         try:
             with Image.open(path) as im:
                 im = im.convert("RGB")
-                rng = random.Random(hash((self.seed, self.epoch, i)))
-                if self.train:
-                    left, top, w, h = random_resized_crop_box(*im.size, rng)
-                else:
-                    left, top, w, h = center_crop_box(*im.size, self.size)
+                (left, top, w, h), flip = crop_plan(*im.size, self.size, self.train, self.seed,
+                                                    self.epoch, i)
                 im = im.resize((self.size, self.size), Image.BILINEAR,
                                box=(left, top, left + w, top + h))
-                if self.train and rng.random() < 0.5:
+                if flip:
                     im = im.transpose(Image.FLIP_LEFT_RIGHT)
                 pixels = np.asarray(im, dtype=np.uint8)
         except (OSError, SyntaxError, ValueError) as exc:
@@ -231,13 +243,21 @@ class _PackedBytes(torch.utils.data.Dataset):
     def __len__(self):
         return len(self.batches)
 
-    def __getitem__(self, b):
+    def read(self, b) -> list[bytes]:
         blobs = []
         for i in self.batches[b]:
             with open(self.samples[i][0], "rb") as f:
                 blobs.append(f.read())
-        buf = np.frombuffer(b"".join(blobs), dtype=np.uint8)
-        return torch.from_numpy(buf.copy()), [len(x) for x in blobs], self.batches[b]
+        return blobs
+
+    def __getitem__(self, b):
+        blobs = self.read(b)
+        return pack(blobs), [len(x) for x in blobs], self.batches[b]
+
+
+def pack(blobs: list[bytes]) -> torch.Tensor:
+    """Byte strings as one uint8 tensor (its own memory, so it can be shared or pinned)."""
+    return torch.from_numpy(np.frombuffer(b"".join(blobs), dtype=np.uint8).copy())
 
 
 def _gpu_decoder(samples, size, train, seed, batch_size, workers, device):
@@ -330,15 +350,21 @@ def _dali_policy(train: bool):
     return LastBatchPolicy.DROP if train else LastBatchPolicy.PARTIAL
 
 
-_DECODERS = {"cpu": _cpu_decoder, "gpu": _gpu_decoder, "dali": _dali_decoder}
+def _nvjpeg_decoder(*args):
+    from benchmarks.resnet import nvjpeg
+    return nvjpeg.batched_decoder(*args)
+
+
+_DECODERS = {"cpu": _cpu_decoder, "gpu": _gpu_decoder, "nvjpeg": _nvjpeg_decoder,
+             "dali": _dali_decoder}
 
 
 def _build(index, backend, image_size, batch_size, rank, world_size, seed, workers, device,
            train) -> Loader:
     if backend not in _DECODERS:
         raise UserError(f"unknown data backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-    if backend == "gpu" and device.type != "cuda":
-        raise UserError("--data-backend gpu decodes with nvJPEG and needs a CUDA device; "
+    if backend in ("gpu", "nvjpeg") and device.type != "cuda":
+        raise UserError(f"--data-backend {backend} decodes with nvJPEG and needs a CUDA device; "
                         "use --data-backend cpu")
     samples = index.train if train else index.val
     decode = _DECODERS[backend](samples, image_size, train, seed, batch_size, workers, device)

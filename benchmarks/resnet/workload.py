@@ -46,7 +46,9 @@ class ResNetWorkload(Workload):
         p.add_argument("--data-dir", type=Path,
                        help="ImageNet folder with train/<wnid>/*.JPEG and val/<wnid>/*.JPEG")
         p.add_argument("--data-backend", default="cpu", choices=data.BACKENDS,
-                       help="cpu: Pillow decode in workers; gpu: nvJPEG; dali: NVIDIA DALI")
+                       help="cpu: Pillow decode in workers; gpu: nvJPEG, crops per image; "
+                            "nvjpeg: batched nvJPEG and crops, overlapped with the step; "
+                            "dali: NVIDIA DALI")
         p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
         p.add_argument("--image-size", type=int, default=224)
         p.add_argument("--batch-size", type=int, default=408, help="per-rank batch per step")

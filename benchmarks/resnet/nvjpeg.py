@@ -1,0 +1,279 @@
+"""The ``nvjpeg`` data backend: batched nvJPEG decode and one batched crop and resize.
+
+The ``gpu`` backend decodes a batch with nvJPEG and then crops, resizes and flips each
+image with its own kernels; this one moves everything per image off the critical path:
+
+- loader processes read a batch's files into one buffer, parse each JPEG header (size,
+  components) and plan the crops on the host (``data.crop_plan``, the same boxes and
+  flips as the Pillow reference for the same seed, epoch and sample); the DataLoader
+  pins the buffers, so batches arrive in page-locked memory, several ahead;
+- the main process decodes the whole batch with one ``torchvision.io.decode_jpeg(list,
+  device='cuda')`` call (nvJPEG's batched decode, on the GPU's hardware JPEG engines
+  where it can use them) on a side stream, packs the decoded images into one flat
+  buffer and runs :func:`crop_resize_normalize` over the batch: crop, bilinear resize
+  (as ``F.interpolate`` of each crop), flip, normalise and channels-last in one pass
+  of batched gathers;
+- batch ``n + 1`` is decoded while the step runs on batch ``n`` (the step's kernels are
+  queued on the default stream, the decode's on the side stream).
+
+Files nvJPEG cannot take are decoded by Pillow: CMYK/YCCK JPEGs (4 components) in the
+loader process, and any file that nvJPEG rejects in the main process; a file that
+Pillow rejects too is a one-line ``UserError`` naming it. Like the ``gpu`` backend the
+resize does not antialias (Pillow's does), so crops much larger than the output alias
+a little; the evaluation crop (resize 256, centre 224) shrinks ImageNet's images by
+about 1.5x.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import numpy as np
+import torch
+from PIL import Image
+
+from benchmarks.resnet import data
+from common.errors import UserError
+
+# Start-of-frame markers (baseline, extended, progressive, lossless; Huffman or arithmetic)
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+_NVJPEG_COMPONENTS = (1, 3)   # greyscale and YCbCr; CMYK/YCCK go to Pillow
+_GATHER_ELEMENTS = 1 << 22    # output pixels per chunk of crop_resize_normalize
+
+
+def jpeg_header(blob: bytes) -> tuple[int, int, int]:
+    """(width, height, components) from a JPEG's frame header; ``ValueError`` if there is none."""
+    if blob[:2] != b"\xff\xd8":
+        raise ValueError("not a JPEG (no start-of-image marker)")
+    pos, end = 2, len(blob)
+    while pos + 4 <= end:
+        if blob[pos] != 0xFF:
+            raise ValueError(f"corrupt marker at byte {pos}")
+        marker = blob[pos + 1]
+        if marker == 0xFF:              # fill byte
+            pos += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:
+            pos += 2
+            continue
+        (length,) = struct.unpack_from(">H", blob, pos + 2)
+        if marker in _SOF:
+            if pos + 10 > end:
+                break
+            height, width, components = struct.unpack_from(">HHB", blob, pos + 5)
+            if not (width and height):
+                raise ValueError("frame header with zero width or height")
+            return width, height, components
+        if marker == 0xDA:              # start of scan before any frame header
+            break
+        pos += 2 + length
+    raise ValueError("no frame header (truncated file?)")
+
+
+def pillow_chw(blob: bytes, path: str) -> torch.Tensor:
+    """uint8 [3, H, W] RGB decoded by Pillow (any mode: CMYK, greyscale, ...)."""
+    try:
+        with Image.open(io.BytesIO(blob)) as im:
+            pixels = np.asarray(im.convert("RGB"), dtype=np.uint8)
+    except (OSError, SyntaxError, ValueError) as exc:
+        raise data._decode_error(path, exc) from None
+    return torch.from_numpy(pixels.copy()).permute(2, 0, 1)
+
+
+class PlannedBatches(data._PackedBytes):
+    """Item ``b``: batch ``b``'s files in one buffer with each file's size (0 where the file
+    was decoded here instead), the images' (height, width), their crop boxes (left, top, w,
+    h) and flips, labels, the indices in the batch of the images decoded here and those
+    images (uint8 [3, H, W]), and the sample indices."""
+
+    def __init__(self, samples, batches, size: int, train: bool, seed: int, epoch: int):
+        super().__init__(samples, batches)
+        self.size, self.train, self.seed, self.epoch = size, train, seed, epoch
+
+    def __getitem__(self, b):
+        blobs = self.read(b)
+        dims, boxes, flips, decoded_at, decoded = [], [], [], [], []
+        for j, (blob, i) in enumerate(zip(blobs, self.batches[b])):
+            try:
+                width, height, components = jpeg_header(blob)
+            except ValueError:
+                components = None
+            if components not in _NVJPEG_COMPONENTS:
+                image = pillow_chw(blob, self.samples[i][0])
+                height, width = image.shape[1:]
+                decoded_at.append(j)
+                decoded.append(image)
+                blobs[j] = b""
+            box, flip = data.crop_plan(width, height, self.size, self.train, self.seed,
+                                       self.epoch, i)
+            dims.append((height, width))
+            boxes.append(box)
+            flips.append(flip)
+        labels = [self.samples[i][1] for i in self.batches[b]]
+        return (data.pack(blobs), [len(x) for x in blobs], torch.tensor(dims),
+                torch.tensor(boxes), torch.tensor(flips), torch.tensor(labels),
+                decoded_at, decoded, self.batches[b])
+
+
+def crop_resize_normalize(flat: torch.Tensor, offsets: torch.Tensor, dims: torch.Tensor,
+                          boxes: torch.Tensor, flips: torch.Tensor, size: int) -> torch.Tensor:
+    """A batch of images, each uint8 [3, H, W] stored at ``offsets[b]`` in the 1-D
+    ``flat``, with ``dims`` (H, W) [B, 2], crop ``boxes`` (left, top, w, h) [B, 4] and
+    ``flips`` [B] (all on ``flat``'s device) -> normalised float32 [B, 3, size, size] in
+    channels-last memory. Each crop is resized bilinearly as ``F.interpolate`` (half-pixel
+    centres, no antialiasing) would resize it, mirrored where flipped; no per-image loop."""
+    out = torch.empty(len(boxes), size, size, 3, device=flat.device)
+    chunk = max(1, _GATHER_ELEMENTS // (size * size))
+    mean = torch.tensor(data.MEAN, device=flat.device)
+    inv_std = 1 / torch.tensor(data.STD, device=flat.device)
+    for s in range(0, len(boxes), chunk):
+        e = s + chunk
+        pixels = _bilinear_crops(flat, offsets[s:e], dims[s:e], boxes[s:e], flips[s:e], size)
+        torch.mul(pixels - mean, inv_std, out=out[s:e])
+    return out.permute(0, 3, 1, 2)
+
+
+def _axis(start: torch.Tensor, length: torch.Tensor, size: int, mirror: torch.Tensor | None):
+    """Source coordinates along one axis for ``size`` outputs: the two neighbours (absolute
+    pixel indices, [B, size]) and the second one's weight, with ``F.interpolate``'s
+    half-pixel mapping and edge clamping."""
+    o = torch.arange(size, device=start.device, dtype=torch.float32)
+    o = o.expand(len(start), size)
+    if mirror is not None:
+        o = torch.where(mirror[:, None], size - 1 - o, o)
+    src = ((o + 0.5) * (length[:, None].float() / size) - 0.5).clamp_(min=0)
+    lo = src.floor().long().minimum(length[:, None] - 1)
+    hi = (lo + 1).minimum(length[:, None] - 1)
+    return start[:, None] + lo, start[:, None] + hi, src - lo
+
+
+def _bilinear_crops(flat, offsets, dims, boxes, flips, size) -> torch.Tensor:
+    """float [b, size, size, 3] in pixel values: the crops of one chunk of the batch."""
+    height, width = dims[:, 0], dims[:, 1]
+    x0, x1, wx = _axis(boxes[:, 0], boxes[:, 2], size, flips)
+    y0, y1, wy = _axis(boxes[:, 1], boxes[:, 3], size, None)
+    plane = (height * width)[:, None, None, None]
+    channel = torch.arange(3, device=flat.device).view(1, 1, 1, 3) * plane
+    base = offsets.view(-1, 1, 1, 1) + channel
+
+    def at(rows, cols):
+        return flat[base + (rows * width[:, None])[:, :, None, None] + cols[:, None, :, None]]
+
+    wx, wy = wx[:, None, :, None], wy[:, :, None, None]
+    top = torch.lerp(at(y0, x0).float(), at(y0, x1).float(), wx)
+    bottom = torch.lerp(at(y1, x0).float(), at(y1, x1).float(), wx)
+    return torch.lerp(top, bottom, wy)
+
+
+def nvjpeg_decode(blobs: list[torch.Tensor], paths: list[str], device) -> list[torch.Tensor]:
+    """uint8 [3, H, W] RGB images on ``device``: one batched nvJPEG call; where it fails, each
+    file again alone, and Pillow for those nvJPEG still rejects."""
+    from torchvision.io import ImageReadMode, decode_jpeg  # GPU machines only
+
+    try:
+        return decode_jpeg(blobs, mode=ImageReadMode.RGB, device=device)
+    except RuntimeError:
+        images = []
+        for blob, path in zip(blobs, paths):
+            try:
+                images.append(decode_jpeg(blob, mode=ImageReadMode.RGB, device=device))
+            except RuntimeError:
+                images.append(pillow_chw(blob.numpy().tobytes(), path).to(device))
+        return images
+
+
+def pillow_decode(blobs: list[torch.Tensor], paths: list[str], device) -> list[torch.Tensor]:
+    """The same as :func:`nvjpeg_decode` with Pillow: the CPU stand-in for tests and timings."""
+    return [pillow_chw(b.numpy().tobytes(), p).to(device) for b, p in zip(blobs, paths)]
+
+
+class BatchAssembler:
+    """Turns a :class:`PlannedBatches` item into ``(images, labels)`` on ``device``."""
+
+    def __init__(self, samples, size: int, device: torch.device, decode=nvjpeg_decode):
+        self.samples, self.size, self.device, self.decode = samples, size, device, decode
+
+    def decode_batch(self, item) -> tuple[list[torch.Tensor], tuple]:
+        """The batch's images decoded on the device, and the rest of the item."""
+        buf, sizes, dims, boxes, flips, labels, decoded_at, decoded, indices = item
+        blobs = torch.split(buf, sizes)
+        todo = [j for j, n in enumerate(sizes) if n]
+        images: list[torch.Tensor | None] = [None] * len(sizes)
+        if todo:
+            paths = [self.samples[indices[j]][0] for j in todo]
+            for j, image in zip(todo, self.decode([blobs[j] for j in todo], paths,
+                                                  self.device)):
+                images[j] = image
+        for j, image in zip(decoded_at, decoded):
+            images[j] = image.to(self.device, non_blocking=True)
+        for image, (h, w), i in zip(images, dims.tolist(), indices):
+            if tuple(image.shape[1:]) != (h, w):
+                raise UserError(f"{self.samples[i][0]}: decoded as {tuple(image.shape[1:])} "
+                                     f"pixels but its header says {(h, w)}; re-extract this file")
+        return images, (dims, boxes, flips, labels)
+
+    def crops(self, images: list[torch.Tensor], dims, boxes, flips) -> torch.Tensor:
+        """The batch's normalised crops, from its decoded images."""
+        dev = self.device
+        flat = torch.cat([image.reshape(-1) for image in images])
+        dims = dims.to(dev, non_blocking=True)
+        offsets = torch.cumsum(3 * dims[:, 0] * dims[:, 1], 0) - 3 * dims[:, 0] * dims[:, 1]
+        return crop_resize_normalize(flat, offsets, dims, boxes.to(dev, non_blocking=True),
+                                     flips.to(dev, non_blocking=True), self.size)
+
+    def __call__(self, item) -> tuple[torch.Tensor, torch.Tensor]:
+        images, (dims, boxes, flips, labels) = self.decode_batch(item)
+        return self.crops(images, dims, boxes, flips), labels.to(self.device, non_blocking=True)
+
+
+def planned_loader(samples, batches, size, train, seed, epoch, workers, pin: bool):
+    """The DataLoader of :class:`PlannedBatches` (pinned batches when ``pin``)."""
+    return torch.utils.data.DataLoader(
+        PlannedBatches(samples, batches, size, train, seed, epoch), batch_size=None,
+        shuffle=False, num_workers=workers, pin_memory=pin,
+        prefetch_factor=4 if workers else None)
+
+
+def ahead(batches, device: torch.device, assemble):
+    """``assemble(item)`` for each item, one batch ahead of the consumer, on a side stream
+    on a GPU: batch ``n + 1`` is decoded and cropped while the consumer's kernels for batch
+    ``n`` run."""
+    side = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def start(item):
+        if side is None:
+            return assemble(item)
+        with torch.cuda.stream(side):
+            return assemble(item)
+
+    def finish(batch):
+        if side is not None:
+            current = torch.cuda.current_stream(device)
+            current.wait_stream(side)
+            for t in batch:
+                t.record_stream(current)
+        return batch
+
+    pending = None
+    for item in batches:
+        ready = start(item)
+        if pending is not None:
+            yield finish(pending)
+        pending = ready
+    if pending is not None:
+        yield finish(pending)
+
+
+def batched_decoder(samples, size, train, seed, batch_size, workers, device,
+                    decode=nvjpeg_decode):
+    """``data.Loader``'s decode function for the ``nvjpeg`` backend (``decode``: the batch
+    decoder, Pillow's in CPU tests)."""
+    assemble = BatchAssembler(samples, size, device, decode)
+
+    def decode_epoch(indices, epoch):
+        batches = [indices[i:i + batch_size] for i in range(0, len(indices), batch_size)]
+        loader = planned_loader(samples, batches, size, train, seed, epoch, workers,
+                                pin=device.type == "cuda")
+        return ahead(loader, device, assemble)
+    return decode_epoch
