@@ -167,6 +167,16 @@ def gather_row_dict(rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | 
     return out
 
 
+def gather_objects(obj) -> list | None:
+    """Every rank's picklable ``obj`` in rank order on rank 0, None elsewhere (results that
+    are not tensors, such as RLE masks); a single process gets ``[obj]``."""
+    if not dist.is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
 def broadcast_object(obj, src: int = 0):
     if not dist.is_initialized():
         return obj

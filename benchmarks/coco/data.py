@@ -44,10 +44,23 @@ import torch
 from PIL import Image
 from pycocotools import mask as mask_utils
 
+from common import fixture_cache
 from common.errors import UserError
 
 SPLITS = ("train", "val")
 BOX_TOLERANCE = 1.0  # pixels; polygon-derived boxes may overshoot their image by rounding
+COCO_TRAIN_IMAGES, COCO_EVAL_IMAGES = 117_266, 5_000   # train2017 with a target; val2017
+
+
+def describe(root, n_train: int, n_val: int) -> str:
+    """What a COCO-format folder holding ``n_train`` / ``n_val`` images is, for the log:
+    the fixture, COCO 2017 itself, or another folder."""
+    if (Path(root) / fixture_cache.MARKER).is_file():
+        return (f"fixture: synthetic COCO-format images from benchmarks.coco.fixture, not "
+                f"COCO ({n_train} train / {n_val} eval images)")
+    if (n_train, n_val) == (COCO_TRAIN_IMAGES, COCO_EVAL_IMAGES):
+        return "coco 2017"
+    return f"COCO-format folder {root} ({n_train} train / {n_val} eval images)"
 
 
 def annotation_file(root, split: str) -> Path:

@@ -1,11 +1,13 @@
 """COCO scoring of detections and instance masks, as the MLPerf SSD and Mask R-CNN references do.
 
 Detections in original-image pixels (xyxy boxes, contiguous labels, RLE masks) become COCO
-results (xywh boxes, ``w = x2 - x1``; category ids by the reader's ``Categories`` of the
-annotation file) and are scored by ``COCOeval`` of pycocotools (the references' evaluator)
-or by faster-coco-eval's ``COCOeval_faster`` (C++ matching and accumulation, mask IoUs on
-threads; the same statistics). Box and mask results are loaded separately, as Mask
-R-CNN's reference does, so a mask's area, not its box's, decides its size range.
+results (xywh boxes, ``w = x2 - x1`` as SSD's reference converts them, or ``w = x2 - x1 + 1``
+for Mask R-CNN's inclusive-pixel boxes, ``ScoreRequest.inclusive_boxes``; category ids by the
+reader's ``Categories`` of the annotation file) and are scored by ``COCOeval`` of
+pycocotools (the references' evaluator) or by faster-coco-eval's ``COCOeval_faster`` (C++
+matching and accumulation, mask IoUs on threads; the same statistics). Box and mask results
+are loaded separately, as Mask R-CNN's reference does, so a mask's area, not its box's,
+decides its size range.
 
 ``score`` is the module-level entry point for ``common.scoring.BackgroundScorer``: it takes
 one picklable ``ScoreRequest`` and loads the ground truth itself, in whatever process runs it.
@@ -61,9 +63,11 @@ class ScoreRequest:
     detections: list[Detections]
     iou_types: tuple[str, ...] = ("bbox",)
     backend: str = "pycocotools"
+    inclusive_boxes: bool = False   # x2, y2 are the last pixels inside: w = x2 - x1 + 1
 
 
-def _results(detections: list[Detections], categories: Categories, iou_type: str) -> list:
+def _results(detections: list[Detections], categories: Categories, iou_type: str,
+             inclusive_boxes: bool = False) -> list:
     results = []
     for d in detections:
         image_id = int(d.image_id)
@@ -71,7 +75,8 @@ def _results(detections: list[Detections], categories: Categories, iou_type: str
         scores = np.asarray(d.scores, np.float64).tolist()
         if iou_type == "bbox":
             b = np.asarray(d.boxes, np.float64).reshape(-1, 4)
-            shapes = np.concatenate([b[:, :2], b[:, 2:] - b[:, :2]], 1).tolist()
+            sides = b[:, 2:] - b[:, :2] + (1 if inclusive_boxes else 0)
+            shapes = np.concatenate([b[:, :2], sides], 1).tolist()
         elif d.masks is None or len(d.masks) != len(scores):
             raise ValueError(f"image {image_id}: segm scoring needs one RLE per detection "
                              "(encode_masks)")
@@ -113,7 +118,8 @@ def score(request: ScoreRequest) -> dict[str, float]:
         gt = (FastCOCO if fast else COCO)(str(request.annotation_file))
         categories = Categories.from_json(gt.dataset["categories"], request.annotation_file)
         for iou_type in request.iou_types:
-            dt = _load_results(gt, _results(request.detections, categories, iou_type))
+            dt = _load_results(gt, _results(request.detections, categories, iou_type,
+                                            request.inclusive_boxes))
             if fast:
                 evaluator = COCOeval_faster(gt, dt, iou_type, print_function=_discard)
             else:

@@ -48,7 +48,7 @@ class BoxCoder:
         ``boxes`` [N, 4]. The ``- 1`` on x2, y2 makes decode invert encode exactly."""
         boxes = boxes.to(rel_codes.dtype)
         widths, heights, ctr_x, ctr_y = (t[:, None] for t in _sizes_and_centres(boxes))
-        codes = rel_codes.reshape(len(rel_codes), -1, 4)
+        codes = rel_codes.reshape(len(rel_codes), rel_codes.shape[-1] // 4, 4)
         wx, wy, ww, wh = self.weights
         dw = (codes[..., 2] / ww).clamp(max=self.bbox_xform_clip)
         dh = (codes[..., 3] / wh).clamp(max=self.bbox_xform_clip)

@@ -476,3 +476,24 @@ def build_eval_loader(split: CocoSplit, batch_size: int, rank: int = 0, world_si
     """This rank's evaluation batches (:class:`EvalBatch`): every image once over the ranks."""
     return Loader(EvalDataset(split, min_size, max_size), batch_size, rank, world_size, 0,
                   num_workers, device, size_divisibility, aspect_grouping)
+
+
+def synthetic_batch(batch_size: int, num_classes: int, min_size: int = MIN_SIZE,
+                    max_size: int = MAX_SIZE, objects: int = 4,
+                    device: torch.device | str = "cpu") -> TrainBatch:
+    """A :class:`TrainBatch` of random images at the training size of a 640 x 480 image
+    (COCO's commonest), each with ``objects`` random boxes of labels 1..C-1 and their
+    rectangles as masks, for throughput runs and warm-up steps (never for training)."""
+    g = torch.Generator().manual_seed(0)
+    height, width = resized_size(640, 480, min_size, max_size)
+    samples = []
+    for _ in range(batch_size):
+        corner = torch.rand(objects, 2, generator=g) * torch.tensor([width, height]) / 2
+        side = (torch.rand(objects, 2, generator=g) * 0.4 + 0.1) * torch.tensor([width, height])
+        boxes = torch.cat((corner, corner + side), 1).floor()
+        masks = torch.zeros(objects, height, width, dtype=torch.uint8)
+        for m, (x1, y1, x2, y2) in zip(masks, boxes.long().tolist()):
+            m[y1:y2 + 1, x1:x2 + 1] = 1
+        labels = torch.randint(1, num_classes, (objects,), generator=g)
+        samples.append((torch.randn(3, height, width, generator=g), boxes, labels, masks))
+    return collate_train(samples).to(device)

@@ -273,7 +273,7 @@ class MaskRCNN(nn.Module):
     """The networks of Mask R-CNN, each with its own forward; :meth:`features` runs the
     backbone and FPN. It has no ``forward`` of its own: the proposal selection, target
     matching, losses and post-processing that connect the heads (the reference's
-    ``GeneralizedRCNN.forward``) are later work.
+    ``GeneralizedRCNN.forward``) are :class:`benchmarks.maskrcnn.detector.Detector`'s.
 
     ``width`` is the ResNet's base width, ``fpn_channels`` the FPN's and the RPN head's,
     ``box_head_dim`` the width of fc6 and fc7, ``mask_head_dim`` that of the mask head's four

@@ -38,8 +38,7 @@ from common.workload import (
     maybe_compile,
 )
 
-FIXTURE_MARKER = "FIXTURE_COMPLETE"
-COCO_TRAIN_IMAGES, COCO_EVAL_IMAGES = 117_266, 5_000
+COCO_TRAIN_IMAGES, COCO_EVAL_IMAGES = coco.COCO_TRAIN_IMAGES, coco.COCO_EVAL_IMAGES
 BASE_BATCH = 32   # the reference's LR is --lr x global batch / 32
 
 
@@ -161,13 +160,7 @@ class SSDWorkload(Workload):
     def dataset(self) -> str:
         if self.synthetic:
             return "synthetic (random device-resident tensors)"
-        n_train, n_val = len(self.train_split), len(self.val_split)
-        if (self.args.data_dir / FIXTURE_MARKER).is_file():
-            return (f"fixture: synthetic COCO-format images from benchmarks.coco.fixture, not "
-                    f"COCO ({n_train} train / {n_val} eval images)")
-        if (n_train, n_val) == (COCO_TRAIN_IMAGES, COCO_EVAL_IMAGES):
-            return "coco 2017"
-        return f"COCO-format folder {self.args.data_dir} ({n_train} train / {n_val} eval images)"
+        return coco.describe(self.args.data_dir, len(self.train_split), len(self.val_split))
 
     @property
     def global_batch_size(self) -> int:

@@ -1,5 +1,5 @@
 """common.dist on two gloo processes: DDP averages gradients across ranks; variable-size
-results gather on rank 0."""
+results (tensors or picklable objects) gather on rank 0."""
 
 import os
 import socket
@@ -73,7 +73,7 @@ def _gather_worker(rank, world, port, out):
         rows = _detections(rank, counts[rank])
         results.append((dist.gather_row_dict(rows),
                         dist.gather_rows(rows["boxes"][:, 1:3])))   # a strided view
-    out[rank] = results
+    out[rank] = results, dist.gather_objects([{"image": rank, "rle": "x" * rank}] * rank)
     dist.shutdown()
 
 
@@ -82,8 +82,9 @@ def test_variable_rows_gather_on_rank_0_over_two_gloo_processes():
     with mp.Manager() as manager:
         out = manager.dict()
         mp.spawn(_gather_worker, args=(world, _free_port(), out), nprocs=world, join=True)
-        results = dict(out)
+        results, objects = zip(*(out[rank] for rank in range(world)))
     assert results[1] == [(None, None)] * len(COUNTS)
+    assert objects == ([[], [{"image": 1, "rle": "x"}]], None)    # picklable objects too
     for counts, (rows, boxes) in zip(COUNTS, results[0]):
         parts = [_detections(rank, n) for rank, n in enumerate(counts)]
         for key, want in parts[0].items():
@@ -97,6 +98,7 @@ def test_gather_on_one_process_returns_the_input():
     t = torch.ones(2, 4)
     rows = {"boxes": t}
     assert dist.gather_rows(t) is t and dist.gather_row_dict(rows) is rows
+    assert dist.gather_objects(rows) == [rows]
 
 
 def test_slurm_hostlist_first_host():

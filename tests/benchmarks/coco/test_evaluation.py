@@ -92,3 +92,14 @@ def test_score_runs_in_a_spawned_process(val):
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         remote = pool.apply(score, (request,))
     assert remote == score(request)
+
+
+def test_inclusive_boxes_are_one_pixel_wider(val):
+    """Mask R-CNN's boxes end on their last pixel (w = x2 - x1 + 1): its ground truth scores 1
+    with ``inclusive_boxes``, SSD's convention stays the default."""
+    inclusive = [Detections(r.image_id, r.boxes - np.float32([0, 0, 1, 1]), np.ones(len(r.labels)),
+                            r.labels) for r in val]
+    request = ScoreRequest(str(val.annotation_file), inclusive, inclusive_boxes=True)
+    assert score(request)["bbox_map"] == pytest.approx(1.0, abs=1e-6)
+    default = ScoreRequest(str(val.annotation_file), inclusive)
+    assert score(default)["bbox_map"] < 0.99

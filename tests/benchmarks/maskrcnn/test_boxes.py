@@ -65,6 +65,12 @@ def test_encode_decode_round_trip(weights):
                                targets)
 
 
+def test_decode_of_no_boxes():
+    """An image left without proposals decodes to no boxes of any class."""
+    decoded = BoxCoder(ROI_BOX_WEIGHTS).decode(torch.zeros(0, 4 * 81), torch.zeros(0, 4))
+    assert decoded.shape == (0, 4 * 81)
+
+
 def test_decode_per_class_codes_and_clip():
     coder = BoxCoder(RPN_BOX_WEIGHTS)
     boxes = torch.tensor([[0.0, 0.0, 15.0, 7.0], [4.0, 4.0, 5.0, 9.0]])

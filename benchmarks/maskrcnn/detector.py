@@ -1,0 +1,107 @@
+"""The forward of the MLPerf Training 1.1 Mask R-CNN that connects its pieces (mlcommons/training
+v1.1 ``object_detection/pytorch/maskrcnn_benchmark/modeling``: ``detector/generalized_rcnn.py``,
+``rpn/rpn.py``, ``roi_heads/{roi_heads,box_head/box_head,mask_head/mask_head}.py``).
+
+Training (:meth:`Detector.forward` on a :class:`benchmarks.maskrcnn.data.TrainBatch`): backbone
+and FPN, the RPN head and its loss on the anchors, proposals (the ground truth appended), RoI
+sampling, the box head's loss on the sampled RoIs and the mask head's on their positives. It
+returns the five losses the reference sums: ``loss_objectness``, ``loss_rpn_box_reg``,
+``loss_classifier``, ``loss_box_reg``, ``loss_mask``.
+
+Evaluation (on an :class:`benchmarks.maskrcnn.data.EvalBatch`): test proposals, the box head
+and its post-processing, then the mask head on the detected boxes (``MaskRCNNFPNFeatureExtractor``
+pools the detections in test, as there), masks pasted into each image at its original size;
+one :class:`benchmarks.maskrcnn.roi_heads.ImageDetections` per image, boxes in original pixels.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from benchmarks.maskrcnn.anchors import fpn_anchors
+from benchmarks.maskrcnn.model import MaskRCNN
+from benchmarks.maskrcnn.roi_align import rois_from_boxes
+from benchmarks.maskrcnn.roi_heads import (
+    DETECTIONS_PER_IMG,
+    ImageDetections,
+    RoISampler,
+    box_loss,
+    mask_loss,
+    mask_targets,
+    postprocess_boxes,
+    postprocess_masks,
+)
+from benchmarks.maskrcnn.rpn import RPN
+
+LOSSES = ("loss_objectness", "loss_rpn_box_reg", "loss_classifier", "loss_box_reg", "loss_mask")
+
+
+def ground_truth(boxes: torch.Tensor, labels: torch.Tensor, masks: torch.Tensor
+                 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """A padded batch's targets per image: boxes [G_i, 4], labels [G_i] and masks
+    [G_i, H, W] (``TrainBatch``: label 0 is padding, the masks follow the real boxes)."""
+    valid = labels > 0
+    counts = valid.sum(dim=1).tolist()
+    return (list(boxes[valid].split(counts)), list(labels[valid].split(counts)),
+            list(masks.split(counts)))
+
+
+class Detector(nn.Module):
+    """``GeneralizedRCNN``: the networks (:class:`MaskRCNN`), the RPN's proposal selection and
+    loss (:class:`RPN`) and the RoI sampler, with the reference's test settings."""
+
+    def __init__(self, net: MaskRCNN, rpn: RPN, sampler: RoISampler,
+                 detections_per_image: int = DETECTIONS_PER_IMG):
+        super().__init__()
+        self.net, self.rpn, self.sampler = net, rpn, sampler
+        self.detections_per_image = detections_per_image
+        self._anchors: dict = {}
+
+    def anchors(self, levels: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The FPN anchors of these feature maps, made once per padded batch shape."""
+        key = (levels[0].device, *(tuple(x.shape[-2:]) for x in levels))
+        if key not in self._anchors:
+            self._anchors[key] = fpn_anchors([tuple(x.shape[-2:]) for x in levels],
+                                             levels[0].device)
+        return self._anchors[key]
+
+    def forward(self, images: torch.Tensor, image_sizes: torch.Tensor, *targets: torch.Tensor):
+        """Training: ``(images, image_sizes, boxes, labels, masks)`` of a ``TrainBatch`` ->
+        the losses (dict of float32 scalars). Evaluation: ``(images, image_sizes,
+        original_sizes)`` -> one ``ImageDetections`` per image, masks pasted."""
+        sizes = [tuple(s) for s in image_sizes.tolist()]
+        levels = self.net.features(images)
+        objectness, deltas = self.net.rpn(levels)
+        anchors = self.anchors(levels)
+        if not self.training:
+            proposals = self.rpn.proposals(objectness, deltas, anchors, sizes)
+            return self._detect(levels, proposals, sizes, targets[0])
+        gt_boxes, gt_labels, gt_masks = ground_truth(*targets)
+        loss_objectness, loss_rpn_box_reg = self.rpn.loss(objectness, deltas, anchors, sizes,
+                                                          gt_boxes)
+        proposals = self.rpn.proposals(objectness, deltas, anchors, sizes, gt_boxes)
+        samples = self.sampler(proposals, gt_boxes, gt_labels)
+        scores, box_deltas = self.net.box_predictor(
+            self.net.box_features(levels, rois_from_boxes(samples.proposals)))
+        loss_classifier, loss_box_reg = box_loss(scores, box_deltas, torch.cat(samples.labels),
+                                                 torch.cat(samples.regression_targets))
+        boxes, labels, matched = samples.positives()
+        mask_logits = self.net.mask_predictor(
+            self.net.mask_features(levels, rois_from_boxes(boxes)))
+        loss_mask = mask_loss(mask_logits, torch.cat(labels),
+                              mask_targets(boxes, matched, gt_masks, mask_logits.shape[-1]))
+        return dict(zip(LOSSES, (loss_objectness, loss_rpn_box_reg, loss_classifier,
+                                 loss_box_reg, loss_mask)))
+
+    def _detect(self, levels: list[torch.Tensor], proposals: list[torch.Tensor],
+                sizes: list[tuple[int, int]], original_sizes: torch.Tensor
+                ) -> list[ImageDetections]:
+        scores, box_deltas = self.net.box_predictor(
+            self.net.box_features(levels, rois_from_boxes(proposals)))
+        detections = postprocess_boxes(scores, box_deltas, proposals, sizes,
+                                       detections_per_image=self.detections_per_image)
+        mask_logits = self.net.mask_predictor(
+            self.net.mask_features(levels, rois_from_boxes([d.boxes for d in detections])))
+        return postprocess_masks(mask_logits, detections, sizes,
+                                 [tuple(s) for s in original_sizes.tolist()])

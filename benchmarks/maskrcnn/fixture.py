@@ -1,0 +1,12 @@
+"""The Mask R-CNN fixture: the shared COCO-format fixture (``benchmarks.coco.fixture``), whose
+polygons are the instance masks.
+
+    python -m benchmarks.maskrcnn.fixture OUTDIR [--train N --val M --image-size S --classes K]
+"""
+
+import sys
+
+from benchmarks.coco.fixture import main
+
+if __name__ == "__main__":
+    sys.exit(main())

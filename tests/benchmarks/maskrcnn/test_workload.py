@@ -1,0 +1,88 @@
+"""The Mask R-CNN workload: the reference's LR schedule and optimizer groups, a training step
+that learns, a picklable scorer of both targets, and one-line errors for bad checkpoints."""
+
+import bisect
+import pickle
+
+import pytest
+import torch
+
+from benchmarks.maskrcnn.model import MaskRCNN
+from benchmarks.maskrcnn.workload import MaskRCNNWorkload, _load_backbone, lr_at, score
+from common.dist import DistEnv
+from common.errors import UserError
+from common.precision import Precision
+from common.training import build_parser
+
+TINY = ["--synthetic-data", "--device", "cpu", "--precision", "fp32", "--width", "4",
+        "--fpn-channels", "8", "--box-head-dim", "16", "--mask-head-dim", "8",
+        "--min-size", "64", "--max-size", "64", "--batch-size", "2",
+        "--rpn-pre-nms-top-n-train", "50", "--rpn-post-nms-top-n-train", "50",
+        "--rpn-fpn-post-nms-top-n-train", "1000", "--rpn-batch-size-per-image", "32",
+        "--roi-batch-size-per-image", "32", "--lr", "0.02", "--warmup-steps", "2"]
+
+
+def build(argv):
+    torch.manual_seed(0)
+    args = build_parser(MaskRCNNWorkload).parse_args(argv)
+    wl = MaskRCNNWorkload(args, DistEnv(), Precision("fp32", "cpu"))
+    wl.build()
+    return wl
+
+
+def reference_lr(it, base, warmup_iters, warmup_factor, milestones):
+    """``WarmupMultiStepLR.get_lr`` (linear warm-up, gamma 0.1) at iteration ``it``."""
+    factor = 1.0
+    if it < warmup_iters:
+        alpha = it / warmup_iters
+        factor = warmup_factor * (1 - alpha) + alpha
+    return base * factor * 0.1 ** bisect.bisect_right(milestones, it)
+
+
+def test_lr_is_the_references_warmup_multistep():
+    for it in [0, 1, 249, 250, 499, 500, 501, 59999, 60000, 79999, 80000, 90000]:
+        got = lr_at(torch.tensor(float(it)), 0.12, 500, 1 / 3, [60000, 80000]).item()
+        assert got == pytest.approx(reference_lr(it, 0.12, 500, 1 / 3, [60000, 80000]),
+                                    rel=1e-5), it
+
+
+def test_biases_train_at_twice_the_lr_without_weight_decay():
+    wl = build(TINY)
+    weights, biases = wl.optimizer.param_groups
+    names = {id(p): n for n, p in wl.net.named_parameters()}
+    assert all(names[id(p)].endswith("bias") for p in biases["params"])
+    assert biases["weight_decay"] == 0 and weights["weight_decay"] == 1e-4
+    frozen = {id(p) for p in wl.net.backbone.layer1.parameters()}
+    assert not frozen & {id(p) for g in wl.optimizer.param_groups for p in g["params"]}
+    wl.train_step(*wl.synthetic_batch(2))
+    assert biases["lr"].item() == pytest.approx(2 * weights["lr"].item())
+
+
+def test_training_steps_reduce_the_loss_on_a_batch():
+    wl = build(TINY)
+    batch = wl.synthetic_batch(2)
+    losses = [wl.train_step(*batch).item() for _ in range(8)]
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_score_names_both_targets_and_pickles_for_background_scoring():
+    assert pickle.loads(pickle.dumps(MaskRCNNWorkload.scorer)) is score
+    assert {t.metric for t in MaskRCNNWorkload.targets} == {"BBOX", "SEGM"}
+    wl = MaskRCNNWorkload.__new__(MaskRCNNWorkload)
+    metrics = {"BBOX": 0.4, "SEGM": 0.35}
+    assert wl.eval_accuracy(metrics) == metrics and wl.has_reached_target(metrics)
+    assert not wl.has_reached_target({"BBOX": 0.5, "SEGM": 0.3})
+
+
+@pytest.mark.parametrize("content", [b"not a checkpoint", {"weights": [1, 2]},
+                                     {"conv.weight": torch.zeros(1)}])
+def test_a_bad_backbone_checkpoint_is_one_line(tmp_path, content):
+    path = tmp_path / "weights.pt"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        torch.save(content, path)
+    with pytest.raises(UserError, match="resnet50") as e:
+        _load_backbone(MaskRCNN(num_classes=4, width=4, fpn_channels=8, box_head_dim=16,
+                                mask_head_dim=8), path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
