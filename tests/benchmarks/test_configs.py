@@ -11,7 +11,8 @@ from common.training import build_parser
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted(REPO.glob("benchmarks/*/config_*.sh"))
 # the variables configs require (${VAR:?...}) stand for real paths on a GPU machine
-ENV = {"INIT_CHECKPOINT": "/ckpt/model.ckpt-28252.pt", "PATH": "/usr/bin:/bin"}
+ENV = {"INIT_CHECKPOINT": "/ckpt/model.ckpt-28252.pt", "BACKBONE_CHECKPOINT": "/ckpt/resnet50.pt",
+       "PATH": "/usr/bin:/bin"}
 
 
 def config_args(path: Path) -> tuple[int, list[str]]:

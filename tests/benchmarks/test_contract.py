@@ -29,12 +29,15 @@ from common.training import build_parser, log_workload, warm_up
 from compliance.logs import read_events
 
 REPO = Path(__file__).resolve().parents[2]
-WORKLOADS = ["resnet", "bert", "dlrm", "unet3d", "ssd"]
+WORKLOADS = ["resnet", "bert", "dlrm", "unet3d", "ssd", "maskrcnn", "rnnt"]
 # smaller steps than the tiny config's where the full model on the CPU takes long
 FASTER = {"resnet": ["--image-size", "32", "--batch-size", "8", "--eval-batch-size", "50",
                      "--workers", "0"],
           "unet3d": ["--overlap", "0"],
-          "ssd": ["--width", "8", "--workers", "0"]}
+          "ssd": ["--width", "8", "--workers", "0"],
+          "maskrcnn": ["--width", "4", "--workers", "0"],
+          # an untrained transducer emits labels until the limit: a short one
+          "rnnt": ["--max-symbols", "20"]}
 RULES = Path(compliance_checker.__file__).parent / "training_1.1.0"
 # keys the driver logs around the workload's own (submission, seed, init/run events)
 DRIVER_KEYS = {"submission_org", "submission_platform", "submission_division",

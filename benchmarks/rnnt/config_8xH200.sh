@@ -1,0 +1,16 @@
+# RNN-T on 8 H200s: NVIDIA's v1.1 DGX A100 8-GPU setting, 8 x 256 = global batch 2048 with
+# the hyper-parameters of the 1.1.0 reference convergence point "rnn_t_ref_2k": LAMB LR
+# 7e-3 (betas 0.9/0.999, epsilon 1e-9, weight decay 1e-3, clipping at norm 1), 6 warm-up
+# epochs, 33 held, then x0.939 per epoch down to 1e-5, a moving average of 0.995,
+# initialisation scale 0.5, 1023 pieces. Needs DATADIR with the manifests and the
+# SentencePiece model of prepare_data. Not yet run: no machine of several GPUs was lent.
+NPROC=8
+PRECISION=${PRECISION:-amp-bf16}
+TRAIN_ARGS=(
+    --precision "$PRECISION" --workers 12 --vocab-size 1023
+    --batch-size 256 --grad-accum 1 --eval-batch-size 256
+    --lr 7e-3 --warmup-epochs 6 --hold-epochs 33 --lr-exp-gamma 0.939 --min-lr 1e-5
+    --beta1 0.9 --beta2 0.999 --epsilon 1e-9 --weight-decay 1e-3 --clip-norm 1
+    --ema 0.995 --weights-init-scale 0.5 --num-buckets 6 --max-duration 16.7
+    --joint packed --epochs 100
+)

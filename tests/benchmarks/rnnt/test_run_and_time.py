@@ -1,0 +1,23 @@
+"""The RNN-T entry point end to end on the CPU fixture."""
+
+import pytest
+
+from compliance.check import check_log
+from compliance.logs import summarize
+from tests.compliance import e2e_logs
+from tests.entry_points import run_script
+
+
+@pytest.mark.slow
+def test_tiny_config_reaches_target_and_passes_compliance(tmp_path):
+    proc = run_script("rnnt", {"CONFIG": "cpu_tiny", "LOGDIR": str(tmp_path), "SEED": "100"},
+                      timeout=900)
+    log = tmp_path / "result_0.txt"
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert check_log(log).compliant and "compliance PASS" in proc.stdout
+    summary = summarize(log)
+    assert summary.status == "success" and 0 < summary.last_quality <= 0.058
+    assert summary.dataset.startswith("fixture")
+    result = [line for line in proc.stdout.splitlines() if line.startswith("RESULT,")]
+    assert len(result) == 1 and result[0].split(",")[1:3] == ["rnnt", "100"]
+    e2e_logs.keep("rnnt", log)

@@ -1,0 +1,113 @@
+"""The RNN-T workload: the reference's LR rule, a step that learns, the moving average that
+evaluation decodes, WER over all words, and one-line errors for bad flags."""
+
+import pytest
+import torch
+
+from benchmarks.rnnt import workload as rnnt_workload
+from benchmarks.rnnt.workload import RNNTWorkload, lr_at
+from common.dist import DistEnv
+from common.errors import UserError
+from common.precision import Precision
+from common.training import build_parser
+from tests.entry_points import error_lines, run_program
+
+TINY = ["--device", "cpu", "--precision", "fp32", "--workers", "0", "--seed", "3",
+        "--train-splits", "train-clean-100", "--vocab-size", "40", "--enc-hidden", "32",
+        "--enc-pre-rnn-layers", "1", "--enc-post-rnn-layers", "1", "--pred-hidden", "16",
+        "--pred-rnn-layers", "1", "--joint-hidden", "32", "--batch-size", "8",
+        "--grad-accum", "2", "--eval-batch-size", "16", "--ema", "0.9"]
+
+
+def build(data_dir, *flags):
+    torch.manual_seed(0)
+    args = build_parser(RNNTWorkload).parse_args([*TINY, "--data-dir", str(data_dir), *flags])
+    wl = RNNTWorkload(args, DistEnv(), Precision("fp32", "cpu"))
+    wl.build()
+    return wl
+
+
+def reference_lr(step, epoch, lr, spe, warmup_epochs, hold_epochs, gamma, min_lr):
+    """rnn_speech_recognition's lr_policy(policy='exponential'), steps counted from 1."""
+    warmup, hold = warmup_epochs * spe, hold_epochs * spe
+    if step < warmup:
+        a = (step + 1) / (warmup + 1)
+    elif step < warmup + hold:
+        a = 1.0
+    else:
+        a = gamma ** (epoch - warmup_epochs - hold_epochs)
+    return max(a * lr, min_lr)
+
+
+def test_lr_is_the_references_warmup_hold_and_exponential_decay():
+    spe = 7
+    for step in range(0, 200, 3):
+        got = lr_at(torch.tensor(float(step)), spe, 4e-3, 6, 4, 0.935, 1e-5).item()
+        want = reference_lr(step + 1, step // spe + 1, 4e-3, spe, 6, 4, 0.935, 1e-5)
+        assert got == pytest.approx(want, rel=1e-5), step
+    assert lr_at(torch.tensor(1e5), spe, 4e-3, 6, 4, 0.5, 1e-5).item() == pytest.approx(1e-5)
+
+
+def _clean_loss(wl, batch) -> float:
+    """The training loss of ``batch`` without augmentation or dropout."""
+    audio, audio_lens, labels, label_lens = batch
+    wl.net.eval()
+    with torch.no_grad():
+        feats, feat_lens = wl.features(audio, audio_lens)
+        loss = wl.model(feats, feat_lens, labels, label_lens)
+    wl.net.train()
+    return float(loss)
+
+
+def test_steps_reduce_the_loss_and_the_average_follows_the_weights(speech_fixture):
+    wl = build(speech_fixture, "--lr", "0.02", "--warmup-epochs", "0")
+    batch = next(iter(wl.epoch_batches(1)))
+    before = _clean_loss(wl, batch)
+    for _ in range(4):
+        ema = [p.clone() for p in wl.ema_params]
+        assert torch.isfinite(wl.train_step(*batch))
+        for avg, old, w in zip(wl.ema_params, ema, wl.params):
+            torch.testing.assert_close(avg, 0.9 * old + 0.1 * w)
+    assert _clean_loss(wl, batch) < before
+    assert int(wl.step_count) == 4 and not torch.equal(wl.ema_params[0], wl.params[0])
+
+
+def test_evaluation_decodes_with_the_average_and_counts_every_word(speech_fixture,
+                                                                   monkeypatch):
+    wl = build(speech_fixture)
+    wl.train_step(*next(iter(wl.epoch_batches(1))))
+    seen = []
+
+    def decode_nothing(model, feats, feat_lens, blank, max_symbols):
+        seen.append((model, len(feats), max_symbols))
+        return [[] for _ in range(len(feats))]
+
+    monkeypatch.setattr(rnnt_workload, "greedy_decode", decode_nothing)
+    assert wl.evaluate() == {"wer": 1.0}    # every reference word deleted
+    assert all(m is wl.ema_model for m, _, _ in seen) and sum(n for _, n, _ in seen) == 40
+    assert {s for _, _, s in seen} == {300}
+    monkeypatch.undo()
+    first, again = wl.evaluate(), wl.evaluate()
+    assert first == again and isinstance(first["wer"], float)   # dither seeded per evaluation
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--batch-size", "6", "--grad-accum", "4"], "not divisible by --grad-accum"),
+    (["--loss", "torchaudio"], "add --joint padded"),
+    (["--ema", "1.0"], "--ema must be in [0, 1)"),
+    (["--clip-norm", "inf"], "--clip-norm must be a positive finite norm"),
+    (["--eval-every", "0"], "--eval-every must be 1 or more"),
+    (["--precision", "amp-fp16"], "use --precision amp-bf16"),
+])
+def test_bad_flags_are_one_line_errors(speech_fixture, flags, message):
+    with pytest.raises(UserError, match=message.replace("[", r"\[").replace(")", r"\)")) as e:
+        build(speech_fixture, *flags)
+    assert "\n" not in str(e.value)
+
+
+def test_a_missing_tokenizer_names_the_file_and_the_fix(speech_fixture, tmp_path):
+    proc = run_program("rnnt", *TINY[4:], "--vocab-size", "41", "--data-dir",
+                       str(speech_fixture), "--log-file", str(tmp_path / "log.txt"))
+    lines = error_lines(proc)
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "librispeech41.model" in lines[0] and "prepare_data" in lines[0]
