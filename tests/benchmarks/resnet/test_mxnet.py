@@ -17,8 +17,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks.resnet.model import ResNet50, mllog_tensor_name
 from benchmarks.resnet.throughput import MXNET
-from benchmarks.resnet.workload import _train_flops_per_image
 from common.bench.__main__ import parser, plan
+from common.throughput import meta_train_flops
 
 REPO = Path(__file__).resolve().parents[3]
 IMAGE = 32
@@ -99,7 +99,7 @@ def test_gluon_flops_equal_torch_counter(gluon):
     with FlopCounterMode(display=False) as counter:
         model(x)
     assert gluon["flops"]["infer"] == counter.get_total_flops() / 2
-    assert gluon["flops"]["train"] == _train_flops_per_image(IMAGE)
+    assert gluon["flops"]["train"] == meta_train_flops(lambda: ResNet50(1000), (3, IMAGE, IMAGE))
 
 
 def _plan(monkeypatch, argv, device="cpu", python=sys.executable):
