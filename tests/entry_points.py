@@ -1,6 +1,7 @@
 """Running a benchmark's entry points as a user does, for the end-to-end tests."""
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +14,17 @@ def run_script(benchmark: str, env_extra: dict, timeout: int = 900) -> subproces
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     env.update(env_extra)
-    return subprocess.run(["bash", str(REPO / f"benchmarks/{benchmark}/run_and_time.sh")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    # its own process group, so that a timeout stops the training process too, not only bash
+    with subprocess.Popen(["bash", str(REPO / f"benchmarks/{benchmark}/run_and_time.sh")],
+                          cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
 def run_program(benchmark: str, *flags: str, timeout: int = 600) -> subprocess.CompletedProcess:
