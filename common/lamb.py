@@ -17,6 +17,7 @@ capturable.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,10 @@ class LambHyper:
 
 
 def _clip_coef(sq_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """The factor that clips gradients of squared global norm ``sq_norm`` to ``max_norm``;
+    1 for ``max_norm`` inf (no clipping)."""
+    if math.isinf(max_norm):
+        return torch.ones_like(sq_norm)
     return max_norm / sq_norm.sqrt().clamp(min=max_norm)
 
 

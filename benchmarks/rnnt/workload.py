@@ -124,7 +124,8 @@ class RNNTWorkload(Workload):
         p.add_argument("--epsilon", type=float, default=1e-9)
         p.add_argument("--weight-decay", type=float, default=1e-3)
         p.add_argument("--clip-norm", type=float, default=1.0,
-                       help="global gradient norm clipping inside LAMB")
+                       help="global gradient norm clipping inside LAMB (inf: none, as the RCP of "
+                            "global batch 1024)")
         p.add_argument("--ema", type=float, default=0.999,
                        help="decay of the moving average of the weights that evaluation uses")
         p.add_argument("--weights-init-scale", type=float, default=WEIGHTS_INIT_SCALE,
@@ -165,8 +166,9 @@ class RNNTWorkload(Workload):
                             f"--grad-accum {a.grad_accum}")
         if not 0 <= a.ema < 1:
             raise UserError(f"--ema must be in [0, 1), not {a.ema}")
-        if not 0 < a.clip_norm < math.inf:
-            raise UserError(f"--clip-norm must be a positive finite norm, not {a.clip_norm}")
+        if not a.clip_norm > 0:
+            raise UserError(f"--clip-norm must be a positive norm or inf (no clipping), "
+                            f"not {a.clip_norm}")
         if a.min_lr < 0 or a.lr <= 0 or a.warmup_epochs < 0 or a.hold_epochs < 0:
             raise UserError("--lr must be positive; --min-lr, --warmup-epochs and "
                             "--hold-epochs 0 or more")

@@ -78,6 +78,26 @@ def test_flat_lamb_matches_reference_on_one_process():
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
 
 
+def test_an_infinite_clip_norm_does_not_clip():
+    """``max_grad_norm`` inf (RNN-T's RCP at global batch 1024: no clipping) steps as an
+    unreachably large norm does, and finitely."""
+    results = []
+    for max_norm in (float("inf"), 1e30):
+        model = _model()
+        params = list(model.parameters())
+        h = LambHyper(beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.01,
+                      max_grad_norm=max_norm)
+        opt = Lamb(params, _decay(model), h)
+        for step in range(STEPS):
+            for p, g in zip(params, _grads(step, 0, 1)):
+                p.grad = g * 100
+            opt.step(torch.tensor(0.05))
+        results.append([p.detach().clone() for p in params])
+    for a, b in zip(*results):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
 def test_trust_ratio_and_clipping_matter():
     """A weight-decayed tensor moves by lr * |w| per step (LAMB's ratio), not by lr * |u|."""
     model = _model()

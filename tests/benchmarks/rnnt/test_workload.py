@@ -95,7 +95,8 @@ def test_evaluation_decodes_with_the_average_and_counts_every_word(speech_fixtur
     (["--batch-size", "6", "--grad-accum", "4"], "not divisible by --grad-accum"),
     (["--loss", "torchaudio"], "add --joint padded"),
     (["--ema", "1.0"], "--ema must be in [0, 1)"),
-    (["--clip-norm", "inf"], "--clip-norm must be a positive finite norm"),
+    (["--clip-norm", "0"], "--clip-norm must be a positive norm or inf"),
+    (["--clip-norm", "nan"], "--clip-norm must be a positive norm or inf"),
     (["--eval-every", "0"], "--eval-every must be 1 or more"),
     (["--precision", "amp-fp16"], "use --precision amp-bf16"),
 ])
