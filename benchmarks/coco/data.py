@@ -38,6 +38,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -331,3 +332,17 @@ def decode_image(path, size: tuple[int, int] | None = None) -> np.ndarray:
 def decode_image_chw(path, size: tuple[int, int] | None = None) -> torch.Tensor:
     """``decode_image`` as a uint8 [3, H, W] tensor."""
     return torch.from_numpy(decode_image(path, size)).permute(2, 0, 1).contiguous()
+
+
+@dataclass
+class Epoch:
+    """One pass of a loader (anything with ``batches(epoch)`` and ``iterate(epoch)``): sized
+    and iterable. SSD's and Mask R-CNN's loaders return it from ``epoch(e)``."""
+    loader: Any
+    epoch: int
+
+    def __len__(self) -> int:
+        return len(self.loader.batches(self.epoch))
+
+    def __iter__(self):
+        return self.loader.iterate(self.epoch)

@@ -59,7 +59,7 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 
 from benchmarks.coco import data as coco
-from benchmarks.coco.data import CocoSplit, ImageRecord
+from benchmarks.coco.data import CocoSplit, Epoch, ImageRecord
 from benchmarks.maskrcnn.boxes import TO_REMOVE
 from common.errors import UserError
 
@@ -394,19 +394,6 @@ def eval_batches(groups: np.ndarray, batch_size: int, rank: int, world_size: int
     and batched, all kept."""
     return grouped_batches(np.arange(rank, len(groups), world_size), groups, batch_size,
                            drop_last=False)
-
-
-class Epoch:
-    """One pass of a loader: sized and iterable."""
-
-    def __init__(self, loader: Loader, epoch: int):
-        self.loader, self.epoch = loader, epoch
-
-    def __len__(self) -> int:
-        return len(self.loader.batches(self.epoch))
-
-    def __iter__(self):
-        return self.loader.iterate(self.epoch)
 
 
 class Loader:

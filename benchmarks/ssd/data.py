@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.coco.data import CocoSplit, decode_image_chw
+from benchmarks.coco.data import CocoSplit, Epoch, decode_image_chw
 from common.errors import UserError
 
 IMAGE_SIZE = 300
@@ -427,19 +427,6 @@ def eval_batches(n: int, batch_size: int, rank: int, world_size: int) -> list[li
     """This rank's evaluation batches: every ``world_size``-th image from ``rank``, all kept."""
     mine = list(range(rank, n, world_size))
     return [mine[i:i + batch_size] for i in range(0, len(mine), batch_size)]
-
-
-@dataclass
-class Epoch:
-    """One pass of a loader (anything with ``batches(epoch)`` and ``iterate(epoch)``)."""
-    loader: Loader
-    epoch: int
-
-    def __len__(self):
-        return len(self.loader.batches(self.epoch))
-
-    def __iter__(self):
-        return self.loader.iterate(self.epoch)
 
 
 class Loader:
