@@ -139,11 +139,13 @@ def _torchaudio_loss(logits: torch.Tensor, enc_lens: torch.Tensor, labels: torch
     # imported here: torchaudio cannot load on the CPU machines
     import torchaudio.functional
 
-    # torchaudio wants the grid exactly as large as the longest utterance
+    # torchaudio wants the grid exactly as large as the longest utterance, in fp32 or fp16
     T, U = int(enc_lens.max()), int(label_lens.max())
+    logits = logits[:, :T, :U + 1]
+    logits = logits.float() if logits.dtype == torch.bfloat16 else logits.contiguous()
     return torchaudio.functional.rnnt_loss(
-        logits[:, :T, :U + 1].contiguous(), labels[:, :U].int().contiguous(), enc_lens.int(),
-        label_lens.int(), blank=blank, reduction="none")
+        logits, labels[:, :U].int().contiguous(), enc_lens.int(), label_lens.int(),
+        blank=blank, reduction="none")
 
 
 def transducer_loss(logits: torch.Tensor, enc_lens: torch.Tensor, labels: torch.Tensor,

@@ -315,7 +315,8 @@ class RNNTWorkload(Workload):
                 loss.backward()
             total += loss.detach()
         self.optimizer.step(self.lr)
-        torch._foreach_lerp_(self.ema_params, self.params, 1.0 - a.ema)
+        with torch.no_grad():
+            torch._foreach_lerp_(self.ema_params, self.params, 1.0 - a.ema)
         self.step_count += 1
         return total
 

@@ -168,4 +168,4 @@ def test_torchaudio_matches_reference_on_gpu():
         results.append((loss, grad))
     (ref_loss, ref_grad), (ta_loss, ta_grad) = results
     torch.testing.assert_close(ta_loss, ref_loss, rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(ta_grad, ref_grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(ta_grad, ref_grad, rtol=1e-3, atol=2e-4)

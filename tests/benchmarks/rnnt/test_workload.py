@@ -70,6 +70,7 @@ def test_steps_reduce_the_loss_and_the_average_follows_the_weights(speech_fixtur
             torch.testing.assert_close(avg, 0.9 * old + 0.1 * w)
     assert _clean_loss(wl, batch) < before
     assert int(wl.step_count) == 4 and not torch.equal(wl.ema_params[0], wl.params[0])
+    assert all(avg.grad_fn is None and not avg.requires_grad for avg in wl.ema_params)
 
 
 def test_evaluation_decodes_with_the_average_and_counts_every_word(speech_fixture,

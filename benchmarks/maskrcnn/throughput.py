@@ -1,0 +1,153 @@
+"""Mask R-CNN training throughput at 800 x 1333 on device-resident batches: ours against
+torchvision's Mask R-CNN as a user would train it.
+
+    python -m benchmarks.maskrcnn.throughput --batch-size 8 --precision amp-bf16 \
+        --variants ours,ours-topk4,torchvision-eager,torchvision-compile
+
+``ours`` is the workload's real training step (R50-FPN, the reference's RPN, RoI sampling and
+losses, momentum SGD with the reference's parameter groups), eager: its capture policy is
+"never", as proposals and sampled RoIs depend on the data; ``ours-topk4`` selects the RPN's
+pre-NMS candidates in NVIDIA's two stages over 4 chunks (``--topk-chunks 4``);
+``ours-per-image`` keeps 2000 proposals per image over the levels, as NVIDIA and torchvision
+do, instead of the reference's 2000 per batch (``--fpn-post-nms-per-image``).
+The baselines are torchvision's ``MaskRCNN`` on a ResNet-50 FPN, trained as torchvision's
+detection reference trains it: momentum SGD (weight decay 1e-4 on every trained weight),
+autocast, a ``GradScaler`` in amp-fp16; eager (``torchvision-eager``) or ``torch.compile``-d
+(``torchvision-compile``; when compilation fails, the tool says why and goes on). Its backbone
+is built as ``maskrcnn_resnet50_fpn`` builds it for a pretrained backbone (frozen batch norm,
+stem and layer1 frozen, as ours), which is how torchvision's reference trains it: without
+weights, that builder would train batch norm and every layer. Every variant gets the same
+images (at the training size of a 640 x 480 image, which torchvision's own resize keeps) and
+the same boxes, labels and masks; ``--profile`` adds kernel time by family.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+
+import torch
+
+from benchmarks.maskrcnn import data
+from benchmarks.maskrcnn.boxes import TO_REMOVE
+from benchmarks.maskrcnn.detector import ground_truth
+from benchmarks.maskrcnn.model import NUM_CLASSES
+from benchmarks.maskrcnn.topk import SPLIT_TOPK_CHUNKS
+from benchmarks.maskrcnn.workload import MaskRCNNWorkload
+from common.dist import DistEnv
+from common.kernel_profile import kernel_breakdown
+from common.precision import Precision
+from common.throughput import gpu_variants, time_steps, tool_parser
+from common.training import build_parser
+
+# variant -> workload flags of the workload's step
+OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
+        "ours-per-image": ("--fpn-post-nms-per-image",)}
+# variant -> whether torchvision's model runs through torch.compile
+TORCHVISION = {"torchvision-eager": False, "torchvision-compile": True}
+VARIANTS = (*OURS, *TORCHVISION)
+LR = 0.02 / 3       # ours' first warm-up LR (base 0.02, factor 1/3): throughput only
+
+
+def ours(variant: str, batch_size: int, precision: Precision, device):
+    args = MaskRCNNWorkload.parse_bench_args(
+        build_parser(MaskRCNNWorkload),
+        ["--precision", precision.name, "--seed", "0", *OURS[variant]], "synthetic", batch_size)
+    wl = MaskRCNNWorkload(args, DistEnv(device=device), precision)
+    wl.build()
+    return wl.train_step, wl.synthetic_batch(batch_size)
+
+
+def torchvision_inputs(batch: data.TrainBatch) -> tuple[list[torch.Tensor], list[dict]]:
+    """The batch as torchvision's detection models take it: each image at its own size, with
+    its boxes (ends exclusive, torchvision's convention: x2 and y2 one further), labels and
+    masks at that size."""
+    boxes, labels, masks = ground_truth(batch.boxes, batch.labels, batch.masks)
+    images, targets = [], []
+    for image, (h, w), b, lab, m in zip(batch.images, batch.image_sizes.tolist(), boxes,
+                                        labels, masks):
+        images.append(image[:, :h, :w].contiguous())
+        targets.append({"boxes": b + b.new_tensor([0, 0, TO_REMOVE, TO_REMOVE]),
+                        "labels": lab, "masks": m[:, :h, :w].contiguous()})
+    return images, targets
+
+
+def torchvision_step(batch: data.TrainBatch, precision: Precision, device, compiled: bool):
+    """torchvision's Mask R-CNN R50-FPN trained as its detection reference does it."""
+    import torchvision  # GPU machines only: the CPU wheels cannot load it
+    from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+
+    backbone = resnet_fpn_backbone(backbone_name="resnet50", weights=None, trainable_layers=3)
+    model = torchvision.models.detection.MaskRCNN(backbone, num_classes=NUM_CLASSES)
+    model.to(device).train()
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=LR,
+                          momentum=0.9, weight_decay=1e-4)
+    scaler = precision.grad_scaler()
+    fwd = torch.compile(model) if compiled else model
+    images, targets = torchvision_inputs(batch)     # once: torchvision's loader yields these
+
+    def step(*_batch):
+        with precision.autocast():
+            losses = fwd(images, targets)
+        loss = sum(losses.values())
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss.detach()
+    return step
+
+
+def main(argv=None) -> int:
+    p = tool_parser("python -m benchmarks.maskrcnn.throughput", __doc__,
+                    "ours,torchvision-eager,torchvision-compile", warmup=5, iters=10)
+    p.add_argument("--batch-size", type=int, default=8)
+    a = p.parse_args(argv)
+    variants = gpu_variants(p, a.variants, VARIANTS)
+    device = torch.device("cuda")
+    # cudnn.benchmark stays off, as in the workload: the RoI heads' batch changes every step
+    precision = Precision(a.precision, "cuda")
+    precision.apply_backend_flags()
+    rows = []
+    for v in variants:
+        if v in OURS:
+            step, batch = ours(v, a.batch_size, precision, device)
+        else:   # the same batch as ours' (the same seed)
+            batch = data.synthetic_batch(a.batch_size, NUM_CLASSES, device=device)
+            step = torchvision_step(batch, precision, device, TORCHVISION[v])
+        try:
+            m = time_steps(v, step, batch, device, a.warmup, a.iters)
+        except Exception as exc:    # a user would fall back to torchvision-eager
+            if v != "torchvision-compile":
+                raise
+            lines = str(exc).strip().splitlines()
+            error = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+            print(f"{v:20s} failed: {error}", flush=True)
+            rows.append({"variant": v, "error": error})
+        else:
+            rows.append({"variant": v, "batch_size": a.batch_size, "precision": a.precision,
+                         "samples_per_second": m.samples_per_second,
+                         "peak_memory_gib": m.peak_memory_bytes / 2**30})
+            print(f"{v:20s} batch {a.batch_size} {a.precision}: "
+                  f"{m.samples_per_second:7.1f} img/s, peak {m.peak_memory_bytes / 2**30:.1f} GiB",
+                  flush=True)
+            if a.profile:
+                print(kernel_breakdown(step, batch), flush=True)
+        del step, batch
+        gc.collect()
+        torch.cuda.empty_cache()
+    base = {r["variant"]: r["samples_per_second"] for r in rows if "error" not in r}
+    for ref in TORCHVISION:
+        if ref in base:
+            for v, ips in base.items():
+                print(f"{v:20s} x{ips / base[ref]:.2f} vs {ref}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "results": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

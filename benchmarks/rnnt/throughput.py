@@ -1,0 +1,227 @@
+"""RNN-T training throughput on device-resident batches: ours against what a user would run.
+
+    python -m benchmarks.rnnt.throughput --batch-size 64 --precision amp-bf16 \
+        --variants ours,ours-padded,plain,plain-compile
+
+``ours`` is the workload's real training step (features on the device with speed perturbation
+and SpecAugment, the MLPerf RNN-T at full size, vocabulary 1023, LAMB, the weights' moving
+average) with the joint and the pure-PyTorch loss over the valid (t, u) pairs only
+(``--joint packed``); ``ours-padded`` is the same step with the joint on the padded
+``[B, T, U+1, V]`` grid and ``torchaudio``'s loss (``--joint padded --loss torchaudio``),
+``ours-padded-reference`` the padded grid with the pure-PyTorch loss. The tool times one
+micro-batch per step (``--grad-accum 1``): the training default splits 128 utterances in 8.
+The baselines: ``plain`` is the same network as a user writes it (``torch.nn.LSTM``s, the joint
+on the whole padded grid, ``torchaudio.functional.rnnt_loss`` on fp32 logits, the same LAMB
+and moving average), fed by the same feature front end; ``plain-compile`` runs its network
+through ``torch.compile`` (the loss outside; when compilation fails, the tool says why and goes
+on). Every variant gets the same batch: noise of one length, so that the encoder has
+``--frames`` steps (60 ms each: 10 ms frames, stacked x3, then x2 in the encoder; speed
+perturbation then varies it by up to 15%), or ``--seconds`` of audio, and ``--label-len``
+labels per utterance. amp-fp16 is refused: the workload runs LAMB without a loss scaler.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from benchmarks.rnnt import features
+from benchmarks.rnnt.model import (
+    ENC_DROPOUT,
+    ENC_HIDDEN,
+    ENC_POST_RNN_LAYERS,
+    ENC_PRE_RNN_LAYERS,
+    ENC_STACK_TIME_FACTOR,
+    IN_FEATS,
+    JOINT_DROPOUT,
+    JOINT_HIDDEN,
+    PRED_DROPOUT,
+    PRED_HIDDEN,
+    PRED_RNN_LAYERS,
+)
+from benchmarks.rnnt.workload import RNNTWorkload
+from common.dist import DistEnv
+from common.kernel_profile import kernel_breakdown
+from common.lamb import Lamb, LambHyper
+from common.precision import Precision
+from common.throughput import gpu_variants, time_steps, tool_parser
+from common.training import build_parser
+
+# variant -> workload flags of the workload's step
+OURS = {"ours": ("--joint", "packed"),
+        "ours-padded": ("--joint", "padded", "--loss", "torchaudio"),
+        "ours-padded-reference": ("--joint", "padded", "--loss", "reference")}
+# variant -> whether the plain network runs through torch.compile
+PLAIN = {"plain": False, "plain-compile": True}
+VARIANTS = (*OURS, *PLAIN)
+VOCAB_SIZE = 1023
+HOP = int(features.SAMPLE_RATE * features.WINDOW_STRIDE)
+FRAMES_PER_STEP = features.SUBSAMPLING * ENC_STACK_TIME_FACTOR   # STFT frames per encoder step
+LAMB_HYPER = LambHyper(0.9, 0.999, 1e-9, 1e-3, 1.0)   # the workload's defaults
+EMA = 0.999
+LR = 4e-3           # the workload's base LR: throughput only
+
+
+def encoder_frames(samples: int) -> int:
+    """Encoder steps of an utterance of ``samples`` without speed perturbation: STFT frames,
+    the front end's subsampling, the encoder's time stacking (each rounded up)."""
+    frames = int(features.frame_lengths(torch.tensor(samples), HOP))
+    return -(-frames // FRAMES_PER_STEP)
+
+
+def samples_for_frames(steps: int) -> int:
+    """Audio samples whose features make ``steps`` encoder steps, in the middle of that range
+    (a few samples lost to silence trimming change nothing)."""
+    frames = FRAMES_PER_STEP * steps - FRAMES_PER_STEP // 2
+    return HOP * (frames - 1) + HOP // 2
+
+
+def synthetic_batch(batch_size: int, samples: int, label_len: int, vocab_size: int, device
+                    ) -> tuple[torch.Tensor, ...]:
+    """``(audio, audio_lens, labels, label_lens)``: noise of ``samples`` per utterance and
+    ``label_len`` random labels, from a fixed generator."""
+    g = torch.Generator().manual_seed(0)
+    audio = 0.1 * torch.randn(batch_size, samples, generator=g)
+    labels = torch.randint(0, vocab_size, (batch_size, label_len), generator=g)
+    audio_lens = torch.full((batch_size,), samples)
+    label_lens = torch.full((batch_size,), label_len)
+    return tuple(t.to(device) for t in (audio, audio_lens, labels, label_lens))
+
+
+class PlainRNNT(nn.Module):
+    """The MLPerf RNN-T's network as a user writes it: ``forward(feats [B, T, in_feats],
+    labels [B, U])`` -> logits ``[B, ceil(T / stack), U+1, vocab_size+1]`` (blank last)."""
+
+    def __init__(self, vocab_size: int, in_feats: int = IN_FEATS, enc_hidden: int = ENC_HIDDEN,
+                 pre_layers: int = ENC_PRE_RNN_LAYERS, post_layers: int = ENC_POST_RNN_LAYERS,
+                 stack: int = ENC_STACK_TIME_FACTOR, pred_hidden: int = PRED_HIDDEN,
+                 pred_layers: int = PRED_RNN_LAYERS, joint_hidden: int = JOINT_HIDDEN):
+        super().__init__()
+        self.stack = stack
+        self.pre = nn.LSTM(in_feats, enc_hidden, pre_layers, batch_first=True,
+                           dropout=ENC_DROPOUT)
+        self.post = nn.LSTM(stack * enc_hidden, enc_hidden, post_layers, batch_first=True,
+                            dropout=ENC_DROPOUT)
+        self.embed = nn.Embedding(vocab_size, pred_hidden)
+        self.pred = nn.LSTM(pred_hidden, pred_hidden, pred_layers, batch_first=True,
+                            dropout=PRED_DROPOUT)
+        self.joint_enc = nn.Linear(enc_hidden, joint_hidden)
+        self.joint_pred = nn.Linear(pred_hidden, joint_hidden)
+        self.out = nn.Sequential(nn.ReLU(), nn.Dropout(JOINT_DROPOUT),
+                                 nn.Linear(joint_hidden, vocab_size + 1))
+
+    def forward(self, feats: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x, _ = self.pre(feats)
+        x = F.pad(x, (0, 0, 0, -x.shape[1] % self.stack))
+        x, _ = self.post(x.reshape(x.shape[0], -1, self.stack * x.shape[2]))
+        g, _ = self.pred(F.pad(self.embed(labels), (0, 0, 1, 0)))   # a zero start vector
+        return self.out(self.joint_enc(x)[:, :, None] + self.joint_pred(g)[:, None])
+
+
+def ours(variant: str, batch_size: int, precision: Precision, device):
+    args = RNNTWorkload.parse_bench_args(
+        build_parser(RNNTWorkload),
+        ["--precision", precision.name, "--seed", "0", "--grad-accum", "1",
+         "--vocab-size", str(VOCAB_SIZE), *OURS[variant]], "synthetic", batch_size)
+    wl = RNNTWorkload(args, DistEnv(device=device), precision)
+    wl.build()
+    return wl.train_step
+
+
+def plain_step(precision: Precision, device, compiled: bool):
+    """``PlainRNNT`` trained with torchaudio's loss, after the workload's feature front end."""
+    import torchaudio.functional  # GPU machines only: the CPU wheels cannot load it
+
+    model = PlainRNNT(VOCAB_SIZE).to(device)
+    front = features.AudioFeatures().to(device)
+    params = list(model.parameters())
+    ema = [p.detach().clone() for p in params]
+    opt = Lamb(params, [True] * len(params), LAMB_HYPER)
+    lr = torch.tensor(LR, device=device)
+    fwd = torch.compile(model) if compiled else model
+
+    def step(audio, audio_lens, labels, label_lens):
+        feats, feat_lens = front(audio, audio_lens, train=True)
+        opt.zero_grad()
+        with precision.autocast():
+            logits = fwd(feats, labels)
+        enc_lens = -(-feat_lens // model.stack)
+        # torchaudio takes fp32 or fp16 logits, not bf16
+        loss = torchaudio.functional.rnnt_loss(logits.float(), labels.int(), enc_lens.int(),
+                                               label_lens.int(), blank=VOCAB_SIZE)
+        loss.backward()
+        opt.step(lr)
+        torch._foreach_lerp_(ema, [p.detach() for p in params], 1.0 - EMA)
+        return loss.detach()
+    return step
+
+
+def main(argv=None) -> int:
+    p = tool_parser("python -m benchmarks.rnnt.throughput", __doc__,
+                    "ours,ours-padded,plain,plain-compile", warmup=5, iters=10)
+    p.add_argument("--batch-size", type=int, default=64)
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--frames", type=int, default=400,
+                        help="encoder steps per utterance (before speed perturbation)")
+    length.add_argument("--seconds", type=float, help="audio per utterance instead of --frames")
+    p.add_argument("--label-len", type=int, default=100, help="labels per utterance")
+    a = p.parse_args(argv)
+    variants = gpu_variants(p, a.variants, VARIANTS)
+    if a.precision == "amp-fp16":
+        p.error("amp-fp16 is not supported for rnnt (LAMB runs without a loss scaler): "
+                "use amp-bf16")
+    device = torch.device("cuda")
+    # cudnn.benchmark stays off, as in the workload: speed perturbation changes T every step
+    precision = Precision(a.precision, "cuda")
+    precision.apply_backend_flags()
+    samples = round(a.seconds * features.SAMPLE_RATE) if a.seconds else samples_for_frames(
+        a.frames)
+    shape = dict(batch_size=a.batch_size, precision=a.precision,
+                 audio_seconds=samples / features.SAMPLE_RATE,
+                 encoder_frames=encoder_frames(samples), label_len=a.label_len)
+    print(f"batch {a.batch_size}: {shape['audio_seconds']:.2f} s of audio "
+          f"({shape['encoder_frames']} encoder steps), {a.label_len} labels", flush=True)
+    rows = []
+    for v in variants:
+        batch = synthetic_batch(a.batch_size, samples, a.label_len, VOCAB_SIZE, device)
+        step = ours(v, a.batch_size, precision, device) if v in OURS else plain_step(
+            precision, device, PLAIN[v])
+        try:
+            m = time_steps(v, step, batch, device, a.warmup, a.iters)
+        except Exception as exc:    # a user would fall back to plain
+            if v != "plain-compile":
+                raise
+            lines = str(exc).strip().splitlines()
+            error = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+            print(f"{v:22s} failed: {error}", flush=True)
+            rows.append({"variant": v, "error": error})
+        else:
+            rows.append({"variant": v, **shape, "samples_per_second": m.samples_per_second,
+                         "peak_memory_gib": m.peak_memory_bytes / 2**30})
+            print(f"{v:22s} batch {a.batch_size} {a.precision}: "
+                  f"{m.samples_per_second:7.1f} utt/s, peak {m.peak_memory_bytes / 2**30:.1f} GiB",
+                  flush=True)
+            if a.profile:
+                print(kernel_breakdown(step, batch), flush=True)
+        del step, batch
+        gc.collect()
+        torch.cuda.empty_cache()
+    base = {r["variant"]: r["samples_per_second"] for r in rows if "error" not in r}
+    for ref in PLAIN:
+        if ref in base:
+            for v, ups in base.items():
+                print(f"{v:22s} x{ups / base[ref]:.2f} vs {ref}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "results": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

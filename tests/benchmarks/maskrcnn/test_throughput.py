@@ -1,0 +1,95 @@
+"""The Mask R-CNN throughput tool on the CPU: its errors, a failing compile that does not stop
+it, ours' variants and the batch as torchvision takes it."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from benchmarks.maskrcnn import data, throughput
+from common.precision import Precision
+from common.throughput import Measurement
+from tests.entry_points import REPO, error_lines
+
+
+def test_without_cuda_exits_2_with_one_line():
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.maskrcnn.throughput"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert len(error_lines(proc)) == 1 and "needs a CUDA device" in proc.stderr
+
+
+def test_unknown_variant_exits_2_with_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(SystemExit) as exc:
+        throughput.main(["--variants", "ours,torchvision-jit"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exc.value.code == 2 and len(err) == 1 and "['torchvision-jit']" in err[0]
+
+
+def test_a_failing_compile_is_reported_and_the_other_variants_still_run(monkeypatch, capsys,
+                                                                       tmp_path):
+    def torchvision_step(batch, precision, device, compiled):
+        def step(*_batch):
+            if compiled:
+                raise RuntimeError("Dynamo failed to run FX node\nthe long trace")
+        return step
+
+    def time_steps(name, step, batch, device, warmup, iters):
+        step(*batch)
+        return Measurement(name, len(batch.images), iters, 2.0, 0)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "fake GPU")
+    monkeypatch.setattr(data, "synthetic_batch", lambda n, c, device: data.collate_train(
+        [(torch.zeros(3, 32, 32), torch.tensor([[1.0, 2, 9, 9]]), torch.tensor([1]),
+          torch.ones(1, 32, 32, dtype=torch.uint8))] * n))
+    monkeypatch.setattr(throughput, "torchvision_step", torchvision_step)
+    monkeypatch.setattr(throughput, "time_steps", time_steps)
+    report = tmp_path / "report.json"
+    assert throughput.main(["--variants", "torchvision-compile,torchvision-eager",
+                            "--batch-size", "2", "--json", str(report)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["torchvision-compile", "failed:", "RuntimeError:", "Dynamo",
+                              "failed", "to", "run", "FX", "node"]
+    assert out[1].startswith("torchvision-eager") and "img/s" in out[1]
+    rows = json.loads(report.read_text())["results"]
+    assert rows[0] == {"variant": "torchvision-compile",
+                       "error": "RuntimeError: Dynamo failed to run FX node"}
+    assert rows[1]["variant"] == "torchvision-eager" and rows[1]["samples_per_second"] == 10
+
+
+@pytest.mark.parametrize("variant, chunks, per_image", [
+    ("ours", 1, False), ("ours-topk4", 4, False), ("ours-per-image", 1, True)])
+def test_ours_builds_the_workload_with_its_flags_at_the_training_size(variant, chunks,
+                                                                       per_image):
+    step, batch = throughput.ours(variant, 1, Precision("fp32", "cpu"), torch.device("cpu"))
+    args = step.__self__.args
+    assert args.synthetic_data and args.batch_size == 1
+    assert args.topk_chunks == chunks and args.fpn_post_nms_per_image == per_image
+    assert batch.image_sizes.tolist() == [[800, 1066]] and batch.images.shape[-2:] == (800, 1088)
+
+
+def test_torchvision_inputs_are_each_image_at_its_size_with_its_own_targets():
+    g = torch.Generator().manual_seed(0)
+    samples = []
+    for (h, w), n in [((40, 56), 3), ((64, 36), 1)]:
+        corner = torch.randint(0, 20, (n, 2), generator=g).float()
+        boxes = torch.cat((corner, corner + torch.randint(3, 15, (n, 2), generator=g)), 1)
+        masks = torch.randint(0, 2, (n, h, w), generator=g, dtype=torch.uint8)
+        samples.append((torch.randn(3, h, w, generator=g), boxes,
+                        torch.randint(1, 81, (n,), generator=g), masks))
+    batch = data.collate_train(samples)
+    assert batch.images.shape[-2:] == (64, 64)          # padded: the conversion must crop
+    images, targets = throughput.torchvision_inputs(batch)
+    assert len(images) == len(targets) == 2
+    for image, t, (x, boxes, labels, masks) in zip(images, targets, samples):
+        assert torch.equal(image, x)
+        assert torch.equal(t["boxes"], boxes + torch.tensor([0.0, 0.0, 1.0, 1.0]))
+        assert torch.equal(t["labels"], labels) and t["labels"].dtype == torch.int64
+        assert torch.equal(t["masks"], masks) and t["masks"].dtype == torch.uint8
+        assert t["boxes"].dtype == torch.float32
