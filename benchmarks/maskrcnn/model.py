@@ -9,7 +9,8 @@
   state dict loads (:func:`load_torchvision_backbone`). The reference's default
   ``STRIDE_IN_1X1: True`` suits its MSRA Caffe2 weights; torchvision's weights were trained
   with the stride in the 3x3 convolution, so that is the default here (``stride_in_1x1``
-  selects the reference's placement).
+  selects the reference's placement). ``fold_frozen_bn`` runs each convolution and its
+  frozen batch norm as one convolution (:mod:`benchmarks.maskrcnn.frozen_bn`).
 - FPN: 1x1 lateral and 3x3 output convolutions of 256 channels on C2..C5, nearest x2
   top-down upsampling, and P6 = max-pool(kernel 1, stride 2) of P5. Image sides must be
   multiples of 32 (``SIZE_DIVISIBILITY``), as the reference's upsampling by a fixed factor 2
@@ -40,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.maskrcnn.anchors import ASPECT_RATIOS
+from benchmarks.maskrcnn.frozen_bn import conv_frozen_bn, folded_conv_frozen_bn
 from benchmarks.maskrcnn.roi_align import BOX_RESOLUTION, MASK_RESOLUTION, Pooler
 from common.errors import UserError
 
@@ -73,9 +75,13 @@ class FrozenBatchNorm2d(nn.Module):
         self.register_buffer("running_mean", torch.zeros(num_features))
         self.register_buffer("running_var", torch.ones(num_features))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def scale_shift(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per channel, ``y = x * scale + shift``."""
         scale = self.weight * (self.running_var + self.eps).rsqrt()
-        shift = self.bias - self.running_mean * scale
+        return scale, self.bias - self.running_mean * scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale, shift = self.scale_shift()
         return x * scale[:, None, None] + shift[:, None, None]
 
     def extra_repr(self) -> str:
@@ -112,8 +118,10 @@ class Bottleneck(nn.Module):
     """1x1, 3x3, 1x1 convolutions, each with frozen batch norm, plus a residual that a
     strided 1x1 projection carries where the width changes."""
 
-    def __init__(self, cin: int, mid: int, cout: int, stride: int, stride_in_1x1: bool):
+    def __init__(self, cin: int, mid: int, cout: int, stride: int, stride_in_1x1: bool,
+                 fold_frozen_bn: bool = False):
         super().__init__()
+        self.conv_bn = folded_conv_frozen_bn if fold_frozen_bn else conv_frozen_bn
         stride_1x1, stride_3x3 = (stride, 1) if stride_in_1x1 else (1, stride)
         self.conv1 = _conv(cin, mid, 1, stride_1x1)
         self.bn1 = FrozenBatchNorm2d(mid)
@@ -125,10 +133,10 @@ class Bottleneck(nn.Module):
                            if cin != cout else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = F.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        shortcut = x if self.downsample is None else self.downsample(x)
+        out = F.relu(self.conv_bn(self.conv1, self.bn1, x))
+        out = F.relu(self.conv_bn(self.conv2, self.bn2, out))
+        out = self.conv_bn(self.conv3, self.bn3, out)
+        shortcut = x if self.downsample is None else self.conv_bn(*self.downsample, x)
         return F.relu(out + shortcut)
 
 
@@ -138,8 +146,9 @@ class ResNet50(nn.Module):
     (``4 * width * 2^k`` in general)."""
 
     def __init__(self, stride_in_1x1: bool = False, freeze_at: int = FREEZE_AT,
-                 width: int = WIDTH):
+                 width: int = WIDTH, fold_frozen_bn: bool = False):
         super().__init__()
+        self.conv_bn = folded_conv_frozen_bn if fold_frozen_bn else conv_frozen_bn
         self.conv1 = _conv(3, width, 7, stride=2)
         self.bn1 = FrozenBatchNorm2d(width)
         cin = width
@@ -147,8 +156,9 @@ class ResNet50(nn.Module):
             mid = width * 2 ** (index - 1)
             cout = EXPANSION * mid
             stride = 1 if index == 1 else 2
-            layer = [Bottleneck(cin, mid, cout, stride, stride_in_1x1)]
-            layer += [Bottleneck(cout, mid, cout, 1, stride_in_1x1) for _ in range(blocks - 1)]
+            layer = [Bottleneck(cin, mid, cout, stride, stride_in_1x1, fold_frozen_bn)]
+            layer += [Bottleneck(cout, mid, cout, 1, stride_in_1x1, fold_frozen_bn)
+                      for _ in range(blocks - 1)]
             self.add_module(f"layer{index}", nn.Sequential(*layer))
             cin = cout
         self.out_channels = tuple(EXPANSION * width * 2 ** k for k in range(len(STAGE_BLOCKS)))
@@ -162,7 +172,7 @@ class ResNet50(nn.Module):
                 [self.layer4]]
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.relu(self.conv_bn(self.conv1, self.bn1, x))
         x = F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
         features = []
         for layer in (self.layer1, self.layer2, self.layer3, self.layer4):
@@ -277,13 +287,15 @@ class MaskRCNN(nn.Module):
 
     ``width`` is the ResNet's base width, ``fpn_channels`` the FPN's and the RPN head's,
     ``box_head_dim`` the width of fc6 and fc7, ``mask_head_dim`` that of the mask head's four
-    convolutions and its transposed convolution; the defaults are the reference's."""
+    convolutions and its transposed convolution; the defaults are the reference's.
+    ``fold_frozen_bn`` folds the backbone's batch norm into its convolutions."""
 
     def __init__(self, stride_in_1x1: bool = False, num_classes: int = NUM_CLASSES,
                  width: int = WIDTH, fpn_channels: int = FPN_CHANNELS,
-                 box_head_dim: int = MLP_HEAD_DIM, mask_head_dim: int = MASK_CONV_LAYERS[-1]):
+                 box_head_dim: int = MLP_HEAD_DIM, mask_head_dim: int = MASK_CONV_LAYERS[-1],
+                 fold_frozen_bn: bool = False):
         super().__init__()
-        self.backbone = ResNet50(stride_in_1x1, width=width)
+        self.backbone = ResNet50(stride_in_1x1, width=width, fold_frozen_bn=fold_frozen_bn)
         self.fpn = FPN(self.backbone.out_channels, fpn_channels)
         self.rpn = RPNHead(fpn_channels)
         self.box_features = BoxFeatureExtractor(fpn_channels, box_head_dim)

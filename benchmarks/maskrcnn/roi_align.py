@@ -7,9 +7,10 @@ The kernel's arithmetic, without its half-pixel shift (``aligned=False``): a RoI
 the feature map is at least 1 x 1; each output bin averages ``sampling_ratio^2`` bilinear
 samples on a regular grid inside it; a sample more than one pixel outside the map is 0, one
 less than that outside is clamped to the border. Sampling is a gather of the four
-neighbours of every sample of every RoI at once (from channels-last features), so autograd
-gives the kernel's backward: each sample's gradient goes to its four neighbours. As in the
-reference, no gradient flows to the RoI coordinates.
+neighbours of every sample of every RoI at once (from a channels-last table of the levels'
+pixels: a view of a single map in channels-last memory, else one copy), so autograd gives the
+kernel's backward: each sample's gradient goes to its four neighbours. As in the reference,
+no gradient flows to the RoI coordinates.
 """
 
 from __future__ import annotations
@@ -51,6 +52,13 @@ def _axis_samples(start: torch.Tensor, end: torch.Tensor, size: torch.Tensor, bi
     return torch.stack((low, high), dim=-1).long(), weights
 
 
+def _table(features: list[torch.Tensor]) -> torch.Tensor:
+    """The pixels of the maps [N, C, H_l, W_l] as rows [sum of N H_l W_l, C], level after
+    level: each map's rows are a view where it is in channels-last memory."""
+    rows = [f.permute(0, 2, 3, 1).reshape(-1, f.shape[1]) for f in features]
+    return rows[0] if len(rows) == 1 else torch.cat(rows)
+
+
 def _roi_align_levels(features: list[torch.Tensor], scales: list[float], rois: torch.Tensor,
                       levels: torch.Tensor, output_size: tuple[int, int],
                       sampling_ratio: int) -> torch.Tensor:
@@ -61,7 +69,7 @@ def _roi_align_levels(features: list[torch.Tensor], scales: list[float], rois: t
     rois = rois.detach()
     out_h, out_w = output_size
     channels = features[0].shape[1]
-    table = torch.cat([f.permute(0, 2, 3, 1).reshape(-1, channels) for f in features])
+    table = _table(features)
     heights = rois.new_tensor([f.shape[2] for f in features])[levels]
     widths = rois.new_tensor([f.shape[3] for f in features])[levels]
     scale = rois.new_tensor(scales)[levels]

@@ -9,7 +9,10 @@ losses, momentum SGD with the reference's parameter groups), eager: its capture 
 "never", as proposals and sampled RoIs depend on the data; ``ours-topk4`` selects the RPN's
 pre-NMS candidates in NVIDIA's two stages over 4 chunks (``--topk-chunks 4``);
 ``ours-per-image`` keeps 2000 proposals per image over the levels, as NVIDIA and torchvision
-do, instead of the reference's 2000 per batch (``--fpn-post-nms-per-image``).
+do, instead of the reference's 2000 per batch (``--fpn-post-nms-per-image``);
+``ours-fold`` runs each backbone convolution and its frozen batch norm as one convolution
+(``--fold-frozen-bn``), ``ours-fold-cl`` also keeps images and networks in channels-last
+memory (``--channels-last``).
 The baselines are torchvision's ``MaskRCNN`` on a ResNet-50 FPN, trained as torchvision's
 detection reference trains it: momentum SGD (weight decay 1e-4 on every trained weight),
 autocast, a ``GradScaler`` in amp-fp16; eager (``torchvision-eager``) or ``torch.compile``-d
@@ -43,7 +46,8 @@ from common.training import build_parser
 
 # variant -> workload flags of the workload's step
 OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
-        "ours-per-image": ("--fpn-post-nms-per-image",)}
+        "ours-per-image": ("--fpn-post-nms-per-image",), "ours-fold": ("--fold-frozen-bn",),
+        "ours-fold-cl": ("--fold-frozen-bn", "--channels-last")}
 # variant -> whether torchvision's model runs through torch.compile
 TORCHVISION = {"torchvision-eager": False, "torchvision-compile": True}
 VARIANTS = (*OURS, *TORCHVISION)

@@ -129,6 +129,12 @@ class MaskRCNNWorkload(Workload):
         p.add_argument("--topk-chunks", type=int, default=1,
                        help=f"RPN pre-NMS top-K in two stages over this many chunks "
                             f"(NVIDIA: {SPLIT_TOPK_CHUNKS}; the same result)")
+        p.add_argument("--fold-frozen-bn", action=argparse.BooleanOptionalAction,
+                       default=False, help="each backbone convolution and its frozen batch "
+                       "norm as one convolution (the same result; keeps autocast's dtype)")
+        p.add_argument("--channels-last", action=argparse.BooleanOptionalAction,
+                       default=False, help="images and networks in channels-last memory "
+                       "(cuDNN's NHWC kernels without layout conversions)")
         # widths: the reference's by default, smaller for CPU fixtures
         p.add_argument("--width", type=int, default=WIDTH, help="ResNet-50 base width")
         p.add_argument("--fpn-channels", type=int, default=FPN_CHANNELS)
@@ -155,7 +161,7 @@ class MaskRCNNWorkload(Workload):
             self.num_classes = self.train_split.categories.num_classes + 1
         net = MaskRCNN(num_classes=self.num_classes, width=a.width,
                        fpn_channels=a.fpn_channels, box_head_dim=a.box_head_dim,
-                       mask_head_dim=a.mask_head_dim)
+                       mask_head_dim=a.mask_head_dim, fold_frozen_bn=a.fold_frozen_bn)
         if a.backbone_checkpoint:
             _load_backbone(net, a.backbone_checkpoint)
         self.tensor_names = mllog_tensor_names(net)
@@ -168,7 +174,8 @@ class MaskRCNNWorkload(Workload):
             fpn_post_nms_top_n_test=a.rpn_fpn_post_nms_top_n_test,
             fpn_post_nms_per_image_train=a.fpn_post_nms_per_image,
             batch_size_per_image=a.rpn_batch_size_per_image, topk_chunks=a.topk_chunks)
-        self.net = net.to(env.device)
+        self.memory_format = torch.channels_last if a.channels_last else torch.contiguous_format
+        self.net = net.to(env.device, memory_format=self.memory_format)
         self.detector = Detector(self.net, proposals, RoISampler(a.roi_batch_size_per_image))
         self.model = dist.data_parallel(self.detector, env)
         self.lr = torch.zeros((), device=env.device)
@@ -254,6 +261,7 @@ class MaskRCNNWorkload(Workload):
                             a.lr_decay_steps))
         self.bias_lr.copy_(self.lr * a.bias_lr_factor)
         self.optimizer.zero_grad(set_to_none=True)
+        images = images.contiguous(memory_format=self.memory_format)
         with self.precision.autocast():
             losses = self.model(images, image_sizes, boxes, labels, masks)
         loss = sum(losses.values())
@@ -279,6 +287,7 @@ class MaskRCNNWorkload(Workload):
         self.detector.eval()
         mine = []
         for images, image_sizes, image_ids, original_sizes in self.eval_loader.epoch(0):
+            images = images.contiguous(memory_format=self.memory_format)
             with self.precision.autocast():
                 found = self.detector(images, image_sizes, original_sizes)
             for image_id, d in zip(image_ids.tolist(), found):

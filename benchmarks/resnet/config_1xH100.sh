@@ -10,7 +10,7 @@ FUSION=()
 # first run, then Inductor's on-disk cache. COMPILE=default skips the autotuning.
 # Compiling, autotuning and CUDA-graph capture happen before run_start (--init-steps).
 TRAIN_ARGS=(
-    --precision "$PRECISION" --data-backend "${DATA_BACKEND:-gpu}" --workers 12
+    --precision "$PRECISION" --data-backend "${DATA_BACKEND:-nvjpeg}" --workers 12
     --batch-size 1632 --grad-accum 4 --eval-batch-size 500
     --optimizer lars --lr 7.4 --end-lr 0.0001 --warmup-epochs 2 --poly-power 2
     --momentum 0.9 --weight-decay 5e-5 --lars-eta 0.001 --label-smoothing 0.1

@@ -1,8 +1,7 @@
 """ImageNet readers for ResNet-50: the JPEG folder layout, decoded on the CPU, the GPU or by DALI.
 
-Backends: ``cpu`` (Pillow in loader processes, the reference), ``gpu`` (nvJPEG, then a
-crop and resize per image), ``nvjpeg`` (batched nvJPEG and one batched crop and resize,
-overlapped with the step; ``nvjpeg.py``) and ``dali``.
+Backends: ``cpu`` (Pillow in loader processes, the reference), ``nvjpeg`` (batched nvJPEG
+and one batched crop and resize, overlapped with the step; ``nvjpeg.py``) and ``dali``.
 
 Layout: ``ROOT/train/<wnid>/*.JPEG`` and ``ROOT/val/<wnid>/*.JPEG``; the class
 index is the position of the wnid among the sorted train folders.
@@ -33,7 +32,7 @@ from common.errors import UserError
 
 MEAN = (123.675, 116.28, 103.53)
 STD = (58.395, 57.12, 57.375)
-BACKENDS = ("cpu", "gpu", "nvjpeg", "dali")
+BACKENDS = ("cpu", "nvjpeg", "dali")
 EVAL_CROP_FRACTION = 0.875
 _EXTENSIONS = (".jpeg", ".jpg")
 
@@ -232,71 +231,19 @@ def _cpu_decoder(samples, size, train, seed, batch_size, workers, device):
     return decode
 
 
-# -- GPU backend: file bytes read in workers, nvJPEG decode and crops on the GPU ------------
-class _PackedBytes(torch.utils.data.Dataset):
-    """Item ``b`` is batch ``b``'s files as one uint8 buffer plus sizes: one object per batch
-    crosses the worker queue instead of one shared-memory tensor per image."""
-
-    def __init__(self, samples, batches: list[list[int]]):
-        self.samples, self.batches = samples, batches
-
-    def __len__(self):
-        return len(self.batches)
-
-    def read(self, b) -> list[bytes]:
-        blobs = []
-        for i in self.batches[b]:
-            with open(self.samples[i][0], "rb") as f:
-                blobs.append(f.read())
-        return blobs
-
-    def __getitem__(self, b):
-        blobs = self.read(b)
-        return pack(blobs), [len(x) for x in blobs], self.batches[b]
+# -- file bytes for the GPU decoders ----------------------------------------------------------
+def read_files(samples, indices) -> list[bytes]:
+    """The files of ``samples[i]`` for each ``i`` in ``indices``, as bytes."""
+    blobs = []
+    for i in indices:
+        with open(samples[i][0], "rb") as f:
+            blobs.append(f.read())
+    return blobs
 
 
 def pack(blobs: list[bytes]) -> torch.Tensor:
     """Byte strings as one uint8 tensor (its own memory, so it can be shared or pinned)."""
     return torch.from_numpy(np.frombuffer(b"".join(blobs), dtype=np.uint8).copy())
-
-
-def _gpu_decoder(samples, size, train, seed, batch_size, workers, device):
-    import torch.nn.functional as F
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
-    std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
-
-    def decode_batch(raw: list[torch.Tensor], indices: list[int]) -> list[torch.Tensor]:
-        try:
-            return decode_jpeg(raw, mode=ImageReadMode.RGB, device=device)
-        except RuntimeError:
-            for blob, i in zip(raw, indices):   # find the culprit to name it
-                try:
-                    decode_jpeg(blob, mode=ImageReadMode.RGB, device=device)
-                except RuntimeError as exc:
-                    raise _decode_error(samples[i][0], exc) from None
-            raise
-
-    def decode(indices, epoch):
-        batches = [indices[i:i + batch_size] for i in range(0, len(indices), batch_size)]
-        loader = torch.utils.data.DataLoader(
-            _PackedBytes(samples, batches), batch_size=None, shuffle=False,
-            num_workers=workers, prefetch_factor=4 if workers else None)
-        for buf, sizes, idx in loader:
-            images = decode_batch(list(torch.split(buf, sizes)), idx)
-            out = torch.empty(len(idx), 3, size, size, device=device)
-            for j, (img, i) in enumerate(zip(images, idx)):
-                h, w = img.shape[1:]
-                rng = random.Random(hash((seed, epoch, i)))
-                left, top, cw, ch = (random_resized_crop_box(w, h, rng) if train
-                                     else center_crop_box(w, h, size))
-                crop = F.interpolate(img[None, :, top:top + ch, left:left + cw].float(),
-                                     size=(size, size), mode="bilinear", align_corners=False)
-                out[j] = crop[0].flip(2) if train and rng.random() < 0.5 else crop[0]
-            images = ((out - mean) / std).contiguous(memory_format=torch.channels_last)
-            yield images, torch.tensor([samples[i][1] for i in idx], device=device)
-    return decode
 
 
 # -- DALI backend ---------------------------------------------------------------------------
@@ -355,15 +302,14 @@ def _nvjpeg_decoder(*args):
     return nvjpeg.batched_decoder(*args)
 
 
-_DECODERS = {"cpu": _cpu_decoder, "gpu": _gpu_decoder, "nvjpeg": _nvjpeg_decoder,
-             "dali": _dali_decoder}
+_DECODERS = {"cpu": _cpu_decoder, "nvjpeg": _nvjpeg_decoder, "dali": _dali_decoder}
 
 
 def _build(index, backend, image_size, batch_size, rank, world_size, seed, workers, device,
            train) -> Loader:
     if backend not in _DECODERS:
         raise UserError(f"unknown data backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-    if backend in ("gpu", "nvjpeg") and device.type != "cuda":
+    if backend == "nvjpeg" and device.type != "cuda":
         raise UserError(f"--data-backend {backend} decodes with nvJPEG and needs a CUDA device; "
                         "use --data-backend cpu")
     samples = index.train if train else index.val

@@ -1,9 +1,6 @@
 """The ``nvjpeg`` data backend: batched nvJPEG decode and one batched crop and resize.
 
-The ``gpu`` backend decodes a batch with nvJPEG and then crops, resizes and flips each
-image with its own kernels; this one moves everything per image off the critical path:
-
-- loader processes read a batch's files into one buffer, parse each JPEG header (size,
+- persistent loader processes read a batch's files into one buffer, parse each JPEG header (size,
   components) and plan the crops on the host (``data.crop_plan``, the same boxes and
   flips as the Pillow reference for the same seed, epoch and sample); the DataLoader
   pins the buffers, so batches arrive in page-locked memory, several ahead;
@@ -16,12 +13,11 @@ image with its own kernels; this one moves everything per image off the critical
 - batch ``n + 1`` is decoded while the step runs on batch ``n`` (the step's kernels are
   queued on the default stream, the decode's on the side stream).
 
-Files nvJPEG cannot take are decoded by Pillow: CMYK/YCCK JPEGs (4 components) in the
-loader process, and any file that nvJPEG rejects in the main process; a file that
-Pillow rejects too is a one-line ``UserError`` naming it. Like the ``gpu`` backend the
-resize does not antialias (Pillow's does), so crops much larger than the output alias
-a little; the evaluation crop (resize 256, centre 224) shrinks ImageNet's images by
-about 1.5x.
+Files nvJPEG cannot take are decoded by Pillow: CMYK/YCCK JPEGs (4 components) in the loader
+process, and any file that nvJPEG rejects in the main process; a file that Pillow rejects
+too is a one-line ``UserError`` naming it. The resize does not antialias (Pillow's does), so
+crops much larger than the output alias a little; the evaluation crop (resize 256, centre
+224) shrinks ImageNet's images by about 1.5x.
 """
 
 from __future__ import annotations
@@ -81,20 +77,21 @@ def pillow_chw(blob: bytes, path: str) -> torch.Tensor:
     return torch.from_numpy(pixels.copy()).permute(2, 0, 1)
 
 
-class PlannedBatches(data._PackedBytes):
-    """Item ``b``: batch ``b``'s files in one buffer with each file's size (0 where the file
-    was decoded here instead), the images' (height, width), their crop boxes (left, top, w,
-    h) and flips, labels, the indices in the batch of the images decoded here and those
-    images (uint8 [3, H, W]), and the sample indices."""
+class PlannedBatches(torch.utils.data.Dataset):
+    """Item ``(epoch, indices)``: that batch's files in one buffer with each file's size (0
+    where the file was decoded here instead), the images' (height, width), their crop boxes
+    (left, top, w, h) and flips for ``epoch``, labels, the positions in the batch of the
+    images decoded here and those images (uint8 [3, H, W]), and the sample indices. The key
+    carries the epoch, so persistent workers serve every epoch."""
 
-    def __init__(self, samples, batches, size: int, train: bool, seed: int, epoch: int):
-        super().__init__(samples, batches)
-        self.size, self.train, self.seed, self.epoch = size, train, seed, epoch
+    def __init__(self, samples, size: int, train: bool, seed: int):
+        self.samples, self.size, self.train, self.seed = samples, size, train, seed
 
-    def __getitem__(self, b):
-        blobs = self.read(b)
+    def __getitem__(self, key):
+        epoch, batch = key
+        blobs = data.read_files(self.samples, batch)
         dims, boxes, flips, decoded_at, decoded = [], [], [], [], []
-        for j, (blob, i) in enumerate(zip(blobs, self.batches[b])):
+        for j, (blob, i) in enumerate(zip(blobs, batch)):
             try:
                 width, height, components = jpeg_header(blob)
             except ValueError:
@@ -106,14 +103,14 @@ class PlannedBatches(data._PackedBytes):
                 decoded.append(image)
                 blobs[j] = b""
             box, flip = data.crop_plan(width, height, self.size, self.train, self.seed,
-                                       self.epoch, i)
+                                       epoch, i)
             dims.append((height, width))
             boxes.append(box)
             flips.append(flip)
-        labels = [self.samples[i][1] for i in self.batches[b]]
+        labels = [self.samples[i][1] for i in batch]
         return (data.pack(blobs), [len(x) for x in blobs], torch.tensor(dims),
                 torch.tensor(boxes), torch.tensor(flips), torch.tensor(labels),
-                decoded_at, decoded, self.batches[b])
+                decoded_at, decoded, list(batch))
 
 
 def crop_resize_normalize(flat: torch.Tensor, offsets: torch.Tensor, dims: torch.Tensor,
@@ -227,12 +224,27 @@ class BatchAssembler:
         return self.crops(images, dims, boxes, flips), labels.to(self.device, non_blocking=True)
 
 
-def planned_loader(samples, batches, size, train, seed, epoch, workers, pin: bool):
-    """The DataLoader of :class:`PlannedBatches` (pinned batches when ``pin``)."""
+class Keys(torch.utils.data.Sampler):
+    """The sampler of :func:`planned_loader`: the ``(epoch, indices)`` of the batches of the
+    pass to come, set before each pass (it is read in the main process)."""
+
+    def __init__(self):
+        self.keys: list[tuple[int, list[int]]] = []
+
+    def __iter__(self):
+        return iter(self.keys)
+
+    def __len__(self):
+        return len(self.keys)
+
+
+def planned_loader(samples, size, train, seed, workers, pin: bool, keys: Keys):
+    """The DataLoader of :class:`PlannedBatches` over ``keys`` (pinned batches when ``pin``),
+    its worker processes kept from one pass to the next."""
     return torch.utils.data.DataLoader(
-        PlannedBatches(samples, batches, size, train, seed, epoch), batch_size=None,
-        shuffle=False, num_workers=workers, pin_memory=pin,
-        prefetch_factor=4 if workers else None)
+        PlannedBatches(samples, size, train, seed), batch_size=None, sampler=keys,
+        num_workers=workers, pin_memory=pin, prefetch_factor=4 if workers else None,
+        persistent_workers=workers > 0)
 
 
 def ahead(batches, device: torch.device, assemble):
@@ -268,12 +280,14 @@ def ahead(batches, device: torch.device, assemble):
 def batched_decoder(samples, size, train, seed, batch_size, workers, device,
                     decode=nvjpeg_decode):
     """``data.Loader``'s decode function for the ``nvjpeg`` backend (``decode``: the batch
-    decoder, Pillow's in CPU tests)."""
+    decoder, Pillow's in CPU tests). One DataLoader serves every pass, so its workers start
+    once, not at each epoch or evaluation."""
     assemble = BatchAssembler(samples, size, device, decode)
+    keys = Keys()
+    loader = planned_loader(samples, size, train, seed, workers, device.type == "cuda", keys)
 
     def decode_epoch(indices, epoch):
-        batches = [indices[i:i + batch_size] for i in range(0, len(indices), batch_size)]
-        loader = planned_loader(samples, batches, size, train, seed, epoch, workers,
-                                pin=device.type == "cuda")
+        keys.keys = [(epoch, indices[i:i + batch_size])
+                     for i in range(0, len(indices), batch_size)]
         return ahead(loader, device, assemble)
     return decode_epoch

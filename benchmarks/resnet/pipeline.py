@@ -16,14 +16,14 @@
 | h2d | host-to-device copies of packed file bytes from pinned memory (batches in memory) |
 | decode-nvjpeg | one batched ``decode_jpeg`` per batch (batches in pinned memory; GPU) |
 | crop-resize | the batched crop, resize, flip, normalise on decoded batches on the device |
-| gpu-train | the ``gpu`` backend (nvJPEG, crops per image), whole |
 | nvjpeg-train | the ``nvjpeg`` backend, whole training pipeline |
 | nvjpeg-eval | the ``nvjpeg`` backend, whole evaluation pipeline (resize 256, centre 224) |
 
-Stages with loader processes run once per ``--workers`` count; the others in this
-process. Each stage runs for ``--seconds`` after its first batch (start-up excluded),
-passing over the folder as often as needed. On ``--device cpu`` the GPU stages are
-refused and ``crop-resize`` runs on the CPU.
+Stages with loader processes run once per ``--workers`` count; the others in this process.
+Each stage runs for ``--seconds`` after its first batch (start-up excluded), passing over
+the folder as often as needed with the same loader processes (``cpu-train``'s start anew at
+each pass, as the ``cpu`` backend's do at each epoch). On ``--device cpu`` the GPU stages
+are refused and ``crop-resize`` runs on the CPU.
 """
 
 from __future__ import annotations
@@ -42,15 +42,30 @@ from benchmarks.resnet import data, nvjpeg
 from common.errors import UserError, one_line
 
 WORKER_STAGES = ("read", "plan", "decode-pillow", "decode-pillow-draft", "cpu-train",
-                 "gpu-train", "nvjpeg-train", "nvjpeg-eval")
+                 "nvjpeg-train", "nvjpeg-eval")
 MEMORY_STAGES = ("h2d", "decode-nvjpeg", "crop-resize")
 STAGES = ("read", "plan", "decode-pillow", "decode-pillow-draft", "cpu-train", "h2d",
-          "decode-nvjpeg", "crop-resize", "gpu-train", "nvjpeg-train", "nvjpeg-eval")
-GPU_STAGES = ("h2d", "decode-nvjpeg", "gpu-train", "nvjpeg-train", "nvjpeg-eval")
+          "decode-nvjpeg", "crop-resize", "nvjpeg-train", "nvjpeg-eval")
+GPU_STAGES = ("h2d", "decode-nvjpeg", "nvjpeg-train", "nvjpeg-eval")
 IN_MEMORY_BATCHES = 8   # batches held in memory for the in-process stages
 
 
-class _Decoded(data._PackedBytes):
+class _PackedBytes(torch.utils.data.Dataset):
+    """Item ``b`` is batch ``b``'s files as one uint8 buffer plus sizes: one object per batch
+    crosses the worker queue instead of one shared-memory tensor per image."""
+
+    def __init__(self, samples, batches: list[list[int]]):
+        self.samples, self.batches = samples, batches
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __getitem__(self, b):
+        blobs = data.read_files(self.samples, self.batches[b])
+        return data.pack(blobs), [len(x) for x in blobs], self.batches[b]
+
+
+class _Decoded(_PackedBytes):
     """Item ``b``: batch ``b`` decoded by Pillow (``draft``: DCT-downscaled to about
     ``size``), as the number of images and their decoded bytes."""
 
@@ -68,15 +83,19 @@ class _Decoded(data._PackedBytes):
         return torch.tensor([len(self.batches[b]), nbytes])
 
 
-def _worker_loader(stage, samples, batches, size, workers, device):
+def _worker_loader(stage, samples, batches, size, workers):
+    """The stage's DataLoader, its workers kept from one pass to the next."""
+    if stage == "plan":
+        keys = nvjpeg.Keys()
+        keys.keys = [(1, b) for b in batches]
+        return nvjpeg.planned_loader(samples, size, True, 0, workers, False, keys)
     if stage == "read":
-        ds = data._PackedBytes(samples, batches)
-    elif stage == "plan":
-        ds = nvjpeg.PlannedBatches(samples, batches, size, True, 0, 1)
+        ds = _PackedBytes(samples, batches)
     else:
         ds = _Decoded(samples, batches, size if stage == "decode-pillow-draft" else None)
     return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers,
-                                       prefetch_factor=4 if workers else None)
+                                       prefetch_factor=4 if workers else None,
+                                       persistent_workers=workers > 0)
 
 
 def _count(stage, item) -> int:
@@ -108,9 +127,10 @@ def _timed(passes, count, seconds: float, device) -> dict:
 
 def _in_memory(samples, batches, size) -> list:
     """A few planned batches (files read, headers parsed) in pinned memory where possible."""
-    loader = nvjpeg.planned_loader(samples, batches[:IN_MEMORY_BATCHES], size, True, 0, 1,
-                                   workers=0, pin=torch.cuda.is_available())
-    return list(loader)
+    keys = nvjpeg.Keys()
+    keys.keys = [(1, b) for b in batches[:IN_MEMORY_BATCHES]]
+    return list(nvjpeg.planned_loader(samples, size, True, 0, 0, torch.cuda.is_available(),
+                                      keys))
 
 
 def run_stage(stage, index, args, device, workers: int | None) -> dict:
@@ -124,9 +144,9 @@ def run_stage(stage, index, args, device, workers: int | None) -> dict:
         raise UserError(f"{index.root}: {len(samples)} images are fewer than one batch of "
                         f"{batch}; lower --batch-size or write more images")
     if stage in ("read", "plan", "decode-pillow", "decode-pillow-draft"):
-        return _timed(lambda: _worker_loader(stage, samples, batches, size, workers, device),
-                      lambda item: _count(stage, item), args.seconds, device)
-    if stage in ("cpu-train", "gpu-train", "nvjpeg-train", "nvjpeg-eval"):
+        loader = _worker_loader(stage, samples, batches, size, workers)
+        return _timed(lambda: loader, lambda item: _count(stage, item), args.seconds, device)
+    if stage in ("cpu-train", "nvjpeg-train", "nvjpeg-eval"):
         backend = stage.split("-")[0]
         build = data.build_train_loader if train else data.build_eval_loader
         kw = dict(seed=0) if train else {}

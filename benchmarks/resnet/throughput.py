@@ -1,7 +1,7 @@
 """ResNet-50 training throughput on device-resident synthetic batches, ours against baselines.
 
     python -m benchmarks.resnet.throughput --batch-size 256 --precision amp-bf16 \
-        --variants ours,ours-eager,torchvision-eager,torchvision-compile [--jpeg-dir DIR]
+        --variants ours,ours-eager,torchvision-eager,torchvision-compile
     python -m benchmarks.resnet.throughput --batch-size 256 \
         --variants ours-fused-max@amp-fp16,torchvision-compile@amp-fp16,torchvision-compile@amp-bf16
 
@@ -11,14 +11,12 @@ runs the model through ``torch.compile`` inside that graph
 (``ours-compile-max``: with Inductor's autotuning; ``-s2d``: with the stem
 convolution over 2x2 pixel blocks, ``--space-to-depth``; ``ours-fused``: that plus
 batch norm inside cuDNN fusion graphs, ``--cudnn-fusion``, amp-fp16 only);
-``ours-eager`` is the same step without the graph. The torchvision
-baselines are what a user would otherwise run: torchvision's resnet50 with
-momentum SGD, eager or ``torch.compile``-d (``torchvision-compile-max``: with
-Inductor's autotuning). A variant may name its own precision as
-``VARIANT@PRECISION``; the others run at ``--precision``. With ``--jpeg-dir`` the GPU JPEG
-pipeline (nvJPEG decode, crop, resize, normalise) is timed on that folder;
-``--profile`` adds each variant's kernel time by family (convolution, fused
-Triton, optimizer, ...).
+``ours-eager`` is the same step without the graph. The torchvision baselines are what a user
+would otherwise run: torchvision's resnet50 with momentum SGD, eager or ``torch.compile``-d
+(``torchvision-compile-max``: with Inductor's autotuning). A variant may name its own
+precision as ``VARIANT@PRECISION``; the others run at ``--precision`` (the input pipeline
+has its own tool, ``benchmarks.resnet.pipeline``); ``--profile`` adds each variant's kernel
+time by family (convolution, fused Triton, optimizer, ...).
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ from __future__ import annotations
 import gc
 import json
 import sys
-import time
 
 import torch
 
@@ -120,30 +117,6 @@ BASELINES = {"torchvision": {name: _torchvision(mode) for name, mode in TORCHVIS
              "mxnet": {"mxnet-gluon": MXNET}}
 
 
-def jpeg_pipeline(jpeg_dir: str, batch_size: int, device, seconds: float = 20.0) -> dict:
-    from benchmarks.resnet import data
-
-    index = data.ImageFolderIndex.scan(jpeg_dir)
-    loader = data.build_train_loader(index=index, backend="gpu", image_size=224,
-                                     batch_size=batch_size, rank=0, world_size=1, seed=0,
-                                     workers=8, device=device)
-    images, t0, epoch = 0, None, 0
-    while True:
-        epoch += 1
-        for x, _ in loader.epoch(epoch):
-            if t0 is None:            # the first batch pays for worker start-up
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                continue
-            images += x.shape[0]
-        torch.cuda.synchronize()
-        if t0 is not None and time.perf_counter() - t0 > seconds:
-            break
-    dt = time.perf_counter() - t0
-    return {"images": images, "seconds": dt, "images_per_second": images / dt,
-            "train_images_in_folder": len(index.train)}
-
-
 def variant_precisions(parser, text: str, default: str) -> list[tuple[str, str]]:
     """``VARIANT[@PRECISION],...`` as (variant, precision) pairs, ``default`` where no
     precision is named; ``parser.error`` for an unknown variant or precision."""
@@ -161,7 +134,6 @@ def main(argv=None) -> int:
     p = tool_parser("python -m benchmarks.resnet.throughput", __doc__,
                     "ours,ours-eager,torchvision-eager,torchvision-compile", warmup=30, iters=100)
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--jpeg-dir", default=None)
     args = p.parse_args(argv)
     runs = variant_precisions(p, args.variants, args.precision)
     device = torch.device("cuda")
@@ -189,10 +161,6 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "train": results}
-    if args.jpeg_dir:
-        report["gpu_jpeg_pipeline"] = jpeg_pipeline(args.jpeg_dir, args.batch_size, device)
-        print(f"GPU JPEG pipeline (nvJPEG, 224px): "
-              f"{report['gpu_jpeg_pipeline']['images_per_second']:.0f} img/s", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)

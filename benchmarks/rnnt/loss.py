@@ -13,7 +13,10 @@ backward pass uses the beta variables, computed by the same recursion on each ut
 reversed lattice, so autograd keeps no per-step graph. It takes padded logits
 ``[B, T, U+1, V]`` or packed ones ``[N, V]`` (:func:`benchmarks.rnnt.model.packed_index`
 order). ``impl="torchaudio"`` calls ``torchaudio.functional.rnnt_loss`` instead (padded only;
-for the GPU, where torchaudio imports).
+for the GPU, where torchaudio imports). ``impl="fused"`` (packed only) fuses the log-softmax
+into the loss, as NVIDIA's MLPerf RNN-T does: the two log-probabilities per row come from a
+row log-sum-exp taken in chunks of rows, and the backward pass writes the softmax gradient
+chunk by chunk in the logits' dtype, so no fp32 ``[N, V]`` tensor is ever held.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import torch
 from benchmarks.rnnt.model import packed_index
 
 IMPLS = ("reference", "torchaudio")
+PACKED_IMPLS = ("reference", "fused")
+CHUNK_ELEMENTS = 2**26   # fp32 elements per chunk of the fused path: 256 MiB, 64k rows of 1024
 REDUCTIONS = ("mean", "sum", "none")
 NEG_INF = float("-inf")
 
@@ -171,21 +176,71 @@ def transducer_loss(logits: torch.Tensor, enc_lens: torch.Tensor, labels: torch.
     return _reduce(transducer_nll(blank_lp, label_lp, enc_lens, label_lens), reduction)
 
 
+def _chunk_norm(x: torch.Tensor) -> torch.Tensor:
+    """Row log-sum-exp of one chunk of logits, accumulated in fp32 (or wider)."""
+    return torch.logsumexp(x.to(torch.promote_types(x.dtype, torch.float32)), -1)
+
+
+def _chunk_grad(x: torch.Tensor, norm: torch.Tensor, g_blank: torch.Tensor,
+                g_label: torch.Tensor, ids: torch.Tensor, blank: int) -> torch.Tensor:
+    """One chunk of ``grad_logits`` in ``x``'s dtype: ``-softmax * (g_blank + g_label)``
+    plus ``g_blank`` at the blank's column and ``g_label`` at the label's."""
+    g = (x - norm[:, None]).exp_().mul_(-(g_blank + g_label)[:, None])   # a new fp32 tensor
+    g[:, blank] += g_blank
+    return g.scatter_add_(1, ids[:, None], g_label[:, None]).to(x.dtype)
+
+
+class _FusedLogProbs(torch.autograd.Function):
+    """``(logits [N, V], ids [N], has_label [N], blank, chunk_rows)`` -> ``(blank_lp [N],
+    label_lp [N])``, the log-softmax at the blank's and at ``ids``' columns (fp32 or wider;
+    -inf where ``has_label`` is false), ``chunk_rows`` rows of the vocabulary at a time."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, ids: torch.Tensor, has_label: torch.Tensor,
+                blank: int, chunk_rows: int):
+        norm = torch.cat([_chunk_norm(x) for x in logits.split(chunk_rows)])
+        blank_lp = logits[:, blank].to(norm.dtype) - norm
+        label_lp = logits.gather(1, ids[:, None])[:, 0].to(norm.dtype) - norm
+        ctx.save_for_backward(logits, norm, ids, has_label)
+        ctx.blank, ctx.chunk_rows = blank, chunk_rows
+        return blank_lp, label_lp.masked_fill(~has_label, NEG_INF)
+
+    @staticmethod
+    def backward(ctx, g_blank: torch.Tensor, g_label: torch.Tensor):
+        logits, norm, ids, has_label = ctx.saved_tensors
+        g_label = torch.where(has_label, g_label, 0.0)   # the -inf rows are constants
+        grad = torch.empty_like(logits)
+        for s in range(0, len(logits), ctx.chunk_rows):
+            e = s + ctx.chunk_rows
+            grad[s:e] = _chunk_grad(logits[s:e], norm[s:e], g_blank[s:e], g_label[s:e],
+                                    ids[s:e], ctx.blank)
+        return grad, None, None, None, None
+
+
 def packed_transducer_loss(logits: torch.Tensor, enc_lens: torch.Tensor, labels: torch.Tensor,
-                           label_lens: torch.Tensor, blank: int = -1,
-                           reduction: str = "mean") -> torch.Tensor:
+                           label_lens: torch.Tensor, blank: int = -1, reduction: str = "mean",
+                           impl: str = "reference", chunk_rows: int | None = None
+                           ) -> torch.Tensor:
     """The same loss from packed logits ``[N, V]``, one row per valid ``(b, t, u)`` in
-    :func:`benchmarks.rnnt.model.packed_index` order; no ``[B, T, U+1, V]`` tensor is made."""
+    :func:`benchmarks.rnnt.model.packed_index` order; no ``[B, T, U+1, V]`` tensor is made.
+    ``impl="fused"`` takes ``chunk_rows`` rows at a time (default: ``CHUNK_ELEMENTS // V``)."""
+    if impl not in PACKED_IMPLS:
+        raise ValueError(f"impl {impl!r} is not one of {PACKED_IMPLS}")
     blank %= logits.shape[-1]
-    logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
     b, t, u = packed_index(enc_lens, label_lens + 1, len(logits))
-    norm = torch.logsumexp(logits, -1)
     has_label = u < label_lens[b]
-    ids = torch.where(has_label, labels[b, u.clamp(max=labels.shape[1] - 1)], 0)
-    label_row = (logits.gather(1, ids[:, None].long())[:, 0] - norm).masked_fill(~has_label,
-                                                                                  NEG_INF)
+    ids = torch.where(has_label, labels[b, u.clamp(max=labels.shape[1] - 1)], 0).long()
+    if impl == "fused":
+        chunk_rows = chunk_rows or max(1, CHUNK_ELEMENTS // logits.shape[-1])
+        blank_row, label_row = _FusedLogProbs.apply(logits, ids, has_label, blank, chunk_rows)
+    else:
+        logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
+        norm = torch.logsumexp(logits, -1)
+        blank_row = logits[:, blank] - norm
+        label_row = (logits.gather(1, ids[:, None])[:, 0] - norm).masked_fill(~has_label,
+                                                                              NEG_INF)
     shape = (len(enc_lens), int(enc_lens.max()), int(label_lens.max()) + 1)
-    grid = torch.full(shape, NEG_INF, dtype=logits.dtype, device=logits.device)
-    blank_lp = grid.index_put((b, t, u), logits[:, blank] - norm)
+    grid = torch.full(shape, NEG_INF, dtype=blank_row.dtype, device=logits.device)
+    blank_lp = grid.index_put((b, t, u), blank_row)
     label_lp = grid.index_put((b, t, u), label_row)
     return _reduce(transducer_nll(blank_lp, label_lp, enc_lens, label_lens), reduction)

@@ -6,18 +6,20 @@
 ``ours`` is the workload's real training step (features on the device with speed perturbation
 and SpecAugment, the MLPerf RNN-T at full size, vocabulary 1023, LAMB, the weights' moving
 average) with the joint and the pure-PyTorch loss over the valid (t, u) pairs only
-(``--joint packed``); ``ours-padded`` is the same step with the joint on the padded
-``[B, T, U+1, V]`` grid and ``torchaudio``'s loss (``--joint padded --loss torchaudio``),
-``ours-padded-reference`` the padded grid with the pure-PyTorch loss. The tool times one
-micro-batch per step (``--grad-accum 1``): the training default splits 128 utterances in 8.
-The baselines: ``plain`` is the same network as a user writes it (``torch.nn.LSTM``s, the joint
-on the whole padded grid, ``torchaudio.functional.rnnt_loss`` on fp32 logits, the same LAMB
-and moving average), fed by the same feature front end; ``plain-compile`` runs its network
-through ``torch.compile`` (the loss outside; when compilation fails, the tool says why and goes
-on). Every variant gets the same batch: noise of one length, so that the encoder has
-``--frames`` steps (60 ms each: 10 ms frames, stacked x3, then x2 in the encoder; speed
-perturbation then varies it by up to 15%), or ``--seconds`` of audio, and ``--label-len``
-labels per utterance. amp-fp16 is refused: the workload runs LAMB without a loss scaler.
+(``--joint packed``); ``ours-fused`` is that step with the log-softmax fused into the loss
+(``--loss fused``: no fp32 copy of the packed logits); ``ours-padded`` is the same step with
+the joint on the padded ``[B, T, U+1, V]`` grid and ``torchaudio``'s loss (``--joint padded
+--loss torchaudio``), ``ours-padded-reference`` the padded grid with the pure-PyTorch loss.
+The tool times one micro-batch per step (``--grad-accum 1``): the training default splits 128
+utterances in 8. The baselines: ``plain`` is the same network as a user writes it
+(``torch.nn.LSTM``s, the joint on the whole padded grid, ``torchaudio.functional.rnnt_loss`` on
+fp32 logits, the same LAMB and moving average), fed by the same feature front end;
+``plain-compile`` runs its network through ``torch.compile`` (the loss outside; when compilation
+fails, the tool says why and goes on). Every variant gets the same batch: noise of one length,
+so that the encoder has ``--frames`` steps (60 ms each: 10 ms frames, stacked x3, then x2 in the
+encoder; speed perturbation then varies it by up to 15%), or ``--seconds`` of audio, and
+``--label-len`` labels per utterance. amp-fp16 is refused: the workload runs LAMB without a loss
+scaler.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from common.training import build_parser
 
 # variant -> workload flags of the workload's step
 OURS = {"ours": ("--joint", "packed"),
+        "ours-fused": ("--joint", "packed", "--loss", "fused"),
         "ours-padded": ("--joint", "padded", "--loss", "torchaudio"),
         "ours-padded-reference": ("--joint", "padded", "--loss", "reference")}
 # variant -> whether the plain network runs through torch.compile

@@ -13,7 +13,8 @@ A training step takes raw audio: speed perturbation, silence trimming, log-mel f
 SpecAugment run on the workload's device (``features.AudioFeatures``) inside the step; the
 joint runs over the valid (t, u) pairs only (``--joint packed``, the default) or over the
 padded grid (``--joint padded``, the reference's), the loss is the pure-PyTorch transducer
-loss or ``torchaudio``'s (``--loss torchaudio``, padded grid, GPU only).
+loss, ``torchaudio``'s (``--loss torchaudio``, padded grid, GPU only) or the packed loss with
+the log-softmax fused into it (``--loss fused``, packed joint: no fp32 ``[N, V]`` tensor).
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ class TransducerLoss(nn.Module):
         pred, _ = m.predict(labels)
         if self.joint == "packed":
             logits = m.joint_packed(enc, pred, enc_lens, label_lens)
-            return packed_transducer_loss(logits, enc_lens, labels, label_lens, m.blank)
+            return packed_transducer_loss(logits, enc_lens, labels, label_lens, m.blank,
+                                          impl=self.loss)
         return transducer_loss(m.joint(enc, pred), enc_lens, labels, label_lens, m.blank,
                                impl=self.loss)
 
@@ -145,9 +147,11 @@ class RNNTWorkload(Workload):
         p.add_argument("--joint", default="packed", choices=("packed", "padded"),
                        help="packed: the joint and the loss over the valid (t, u) pairs only; "
                             "padded: over the [B, T, U+1] grid (the reference)")
-        p.add_argument("--loss", default="reference", choices=("reference", "torchaudio"),
-                       help="transducer loss of the padded grid: pure PyTorch, or "
-                            "torchaudio.functional.rnnt_loss (GPU)")
+        p.add_argument("--loss", default="reference", choices=("reference", "torchaudio",
+                                                                "fused"),
+                       help="transducer loss: pure PyTorch; torchaudio.functional.rnnt_loss "
+                            "(--joint padded, GPU); fused: the log-softmax fused into the "
+                            "loss, chunked, no fp32 copy of the logits (--joint packed)")
         p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
 
     # -- set-up ---------------------------------------------------------------------------
@@ -177,6 +181,8 @@ class RNNTWorkload(Workload):
                             "scaler): use --precision amp-bf16")
         if a.loss == "torchaudio" and a.joint != "padded":
             raise UserError("--loss torchaudio takes the padded grid: add --joint padded")
+        if a.loss == "fused" and a.joint != "packed":
+            raise UserError("--loss fused takes the packed joint: use --joint packed")
 
     def build(self) -> None:
         a, env = self.args, self.env

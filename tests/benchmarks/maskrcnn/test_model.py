@@ -185,7 +185,9 @@ def test_parameter_counts(model):
     assert sum(p.numel() for p in model.backbone.parameters()) == 23_454_912
 
 
-def test_loads_torchvision_resnet50(model):
+@pytest.mark.parametrize("fold_frozen_bn", [False, True])
+def test_loads_torchvision_resnet50(fold_frozen_bn):
+    model = MaskRCNN(fold_frozen_bn=fold_frozen_bn)
     state = torchvision_resnet50_state_dict()
     assert len(state) == 53 + 53 * 5 + 2                     # convs, BNs, fc
     load_torchvision_backbone(model, state)

@@ -11,6 +11,7 @@ from benchmarks.maskrcnn.roi_align import (
     POOLER_SCALES,
     LevelMapper,
     Pooler,
+    _table,
     roi_align,
     rois_from_boxes,
 )
@@ -165,3 +166,25 @@ def test_pooler_pools_each_roi_from_its_level():
                                           POOLER_SCALES[lvl], 2)
                           for k, lvl in enumerate(levels.tolist())])
     torch.testing.assert_close(pooler(features, rois), expected)
+
+
+def test_channels_last_features_pool_the_same_from_a_view():
+    g = torch.Generator().manual_seed(5)
+    maps = [torch.randn(2, 3, h, w, generator=g, dtype=torch.float64) for h, w in ((8, 12),
+                                                                                 (4, 6))]
+    cl = [f.contiguous(memory_format=torch.channels_last) for f in maps]
+    table = _table(cl[:1])
+    assert table.untyped_storage().data_ptr() == cl[0].untyped_storage().data_ptr()
+    assert _table(maps[:1]).untyped_storage().data_ptr() != maps[0].untyped_storage().data_ptr()
+    torch.testing.assert_close(_table(cl), _table(maps), rtol=0, atol=0)
+    rois = rois_from_boxes([torch.tensor([[1.0, 2.0, 30.0, 20.0]], dtype=torch.float64),
+                            torch.tensor([[0.0, 0.0, 47.0, 31.0], [5.0, 6.0, 9.0, 8.0]],
+                                         dtype=torch.float64)])
+    pooler = Pooler(3, scales=(1 / 4, 1 / 8))
+    grads = []
+    for features in (maps, cl):
+        features = [f.detach().requires_grad_() for f in features]
+        pooled = pooler(features, rois)
+        pooled.backward(torch.ones_like(pooled))
+        grads.append((pooled, *(f.grad for f in features)))
+    torch.testing.assert_close(grads[1], grads[0])

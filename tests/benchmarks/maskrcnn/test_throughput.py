@@ -63,14 +63,18 @@ def test_a_failing_compile_is_reported_and_the_other_variants_still_run(monkeypa
     assert rows[1]["variant"] == "torchvision-eager" and rows[1]["samples_per_second"] == 10
 
 
-@pytest.mark.parametrize("variant, chunks, per_image", [
-    ("ours", 1, False), ("ours-topk4", 4, False), ("ours-per-image", 1, True)])
+@pytest.mark.parametrize("variant, chunks, per_image, fold, channels_last", [
+    ("ours", 1, False, False, False), ("ours-topk4", 4, False, False, False),
+    ("ours-per-image", 1, True, False, False), ("ours-fold", 1, False, True, False),
+    ("ours-fold-cl", 1, False, True, True)])
 def test_ours_builds_the_workload_with_its_flags_at_the_training_size(variant, chunks,
-                                                                       per_image):
+                                                                       per_image, fold,
+                                                                       channels_last):
     step, batch = throughput.ours(variant, 1, Precision("fp32", "cpu"), torch.device("cpu"))
     args = step.__self__.args
     assert args.synthetic_data and args.batch_size == 1
     assert args.topk_chunks == chunks and args.fpn_post_nms_per_image == per_image
+    assert args.fold_frozen_bn == fold and args.channels_last == channels_last
     assert batch.image_sizes.tolist() == [[800, 1066]] and batch.images.shape[-2:] == (800, 1088)
 
 

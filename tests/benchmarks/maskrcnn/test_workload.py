@@ -1,5 +1,7 @@
 """The Mask R-CNN workload: the reference's LR schedule and optimizer groups, a training step
-that learns, a picklable scorer of both targets, and one-line errors for bad checkpoints."""
+that learns, the plain step's losses and gradients with ``--fold-frozen-bn`` and
+``--channels-last``, a picklable scorer of both targets, and backbone checkpoints: loaded
+with the switches, one-line errors for bad ones."""
 
 import bisect
 import pickle
@@ -7,12 +9,15 @@ import pickle
 import pytest
 import torch
 
-from benchmarks.maskrcnn.model import MaskRCNN
+from benchmarks.maskrcnn.frozen_bn import folded_conv_frozen_bn
+from benchmarks.maskrcnn.model import FrozenBatchNorm2d, MaskRCNN
 from benchmarks.maskrcnn.workload import MaskRCNNWorkload, _load_backbone, lr_at, score
 from common.dist import DistEnv
 from common.errors import UserError
 from common.precision import Precision
 from common.training import build_parser
+from tests.benchmarks.maskrcnn.test_frozen_bn import random_statistics
+from tests.benchmarks.maskrcnn.test_model import torchvision_resnet50_state_dict
 
 TINY = ["--synthetic-data", "--device", "cpu", "--precision", "fp32", "--width", "4",
         "--fpn-channels", "8", "--box-head-dim", "16", "--mask-head-dim", "8",
@@ -20,6 +25,7 @@ TINY = ["--synthetic-data", "--device", "cpu", "--precision", "fp32", "--width",
         "--rpn-pre-nms-top-n-train", "50", "--rpn-post-nms-top-n-train", "50",
         "--rpn-fpn-post-nms-top-n-train", "1000", "--rpn-batch-size-per-image", "32",
         "--roi-batch-size-per-image", "32", "--lr", "0.02", "--warmup-steps", "2"]
+SWITCHES = [["--fold-frozen-bn"], ["--channels-last"], ["--fold-frozen-bn", "--channels-last"]]
 
 
 def build(argv):
@@ -63,6 +69,58 @@ def test_training_steps_reduce_the_loss_on_a_batch():
     batch = wl.synthetic_batch(2)
     losses = [wl.train_step(*batch).item() for _ in range(8)]
     assert losses[-1] < 0.8 * losses[0], losses
+
+
+@pytest.mark.parametrize("switches", SWITCHES)
+def test_switches_compute_the_plain_steps_losses_and_gradients(switches):
+    plain, fast = build(TINY), build(TINY + switches)
+    g = torch.Generator().manual_seed(3)
+    for m in plain.net.modules():
+        if isinstance(m, FrozenBatchNorm2d):
+            random_statistics(m, g)
+    assert list(fast.net.state_dict()) == list(plain.net.state_dict())
+    assert fast.tensor_names == plain.tensor_names
+    fast.net.load_state_dict(plain.net.state_dict())
+    batch = plain.synthetic_batch(2)
+    layouts = []
+    fast.net.fpn.register_forward_hook(lambda _m, inputs, levels: layouts.extend(   # C2..P5
+        x.is_contiguous(memory_format=torch.channels_last) for x in [*inputs[0], *levels[:4]]))
+    fast.net.backbone.register_forward_pre_hook(lambda _m, inputs: layouts.append(
+        inputs[0].is_contiguous(memory_format=torch.channels_last)))
+    losses, grads = [], []
+    for wl in (plain, fast):
+        wl.detector.register_forward_hook(lambda _m, _inputs, out: losses.append(out))
+        torch.manual_seed(1)                    # the same anchors and RoIs sampled
+        wl.train_step(*batch)
+        grads.append({n: p.grad for n, p in wl.net.named_parameters()})
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=1e-6)
+    assert losses[0]["loss_mask"] > 0
+    assert grads[1].keys() == grads[0].keys()
+    for name, grad in grads[0].items():
+        if grad is None:                        # frozen: the stem and layer1
+            assert name.startswith(("backbone.conv1.", "backbone.layer1.")), name
+            assert grads[1][name] is None, name
+        else:
+            torch.testing.assert_close(grads[1][name], grad, rtol=1e-3,
+                                       atol=1e-4 * grad.abs().max().item(), msg=name)
+    folded = fast.net.backbone.layer2[0].conv_bn is folded_conv_frozen_bn
+    assert folded == ("--fold-frozen-bn" in switches)
+    channels_last = "--channels-last" in switches
+    assert len(layouts) == 1 + 4 + 4 and all(cl == channels_last for cl in layouts)
+
+
+@pytest.mark.parametrize("switches", SWITCHES)
+def test_a_torchvision_backbone_checkpoint_loads_with_the_switches(tmp_path, switches):
+    state = torchvision_resnet50_state_dict()
+    path = tmp_path / "resnet50.pt"
+    torch.save(state, path)
+    wl = build([*TINY, "--width", "64", "--backbone-checkpoint", str(path), *switches])
+    own = wl.net.backbone.state_dict()
+    assert len(own) == 53 + 53 * 4
+    assert all(torch.equal(value, state[key]) for key, value in own.items())
+    weight = wl.net.backbone.layer4[0].conv2.weight
+    assert weight.is_contiguous(memory_format=torch.channels_last) == (
+        "--channels-last" in switches)
 
 
 def test_score_names_both_targets_and_pickles_for_background_scoring():

@@ -131,7 +131,7 @@ def test_unknown_and_unavailable_backends(index):
     with pytest.raises(UserError, match="unknown data backend"):
         loader(index, backend="opencv")
     with pytest.raises(UserError, match="needs a CUDA device"):
-        loader(index, backend="gpu")
+        loader(index, backend="nvjpeg")
 
 
 def test_synthetic_batch_is_device_resident_random_data():

@@ -32,14 +32,29 @@ def index(tmp_path_factory):
     return data.ImageFolderIndex.scan(root)
 
 
-def _loaders(index, train, size=32, batch=6):
+def _loaders(index, train, size=32, batch=6, workers=0):
     samples = index.train if train else index.val
     ref = data.Loader(samples, train, batch, 0, 1, 7,
                       data._cpu_decoder(samples, size, train, 7, batch, 0, CPU))
     new = data.Loader(samples, train, batch, 0, 1, 7,
-                      nvjpeg.batched_decoder(samples, size, train, 7, batch, 0, CPU,
+                      nvjpeg.batched_decoder(samples, size, train, 7, batch, workers, CPU,
                                              nvjpeg.pillow_decode))
     return ref, new
+
+
+def test_persistent_workers_serve_each_epoch_its_own_crops(index):
+    """One set of loader processes serves epochs 1, 2 and 1 again (also after a pass left
+    unfinished): each pass equals a fresh in-process reader's for that epoch, and the epoch
+    in each item's key sets its crops."""
+    planned = nvjpeg.PlannedBatches(index.train, 32, True, 7)
+    batch = list(range(6))
+    assert not torch.equal(planned[1, batch][3], planned[2, batch][3])
+    _, new = _loaders(index, True, workers=2)
+    _, fresh = _loaders(index, True)
+    next(iter(new.epoch(3)))
+    for epoch in (1, 2, 1):
+        for (a, la), (b, lb) in zip(fresh.epoch(epoch), new.epoch(epoch), strict=True):
+            assert torch.equal(la, lb) and torch.equal(a, b)
 
 
 @pytest.mark.parametrize("train", [True, False])
@@ -174,8 +189,8 @@ def test_jpeg_headers_and_the_colour_modes_the_worker_routes(index):
     for bad in (b"", b"not a jpeg", b"\xff\xd8\xff\xe0\x00\x10JFIF"):
         with pytest.raises(ValueError):
             nvjpeg.jpeg_header(bad)
-    batches = [list(range(len(index.train)))]
-    sizes, dims, decoded_at = (nvjpeg.PlannedBatches(index.train, batches, 32, True, 0, 1)[0][i]
+    batch = list(range(len(index.train)))
+    sizes, dims, decoded_at = (nvjpeg.PlannedBatches(index.train, 32, True, 0)[1, batch][i]
                                for i in (1, 2, 6))
     cmyk = [j for j, (path, _) in enumerate(index.train) if Image.open(path).mode == "CMYK"]
     assert decoded_at == cmyk and all(sizes[j] == 0 for j in cmyk)

@@ -1,13 +1,16 @@
 """The transducer loss against a brute-force sum over every alignment (values and gradients),
-padded and packed, several lengths in one batch; the torchaudio path on the GPU."""
+padded and packed, several lengths in one batch; the fused packed path against the reference
+one, chunk by chunk and without an fp32 copy of the logits; the torchaudio path on the GPU."""
 
 import itertools
 import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
-from benchmarks.rnnt.loss import packed_transducer_loss, transducer_loss
+from benchmarks.rnnt.loss import _FusedLogProbs, packed_transducer_loss, transducer_loss
 from benchmarks.rnnt.model import packed_index
 
 
@@ -104,16 +107,90 @@ def test_padding_does_not_matter_and_gets_no_gradient():
     assert grad[valid].abs().max() > 0
 
 
-def test_packed_matches_brute_force_values_and_gradients():
+@pytest.mark.parametrize("impl", [{}, {"impl": "fused", "chunk_rows": 7}])   # N = 30 rows
+def test_packed_matches_brute_force_values_and_gradients(impl):
     logits, enc_lens, labels, label_lens = _batch(3, [3, 4, 1, 2], [2, 3, 2, 0], vocab=6)
     packed = _pack(logits.detach(), enc_lens, label_lens).requires_grad_()
-    loss = packed_transducer_loss(packed, enc_lens, labels, label_lens, reduction="none")
+    loss = packed_transducer_loss(packed, enc_lens, labels, label_lens, reduction="none",
+                                  **impl)
     (grad,) = torch.autograd.grad(loss.sum(), packed)
     expected = _brute_force_batch(logits, enc_lens, labels, label_lens, blank=5)
     (expected_grad,) = torch.autograd.grad(expected.sum(), logits)
     torch.testing.assert_close(loss, expected, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(grad, _pack(expected_grad, enc_lens, label_lens),
                                rtol=1e-9, atol=1e-10)
+
+
+def test_fused_log_probs_are_the_log_softmax_at_two_columns():
+    """Against autograd through ``log_softmax`` with a gradient on every row: where a row has
+    no label, its -inf is a constant and passes none."""
+    g = torch.Generator().manual_seed(10)
+    logits = torch.randn(23, 11, generator=g, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(0, 10, (23,), generator=g)
+    has_label = torch.rand(23, generator=g) < 0.7
+    upstream = tuple(torch.randn(2, 23, generator=g, dtype=torch.float64))
+    got = _FusedLogProbs.apply(logits, ids, has_label, 10, 5)
+    lp = logits.log_softmax(-1)
+    expected = (lp[:, 10], lp.gather(1, ids[:, None])[:, 0].masked_fill(~has_label, -math.inf))
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(torch.autograd.grad(got, logits, upstream),
+                               torch.autograd.grad(expected, logits, upstream),
+                               rtol=1e-12, atol=1e-12)
+
+
+def _packed_batch(seed, dtype, vocab=64):
+    """Packed logits ``[N, V]`` of 4 utterances, one without labels; N = 61."""
+    g = torch.Generator().manual_seed(seed)
+    enc_lens, label_lens = torch.tensor([5, 3, 7, 1]), torch.tensor([3, 0, 4, 2])
+    n = int((enc_lens * (label_lens + 1)).sum())
+    logits = (torch.randn(n, vocab, generator=g) * 3).to(dtype)
+    labels = torch.randint(0, vocab - 1, (4, 4), generator=g)
+    return logits, enc_lens, labels, label_lens
+
+
+def _loss_and_grad(logits, enc_lens, labels, label_lens, **impl):
+    x = logits.clone().requires_grad_()
+    loss = packed_transducer_loss(x, enc_lens, labels, label_lens, reduction="none", **impl)
+    (grad,) = torch.autograd.grad(loss.sum(), x)
+    return loss, grad
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 61, 8, 1])
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, dict(rtol=1e-6, atol=1e-6)),
+                                        (torch.bfloat16, dict(rtol=1.6e-2, atol=1e-5))])
+def test_fused_packed_matches_the_reference_packed_path(dtype, tol, chunk_rows):
+    batch = _packed_batch(8, dtype)
+    loss, grad = _loss_and_grad(*batch, impl="fused", chunk_rows=chunk_rows)
+    ref_loss, ref_grad = _loss_and_grad(*batch)
+    assert loss.dtype == torch.float32 and grad.dtype == dtype
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(grad, ref_grad, **tol)   # finite, also on the label-less rows
+    assert grad.float().sum(-1).abs().max() < 1e-2      # softmax gradients sum to 0 per row
+
+
+class _LargestFloat32(TorchDispatchMode):
+    """Records the most elements of any fp32 tensor an op makes."""
+
+    largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        sizes = [t.numel() for t in tree_leaves(out)
+                 if isinstance(t, torch.Tensor) and t.dtype == torch.float32]
+        self.largest = max([self.largest, *sizes])
+        return out
+
+
+@pytest.mark.parametrize("impl", ["reference", "fused"])
+def test_fused_path_never_makes_an_fp32_copy_of_the_logits(impl):
+    logits, enc_lens, labels, label_lens = _packed_batch(9, torch.bfloat16)
+    with _LargestFloat32() as mode:
+        _loss_and_grad(logits, enc_lens, labels, label_lens, impl=impl, chunk_rows=8)
+    n, vocab = logits.shape
+    if impl == "reference":
+        assert mode.largest >= n * vocab     # the check sees the reference's copy
+    else:
+        assert mode.largest <= 8 * vocab     # one chunk of rows at most
 
 
 def test_long_sequences_in_float32_match_float64():
@@ -147,6 +224,9 @@ def test_unknown_impl_and_reduction_are_refused():
         transducer_loss(logits, enc_lens, labels, label_lens, impl="warp")
     with pytest.raises(ValueError, match="reduction"):
         transducer_loss(logits, enc_lens, labels, label_lens, reduction="avg")
+    with pytest.raises(ValueError, match="impl"):
+        packed_transducer_loss(_pack(logits, enc_lens, label_lens), enc_lens, labels,
+                               label_lens, impl="torchaudio")
 
 
 @pytest.mark.gpu

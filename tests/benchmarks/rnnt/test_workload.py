@@ -1,5 +1,6 @@
-"""The RNN-T workload: the reference's LR rule, a step that learns, the moving average that
-evaluation decodes, WER over all words, and one-line errors for bad flags."""
+"""The RNN-T workload: the reference's LR rule, a step that learns, the fused loss's step equal
+to the reference loss's, the moving average that evaluation decodes, WER over all words, and
+one-line errors for bad flags."""
 
 import pytest
 import torch
@@ -73,6 +74,21 @@ def test_steps_reduce_the_loss_and_the_average_follows_the_weights(speech_fixtur
     assert all(avg.grad_fn is None and not avg.requires_grad for avg in wl.ema_params)
 
 
+def test_the_fused_loss_takes_the_reference_losss_step(speech_fixture):
+    """``--loss fused`` on the packed joint: the same loss and the same weights after a step
+    (features, SpecAugment and dropout drawn alike)."""
+    results = []
+    for loss in ("reference", "fused"):
+        wl = build(speech_fixture, "--loss", loss, "--lr", "0.02", "--warmup-epochs", "0")
+        batch = next(iter(wl.epoch_batches(1)))
+        torch.manual_seed(1)
+        results.append((wl.train_step(*batch), [p.detach().clone() for p in wl.params]))
+    (ref_loss, ref_params), (loss, params) = results
+    assert torch.isfinite(loss) and loss.item() == pytest.approx(ref_loss.item(), rel=1e-5)
+    for p, ref in zip(params, ref_params):
+        torch.testing.assert_close(p, ref, rtol=1e-4, atol=1e-6)
+
+
 def test_evaluation_decodes_with_the_average_and_counts_every_word(speech_fixture,
                                                                    monkeypatch):
     wl = build(speech_fixture)
@@ -95,6 +111,7 @@ def test_evaluation_decodes_with_the_average_and_counts_every_word(speech_fixtur
 @pytest.mark.parametrize("flags, message", [
     (["--batch-size", "6", "--grad-accum", "4"], "not divisible by --grad-accum"),
     (["--loss", "torchaudio"], "add --joint padded"),
+    (["--joint", "padded", "--loss", "fused"], "use --joint packed"),
     (["--ema", "1.0"], "--ema must be in [0, 1)"),
     (["--clip-norm", "0"], "--clip-norm must be a positive norm or inf"),
     (["--clip-norm", "nan"], "--clip-norm must be a positive norm or inf"),

@@ -1,0 +1,34 @@
+"""Frozen batch norm folded into the convolution before it (``--fold-frozen-bn``).
+
+The plain path, :func:`conv_frozen_bn`, runs ``bn(conv(x))``: the batch norm multiplies each
+feature map by fp32 buffers, so under autocast every bf16 map of the backbone becomes fp32
+(one more pass to write it, one to cast it back for the next convolution). Folded
+(:func:`folded_conv_frozen_bn`), it is one convolution with weight ``conv.weight * scale``
+and bias ``shift``, made at each forward from the buffers: autograd gives ``conv.weight`` its
+exact gradient, the output stays in the autocast dtype, and module names, state dict and
+checkpoint loading are the plain model's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if TYPE_CHECKING:
+    from benchmarks.maskrcnn.model import FrozenBatchNorm2d
+
+
+def conv_frozen_bn(conv: nn.Conv2d, bn: FrozenBatchNorm2d, x: torch.Tensor) -> torch.Tensor:
+    """The plain path: the convolution, then the frozen batch norm."""
+    return bn(conv(x))
+
+
+def folded_conv_frozen_bn(conv: nn.Conv2d, bn: FrozenBatchNorm2d, x: torch.Tensor
+                          ) -> torch.Tensor:
+    """``bn(conv(x))`` as one convolution (``conv`` without bias)."""
+    scale, shift = bn.scale_shift()
+    return F.conv2d(x, conv.weight * scale[:, None, None, None], shift, conv.stride,
+                    conv.padding, conv.dilation, conv.groups)
