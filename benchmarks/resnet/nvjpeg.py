@@ -10,8 +10,9 @@
   buffer and runs :func:`crop_resize_normalize` over the batch: crop, bilinear resize
   (as ``F.interpolate`` of each crop), flip, normalise and channels-last in one pass
   of batched gathers;
-- batch ``n + 1`` is decoded while the step runs on batch ``n`` (the step's kernels are
-  queued on the default stream, the decode's on the side stream).
+- a background thread decodes and crops the next batches on a side stream while the step
+  runs, so the decode call's host time (and any wait in it) is off the thread that
+  launches the step.
 
 Files nvJPEG cannot take are decoded by Pillow: CMYK/YCCK JPEGs (4 components) in the loader
 process, and any file that nvJPEG rejects in the main process; a file that Pillow rejects
@@ -22,8 +23,11 @@ crops much larger than the output alias a little; the evaluation crop (resize 25
 
 from __future__ import annotations
 
+import contextlib
 import io
+import queue
 import struct
+import threading
 
 import numpy as np
 import torch
@@ -247,34 +251,63 @@ def planned_loader(samples, size, train, seed, workers, pin: bool, keys: Keys):
         persistent_workers=workers > 0)
 
 
-def ahead(batches, device: torch.device, assemble):
-    """``assemble(item)`` for each item, one batch ahead of the consumer, on a side stream
-    on a GPU: batch ``n + 1`` is decoded and cropped while the consumer's kernels for batch
-    ``n`` run."""
-    side = torch.cuda.Stream(device) if device.type == "cuda" else None
+def ahead(batches, device: torch.device, assemble, depth: int = 2):
+    """``assemble(item)`` for each item in a background thread (on a side stream on a GPU),
+    up to ``depth`` batches ahead of the consumer, so the decode call's host time overlaps
+    the consumer's step instead of delaying its launch. An error in the thread is raised in
+    the consumer; a consumer that stops early stops the thread."""
+    cuda = device.type == "cuda"
+    side = torch.cuda.Stream(device) if cuda else None
+    ready: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
 
-    def start(item):
-        if side is None:
-            return assemble(item)
-        with torch.cuda.stream(side):
-            return assemble(item)
+    def put(entry) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
 
-    def finish(batch):
-        if side is not None:
-            current = torch.cuda.current_stream(device)
-            current.wait_stream(side)
-            for t in batch:
-                t.record_stream(current)
-        return batch
+    def produce():
+        try:
+            if cuda:
+                torch.cuda.set_device(device)
+            with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
+                for item in batches:
+                    if cuda:
+                        # nvJPEG writes from a stream of its own, not ordered after this
+                        # one: the blocks it is handed must not still be read by queued crops
+                        side.synchronize()
+                    batch = assemble(item)
+                    done = torch.cuda.Event() if cuda else None
+                    if cuda:
+                        done.record(side)
+                    if not put((batch, done)):
+                        return
+            put((None, None))
+        except BaseException as exc:   # raised in the consumer
+            put((exc, None))
 
-    pending = None
-    for item in batches:
-        ready = start(item)
-        if pending is not None:
-            yield finish(pending)
-        pending = ready
-    if pending is not None:
-        yield finish(pending)
+    thread = threading.Thread(target=produce, name="nvjpeg-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            batch, done = ready.get()
+            if batch is None:
+                return
+            if isinstance(batch, BaseException):
+                raise batch
+            if cuda:
+                current = torch.cuda.current_stream(device)
+                current.wait_event(done)
+                for t in batch:
+                    t.record_stream(current)
+            yield batch
+    finally:
+        stop.set()
+        thread.join()
 
 
 def batched_decoder(samples, size, train, seed, batch_size, workers, device,

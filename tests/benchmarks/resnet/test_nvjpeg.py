@@ -4,9 +4,11 @@ nvJPEG itself needs a GPU; here its place is taken by Pillow (``nvjpeg.pillow_de
 so everything else (headers, crop plans, the batched crop/resize, batching, errors) runs
 on the CPU. The GPU test at the end compares the real backend with that stand-in."""
 
+import itertools
 import math
 import random
 import sys
+import threading
 import types
 
 import numpy as np
@@ -267,3 +269,20 @@ def test_nvjpeg_backend_matches_its_pillow_stand_in_on_the_gpu(index, train):
         assert torch.equal(la, lb)
         assert a.is_contiguous(memory_format=torch.channels_last)
         assert ((a - b).abs() * STD.to(device)).mean() < 3
+
+
+def test_ahead_keeps_order_raises_the_threads_error_and_stops_with_its_consumer():
+    assert list(nvjpeg.ahead(range(7), CPU, lambda x: x * x)) == [x * x for x in range(7)]
+
+    def bad(x):
+        if x == 3:
+            raise UserError("f.JPEG: cannot decode JPEG")
+        return x
+    with pytest.raises(UserError, match="f.JPEG"):
+        list(nvjpeg.ahead(range(7), CPU, bad))
+    endless = itertools.count()
+    it = nvjpeg.ahead(endless, CPU, lambda x: x)
+    assert next(it) == 0
+    it.close()   # joins the thread, which would otherwise run on forever
+    assert not any(t.name == "nvjpeg-ahead" for t in threading.enumerate())
+    assert next(endless) <= 2 + 3   # the thread stopped a queue's depth or so ahead
