@@ -258,6 +258,8 @@ def ahead(batches, device: torch.device, assemble, depth: int = 2):
     the consumer; a consumer that stops early stops the thread."""
     cuda = device.type == "cuda"
     side = torch.cuda.Stream(device) if cuda else None
+    index = (torch.cuda.current_device() if device.index is None else device.index) if cuda \
+        else None
     ready: queue.Queue = queue.Queue(depth)
     stop = threading.Event()
 
@@ -273,7 +275,7 @@ def ahead(batches, device: torch.device, assemble, depth: int = 2):
     def produce():
         try:
             if cuda:
-                torch.cuda.set_device(device)
+                torch.cuda.set_device(index)
             with torch.cuda.stream(side) if cuda else contextlib.nullcontext():
                 for item in batches:
                     if cuda:
