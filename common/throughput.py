@@ -8,6 +8,7 @@ model, optimizer and communication from the input pipeline.
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,6 +48,43 @@ def time_steps(name: str, step: Callable[..., torch.Tensor], batch: tuple[torch.
         best = seconds if best is None else min(best, seconds)
     return Measurement(name, batch[0].shape[0], iters, best, peak_memory_bytes(device))
 
+
+def measure_variant(name: str, step: Callable[..., torch.Tensor], batch: tuple, device,
+                    warmup: int, iters: int, unit: str, profile: bool = False, **row) -> dict:
+    """One variant's row for a comparison tool: ``row`` plus samples/s and peak GiB, printed;
+    or, where the variant fails (out of memory, a kernel's size limit, a compile error), the
+    error's first line as ``row["error"]``, printed, so the other variants still run."""
+    from common.kernel_profile import kernel_breakdown
+
+    try:
+        m = time_steps(name, step, batch, device, warmup, iters)
+    except Exception as exc:
+        lines = str(exc).strip().splitlines()
+        error = f"{type(exc).__name__}: {lines[0] if lines else ''}"
+        print(f"{name:22s} failed: {error}", flush=True)
+        return {"variant": name, **row, "error": error}
+    gib = m.peak_memory_bytes / 2**30
+    print(f"{name:22s} batch {m.batch_size}: {m.samples_per_second:8.1f} {unit}, "
+          f"peak {gib:.1f} GiB", flush=True)
+    if profile:
+        print(kernel_breakdown(step, batch), flush=True)
+    return {"variant": name, **row, "samples_per_second": m.samples_per_second,
+            "peak_memory_gib": gib}
+
+
+def report_variants(rows: list[dict], references, json_path: str | None) -> int:
+    """Print each measured variant's ratio to each reference variant measured, write the
+    rows (with the device and torch version) to ``json_path``; 1 if a variant failed."""
+    speed = {r["variant"]: r["samples_per_second"] for r in rows if "error" not in r}
+    for ref in references:
+        if ref in speed:
+            for name, value in speed.items():
+                print(f"{name:22s} x{value / speed[ref]:.2f} vs {ref}")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "results": rows}, f, indent=1)
+    return int(len(speed) < len(rows))
 
 
 def meta_train_flops(build_model: Callable[[], torch.nn.Module], sample_shape: tuple[int, ...],

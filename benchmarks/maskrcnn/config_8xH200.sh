@@ -3,10 +3,12 @@
 # base LR 0.12, a 625-step warm-up from 0.000192 x, x0.1 at steps 12000 and 16000, 6000
 # post-NMS proposals per rank's batch. The backbone starts from torchvision's ImageNet
 # resnet50 weights (BACKBONE_CHECKPOINT). Not yet run: no machine of several GPUs was lent.
+# Frozen batch norm folded into the convolutions and channels-last memory: 1.10x the plain
+# step on one H100 (docs/performance.md, Mask R-CNN).
 NPROC=8
 PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
-    --precision "$PRECISION" --workers 12
+    --precision "$PRECISION" --workers 12 --fold-frozen-bn --channels-last
     --backbone-checkpoint "${BACKBONE_CHECKPOINT:?set BACKBONE_CHECKPOINT to a torchvision resnet50 state dict (docs/data.md#maskrcnn)}"
     --batch-size 12 --eval-batch-size 8
     --lr 0.12 --warmup-steps 625 --warmup-factor 0.000192 --lr-decay-steps 12000,16000

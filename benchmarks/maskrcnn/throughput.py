@@ -2,7 +2,7 @@
 torchvision's Mask R-CNN as a user would train it.
 
     python -m benchmarks.maskrcnn.throughput --batch-size 8 --precision amp-bf16 \
-        --variants ours,ours-topk4,torchvision-eager,torchvision-compile
+        --variants ours,ours-fold-cl,torchvision-eager,torchvision-compile
 
 ``ours`` is the workload's real training step (R50-FPN, the reference's RPN, RoI sampling and
 losses, momentum SGD with the reference's parameter groups), eager: its capture policy is
@@ -16,10 +16,11 @@ memory (``--channels-last``).
 The baselines are torchvision's ``MaskRCNN`` on a ResNet-50 FPN, trained as torchvision's
 detection reference trains it: momentum SGD (weight decay 1e-4 on every trained weight),
 autocast, a ``GradScaler`` in amp-fp16; eager (``torchvision-eager``) or ``torch.compile``-d
-(``torchvision-compile``; when compilation fails, the tool says why and goes on). Its backbone
-is built as ``maskrcnn_resnet50_fpn`` builds it for a pretrained backbone (frozen batch norm,
-stem and layer1 frozen, as ours), which is how torchvision's reference trains it: without
-weights, that builder would train batch norm and every layer. Every variant gets the same
+(``torchvision-compile``). Its backbone is built as ``maskrcnn_resnet50_fpn`` builds it for
+a pretrained backbone (frozen batch norm, stem and layer1 frozen, as ours), which is how
+torchvision's reference trains it: without weights, that builder would train batch norm and
+every layer. A variant that fails is reported with its error while the others run, and the
+exit status is 1. Every variant gets the same
 images (at the training size of a 640 x 480 image, which torchvision's own resize keeps) and
 the same boxes, labels and masks; ``--profile`` adds kernel time by family.
 """
@@ -27,7 +28,6 @@ the same boxes, labels and masks; ``--profile`` adds kernel time by family.
 from __future__ import annotations
 
 import gc
-import json
 import sys
 
 import torch
@@ -39,9 +39,8 @@ from benchmarks.maskrcnn.model import NUM_CLASSES
 from benchmarks.maskrcnn.topk import SPLIT_TOPK_CHUNKS
 from benchmarks.maskrcnn.workload import MaskRCNNWorkload
 from common.dist import DistEnv
-from common.kernel_profile import kernel_breakdown
 from common.precision import Precision
-from common.throughput import gpu_variants, time_steps, tool_parser
+from common.throughput import gpu_variants, measure_variant, report_variants, tool_parser
 from common.training import build_parser
 
 # variant -> workload flags of the workload's step
@@ -105,7 +104,8 @@ def torchvision_step(batch: data.TrainBatch, precision: Precision, device, compi
 
 def main(argv=None) -> int:
     p = tool_parser("python -m benchmarks.maskrcnn.throughput", __doc__,
-                    "ours,torchvision-eager,torchvision-compile", warmup=5, iters=10)
+                    "ours,ours-fold-cl,torchvision-eager,torchvision-compile", warmup=5,
+                    iters=10)
     p.add_argument("--batch-size", type=int, default=8)
     a = p.parse_args(argv)
     variants = gpu_variants(p, a.variants, VARIANTS)
@@ -120,38 +120,13 @@ def main(argv=None) -> int:
         else:   # the same batch as ours' (the same seed)
             batch = data.synthetic_batch(a.batch_size, NUM_CLASSES, device=device)
             step = torchvision_step(batch, precision, device, TORCHVISION[v])
-        try:
-            m = time_steps(v, step, batch, device, a.warmup, a.iters)
-        except Exception as exc:    # a user would fall back to torchvision-eager
-            if v != "torchvision-compile":
-                raise
-            lines = str(exc).strip().splitlines()
-            error = f"{type(exc).__name__}: {lines[0] if lines else ''}"
-            print(f"{v:20s} failed: {error}", flush=True)
-            rows.append({"variant": v, "error": error})
-        else:
-            rows.append({"variant": v, "batch_size": a.batch_size, "precision": a.precision,
-                         "samples_per_second": m.samples_per_second,
-                         "peak_memory_gib": m.peak_memory_bytes / 2**30})
-            print(f"{v:20s} batch {a.batch_size} {a.precision}: "
-                  f"{m.samples_per_second:7.1f} img/s, peak {m.peak_memory_bytes / 2**30:.1f} GiB",
-                  flush=True)
-            if a.profile:
-                print(kernel_breakdown(step, batch), flush=True)
+        rows.append(measure_variant(v, step, batch, device, a.warmup, a.iters, "img/s",
+                                    a.profile, batch_size=a.batch_size,
+                                    precision=a.precision))
         del step, batch
         gc.collect()
         torch.cuda.empty_cache()
-    base = {r["variant"]: r["samples_per_second"] for r in rows if "error" not in r}
-    for ref in TORCHVISION:
-        if ref in base:
-            for v, ips in base.items():
-                print(f"{v:20s} x{ips / base[ref]:.2f} vs {ref}")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "results": rows}, f, indent=1)
-    return 0
-
+    return report_variants(rows, TORCHVISION, a.json)
 
 if __name__ == "__main__":
     sys.exit(main())
