@@ -38,3 +38,12 @@ def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
     """The non-empty stderr lines, Python warnings left out."""
     return [line for line in proc.stderr.splitlines()
             if line.strip() and "Warning" not in line and "warn" not in line]
+
+
+def assert_needs_cuda(module: str) -> None:
+    """``python -m module`` without a visible GPU: exit 2 with one line saying so."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-m", module], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert len(error_lines(proc)) == 1 and "needs a CUDA device" in proc.stderr

@@ -128,5 +128,6 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     return report_variants(rows, TORCHVISION, a.json)
 
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -200,5 +200,6 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     return report_variants(rows, PLAIN, a.json)
 
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,9 +2,6 @@
 it, ours' variants and the batch as torchvision takes it."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,15 +10,11 @@ from benchmarks.maskrcnn import data, throughput
 from common import throughput as common_throughput
 from common.precision import Precision
 from common.throughput import Measurement
-from tests.entry_points import REPO, error_lines
+from tests.entry_points import assert_needs_cuda
 
 
 def test_without_cuda_exits_2_with_one_line():
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.maskrcnn.throughput"], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert len(error_lines(proc)) == 1 and "needs a CUDA device" in proc.stderr
+    assert_needs_cuda("benchmarks.maskrcnn.throughput")
 
 
 def test_unknown_variant_exits_2_with_one_line(monkeypatch, capsys):

@@ -2,8 +2,6 @@
 end and encoder, ours' flags and the plain network's logits."""
 
 import math
-import os
-import subprocess
 import sys
 import types
 
@@ -14,18 +12,14 @@ from benchmarks.rnnt import features, throughput
 from benchmarks.rnnt.loss import transducer_loss
 from benchmarks.rnnt.model import RNNT
 from common.precision import Precision
-from tests.entry_points import REPO, error_lines
+from tests.entry_points import assert_needs_cuda
 
 TINY = dict(enc_hidden=8, pre_layers=2, post_layers=2, pred_hidden=6, pred_layers=2,
             joint_hidden=5)
 
 
 def test_without_cuda_exits_2_with_one_line():
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.rnnt.throughput"], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert len(error_lines(proc)) == 1 and "needs a CUDA device" in proc.stderr
+    assert_needs_cuda("benchmarks.rnnt.throughput")
 
 
 @pytest.mark.parametrize("flags, message", [
