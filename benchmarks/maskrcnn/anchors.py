@@ -56,14 +56,17 @@ def fpn_anchors(feature_sizes: list[tuple[int, int]],
                                                   strict=True)]
 
 
-def visible(anchors: torch.Tensor, image_size: tuple[int, int],
+def visible(anchors: torch.Tensor, image_size: tuple[int, int] | torch.Tensor,
             straddle_thresh: float = STRADDLE_THRESH) -> torch.Tensor:
-    """Which anchors [K, 4] lie inside an image of ``(height, width)``, allowing
-    ``straddle_thresh`` pixels outside (``add_visibility_to``); the RPN loss ignores the
-    others. A negative threshold makes every anchor visible."""
+    """Which anchors [K, 4] lie inside an image of ``(height, width)`` (or of each of sizes
+    [..., 2], giving [..., K]), allowing ``straddle_thresh`` pixels outside
+    (``add_visibility_to``); the RPN loss ignores the others. A negative threshold makes
+    every anchor visible."""
+    size = torch.as_tensor(image_size, device=anchors.device)
     if straddle_thresh < 0:
-        return torch.ones(len(anchors), dtype=torch.bool, device=anchors.device)
-    height, width = image_size
+        return torch.ones((*size.shape[:-1], len(anchors)), dtype=torch.bool,
+                          device=anchors.device)
+    height, width = size[..., 0, None], size[..., 1, None]
     return ((anchors[:, 0] >= -straddle_thresh) & (anchors[:, 1] >= -straddle_thresh)
             & (anchors[:, 2] < width + straddle_thresh)
             & (anchors[:, 3] < height + straddle_thresh))

@@ -156,17 +156,23 @@ class Matcher:
         self.low_threshold = low_threshold
         self.allow_low_quality_matches = allow_low_quality_matches
 
-    def __call__(self, match_quality_matrix: torch.Tensor) -> torch.Tensor:
-        """Matches [N] (int64) for a quality matrix [M, N]."""
-        if match_quality_matrix.numel() == 0:
-            missing = "ground-truth" if match_quality_matrix.shape[0] == 0 else "proposal"
+    def __call__(self, match_quality_matrix: torch.Tensor,
+                 valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Matches [..., N] (int64) for a quality matrix [..., M, N]; ``valid`` [..., M] marks
+        the real ground truths of a padded batch (a row of none matches nothing)."""
+        if match_quality_matrix.shape[-2] == 0 or match_quality_matrix.shape[-1] == 0:
+            missing = "ground-truth" if match_quality_matrix.shape[-2] == 0 else "proposal"
             raise ValueError(f"No {missing} boxes available for one of the images")
-        matched_vals, best = match_quality_matrix.max(dim=0)
+        if valid is not None:
+            match_quality_matrix = torch.where(valid[..., None], match_quality_matrix, -1.0)
+        matched_vals, best = match_quality_matrix.max(dim=-2)
         matches = torch.where(matched_vals >= self.high_threshold, best,
                               torch.where(matched_vals >= self.low_threshold,
                                           self.BETWEEN_THRESHOLDS, self.BELOW_LOW_THRESHOLD))
         if self.allow_low_quality_matches:
-            best_per_gt = match_quality_matrix.max(dim=1, keepdim=True).values
-            is_best = (match_quality_matrix == best_per_gt).any(dim=0)
-            matches = torch.where(is_best, best, matches)
+            best_per_gt = match_quality_matrix.max(dim=-1, keepdim=True).values
+            is_best = match_quality_matrix == best_per_gt
+            if valid is not None:
+                is_best &= valid[..., None]
+            matches = torch.where(is_best.any(dim=-2), best, matches)
         return matches

@@ -70,27 +70,28 @@ class Detector(nn.Module):
         """Training: ``(images, image_sizes, boxes, labels, masks)`` of a ``TrainBatch`` ->
         the losses (dict of float32 scalars). Evaluation: ``(images, image_sizes,
         original_sizes)`` -> one ``ImageDetections`` per image, masks pasted."""
-        sizes = [tuple(s) for s in image_sizes.tolist()]
         levels = self.net.features(images)
         objectness, deltas = self.net.rpn(levels)
         anchors = self.anchors(levels)
         if not self.training:
+            sizes = [tuple(s) for s in image_sizes.tolist()]
             proposals = self.rpn.proposals(objectness, deltas, anchors, sizes)
             return self._detect(levels, proposals, sizes, targets[0])
-        gt_boxes, gt_labels, gt_masks = ground_truth(*targets)
-        loss_objectness, loss_rpn_box_reg = self.rpn.loss(objectness, deltas, anchors, sizes,
-                                                          gt_boxes)
-        proposals = self.rpn.proposals(objectness, deltas, anchors, sizes, gt_boxes)
-        samples = self.sampler(proposals, gt_boxes, gt_labels)
-        scores, box_deltas = self.net.box_predictor(
-            self.net.box_features(levels, rois_from_boxes(samples.proposals)))
-        loss_classifier, loss_box_reg = box_loss(scores, box_deltas, torch.cat(samples.labels),
-                                                 torch.cat(samples.regression_targets))
-        boxes, labels, matched = samples.positives()
-        mask_logits = self.net.mask_predictor(
-            self.net.mask_features(levels, rois_from_boxes(boxes)))
-        loss_mask = mask_loss(mask_logits, torch.cat(labels),
-                              mask_targets(boxes, matched, gt_masks, mask_logits.shape[-1]))
+        gt_boxes, gt_labels, gt_masks = targets
+        gt_valid = gt_labels > 0
+        loss_objectness, loss_rpn_box_reg = self.rpn.loss(objectness, deltas, anchors,
+                                                          image_sizes, gt_boxes, gt_valid)
+        proposals, valid = self.rpn.padded_proposals(objectness, deltas, anchors, image_sizes,
+                                                     gt_boxes, gt_valid)
+        samples = self.sampler(proposals, valid, gt_boxes, gt_labels)
+        scores, box_deltas = self.net.box_predictor(self.net.box_features(levels, samples.rois))
+        loss_classifier, loss_box_reg = box_loss(scores, box_deltas, samples.labels,
+                                                 samples.regression_targets)
+        rois = samples.rois[samples.positive]
+        mask_logits = self.net.mask_predictor(self.net.mask_features(levels, rois))
+        loss_mask = mask_loss(mask_logits, samples.labels[samples.positive],
+                              mask_targets(rois[:, 1:], samples.matched_idxs[samples.positive],
+                                           gt_masks, mask_logits.shape[-1]))
         return dict(zip(LOSSES, (loss_objectness, loss_rpn_box_reg, loss_classifier,
                                  loss_box_reg, loss_mask)))
 

@@ -15,6 +15,7 @@ no gradient flows to the RoI coordinates.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -59,6 +60,16 @@ def _table(features: list[torch.Tensor]) -> torch.Tensor:
     return rows[0] if len(rows) == 1 else torch.cat(rows)
 
 
+@functools.cache
+def _level_constants(sizes: tuple[tuple[int, int], ...], scales: tuple[float, ...],
+                     device: torch.device) -> torch.Tensor:
+    """Per level of maps of ``(H_l, W_l)`` [L, 4] (float64): height, width, scale and the
+    pixels of one image on the levels before it; made once, as a host-to-device copy syncs."""
+    before = [0, *itertools.accumulate(h * w for h, w in sizes)][:-1]
+    return torch.tensor([[h, w, s, b] for (h, w), s, b in zip(sizes, scales, before, strict=True)],
+                        dtype=torch.float64, device=device)
+
+
 def _roi_align_levels(features: list[torch.Tensor], scales: list[float], rois: torch.Tensor,
                       levels: torch.Tensor, output_size: tuple[int, int],
                       sampling_ratio: int) -> torch.Tensor:
@@ -70,11 +81,10 @@ def _roi_align_levels(features: list[torch.Tensor], scales: list[float], rois: t
     out_h, out_w = output_size
     channels = features[0].shape[1]
     table = _table(features)
-    heights = rois.new_tensor([f.shape[2] for f in features])[levels]
-    widths = rois.new_tensor([f.shape[3] for f in features])[levels]
-    scale = rois.new_tensor(scales)[levels]
-    level_starts = [0] + list(itertools.accumulate(f[:, 0].numel() for f in features))[:-1]
-    base = (torch.tensor(level_starts, device=rois.device)[levels]
+    constants = _level_constants(tuple(tuple(f.shape[2:]) for f in features), tuple(scales),
+                                 rois.device)[levels]
+    heights, widths, scale = constants[:, :3].to(rois.dtype).unbind(1)
+    base = (len(features[0]) * constants[:, 3].long()       # the level's first row
             + rois[:, 0].long() * (heights * widths).long())
     y_idx, y_w = _axis_samples(rois[:, 2] * scale, rois[:, 4] * scale, heights, out_h,
                                sampling_ratio)
@@ -84,7 +94,9 @@ def _roi_align_levels(features: list[torch.Tensor], scales: list[float], rois: t
     pooled = 0
     for a, b in itertools.product(range(2), repeat=2):                   # the 4 neighbours
         index = rows[:, :, None, a] + x_idx[:, None, :, b]               # [K, Y, X]
-        weight = (y_w[:, :, None, a] * x_w[:, None, :, b]).to(table.dtype)
+        weight = y_w[:, :, None, a] * x_w[:, None, :, b]
+        if table.is_floating_point():       # integer maps (masks) are weighted in rois' dtype
+            weight = weight.to(table.dtype)
         pooled = pooled + weight[..., None] * table[index]
     pooled = pooled.reshape(len(rois), out_h, sampling_ratio, out_w, sampling_ratio, channels)
     return pooled.mean(dim=(2, 4)).permute(0, 3, 1, 2)

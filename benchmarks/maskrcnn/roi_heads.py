@@ -11,11 +11,14 @@ Losses, probabilities and box decoding are computed in float32 whatever dtype (a
 heads' outputs have.
 
 Training:
-- :class:`RoISampler`: each image's proposals (the RPN appends the image's ground-truth boxes
-  to them, as the reference's RPN does in training) are matched to the ground truth at IoU
-  0.5 (``Matcher(0.5, 0.5)``, no low-quality matches): the matched box's label, background
-  below 0.5. Then 512 RoIs at random, at most a quarter positive (``BATCH_SIZE_PER_IMAGE``,
-  ``POSITIVE_FRACTION``), positives first; regression targets with weights 10, 10, 5, 5.
+- :class:`RoISampler`, every image at once: each image's proposals (the RPN appends the
+  image's ground-truth boxes to them, as the reference's RPN does in training) are matched
+  to the ground truth at IoU 0.5 (``Matcher(0.5, 0.5)``, no low-quality matches): the
+  matched box's label, background below 0.5. Then 512 RoIs at random, at most a quarter
+  positive (``BATCH_SIZE_PER_IMAGE``, ``POSITIVE_FRACTION``), drawn as
+  :mod:`benchmarks.maskrcnn.sampler` draws them (the reference's distribution, other random
+  numbers) and kept in the proposals' order, the batch's counts read in one host sync;
+  regression targets with weights 10, 10, 5, 5.
 - :func:`box_loss`: cross-entropy over the sampled RoIs, and smooth L1 (beta 1, as the box
   head passes it) summed over the positives' deltas of their own class, divided by the number
   of sampled RoIs of the batch.
@@ -62,6 +65,7 @@ from benchmarks.maskrcnn.boxes import (
     clip_boxes,
 )
 from benchmarks.maskrcnn.roi_align import SAMPLING_RATIO, roi_align
+from benchmarks.maskrcnn.sampler import balanced_sample
 
 BATCH_SIZE_PER_IMAGE = 512      # MODEL.ROI_HEADS.BATCH_SIZE_PER_IMAGE
 POSITIVE_FRACTION = 0.25        # MODEL.ROI_HEADS.POSITIVE_FRACTION
@@ -82,26 +86,21 @@ NMS = Callable[[Tensor, Tensor, Tensor, float], Tensor]
 
 @dataclass
 class RoISamples:
-    """The sampled RoIs of each image, positives first: ``proposals`` [S_i, 4], ``labels``
-    [S_i] (int64, 0 for background), ``regression_targets`` [S_i, 4] (float32; those of
-    background RoIs are unused), ``matched_idxs`` [S_i] (the ground truth's index, -1 for
-    background) and ``num_positives`` (host ints)."""
-    proposals: list[Tensor]
-    labels: list[Tensor]
-    regression_targets: list[Tensor]
-    matched_idxs: list[Tensor]
-    num_positives: list[int]
-
-    def positives(self) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
-        """Per image, the positive RoIs' boxes, labels and matched ground-truth indices."""
-        return ([p[:n] for p, n in zip(self.proposals, self.num_positives)],
-                [p[:n] for p, n in zip(self.labels, self.num_positives)],
-                [p[:n] for p, n in zip(self.matched_idxs, self.num_positives)])
+    """The sampled RoIs of a batch, image after image: ``rois`` [S, 5] (image index, box),
+    ``labels`` [S] (int64, 0 for background), ``regression_targets`` [S, 4] (float32; those
+    of background RoIs are unused), ``matched_idxs`` [S] (the ground truth's index among the
+    batch's real ones in order, -1 for background) and ``positive`` [P], the positives' rows."""
+    rois: Tensor
+    labels: Tensor
+    regression_targets: Tensor
+    matched_idxs: Tensor
+    positive: Tensor
 
 
 class RoISampler:
     """Matches proposals to ground truth and samples the RoIs the box head trains on
-    (``FastRCNNLossComputation.subsample`` with ``BalancedPositiveNegativeSampler``)."""
+    (``FastRCNNLossComputation.subsample`` with ``BalancedPositiveNegativeSampler``, as
+    :func:`benchmarks.maskrcnn.sampler.balanced_sample` draws it), every image at once."""
 
     def __init__(self, batch_size_per_image: int = BATCH_SIZE_PER_IMAGE,
                  positive_fraction: float = POSITIVE_FRACTION,
@@ -114,42 +113,33 @@ class RoISampler:
                                allow_low_quality_matches=False)
         self.box_coder = BoxCoder(box_weights)
 
-    def __call__(self, proposals: list[Tensor], gt_boxes: list[Tensor], gt_labels: list[Tensor],
+    def __call__(self, proposals: Tensor, valid: Tensor, gt_boxes: Tensor, gt_labels: Tensor,
                  generator: torch.Generator | None = None) -> RoISamples:
-        """Samples of proposals [K_i, 4] given each image's ground truth, boxes [G_i, 4] and
-        labels [G_i]; ``generator`` (on the proposals' device) or the global one draws them.
-        An image without ground truth gives background RoIs only."""
-        samples = RoISamples([], [], [], [], [])
-        for boxes, gt, gt_label in zip(proposals, gt_boxes, gt_labels, strict=True):
-            boxes, gt = boxes.float(), gt.to(boxes.device, torch.float32)
-            if len(gt):
-                matches = self.matcher(box_iou(gt, boxes))
-            else:
-                matches = torch.full((len(boxes),), Matcher.BELOW_LOW_THRESHOLD,
-                                     dtype=torch.long, device=boxes.device)
-            positive = torch.nonzero(matches >= 0).squeeze(1)
-            negative = torch.nonzero(matches == Matcher.BELOW_LOW_THRESHOLD).squeeze(1)
-            num_pos = min(len(positive), int(self.batch_size_per_image * self.positive_fraction))
-            num_neg = min(len(negative), self.batch_size_per_image - num_pos)
-            keep = torch.cat((
-                positive[torch.randperm(len(positive), generator=generator,
-                                        device=boxes.device)[:num_pos]],
-                negative[torch.randperm(len(negative), generator=generator,
-                                        device=boxes.device)[:num_neg]]))
-            boxes, matches = boxes[keep], matches[keep]
-            if len(gt):
-                matched = matches.clamp(min=0)
-                labels = torch.where(matches >= 0, gt_label.to(boxes.device)[matched].long(), 0)
-                targets = self.box_coder.encode(gt[matched], boxes)
-            else:
-                labels = torch.zeros_like(matches)
-                targets = torch.zeros_like(boxes)
-            samples.proposals.append(boxes)
-            samples.labels.append(labels)
-            samples.regression_targets.append(targets)
-            samples.matched_idxs.append(matches)
-            samples.num_positives.append(num_pos)
-        return samples
+        """Samples of the padded proposals [B, K, 4] whose real ones ``valid`` [B, K] marks,
+        given the padded ground truth, boxes [B, G, 4] and labels [B, G] (0: padding);
+        ``generator`` (on the proposals' device) or the global one draws them. An image
+        without ground truth gives background RoIs only. One host sync: the counts."""
+        if gt_labels.shape[1] == 0:                 # a batch without ground truth: one pad
+            gt_boxes, gt_labels = gt_boxes.new_zeros(len(valid), 1, 4), gt_labels.new_zeros(
+                len(valid), 1)
+        boxes, gt_valid = proposals.float(), gt_labels > 0
+        gt = gt_boxes.to(boxes)
+        matches = self.matcher(box_iou(gt, boxes), gt_valid)
+        positive, negative = balanced_sample(
+            valid & (matches >= 0), valid & (matches == Matcher.BELOW_LOW_THRESHOLD),
+            self.batch_size_per_image, self.positive_fraction, generator)
+        sampled = positive | negative
+        total, num_positive = torch.stack((sampled.sum(), positive.sum())).tolist()
+        image, column = torch.nonzero_static(sampled, size=total).unbind(1)
+        boxes, matches = boxes[image, column], matches[image, column]
+        matched = matches.clamp(min=0)
+        labels = torch.where(matches >= 0, gt_labels[image, matched].long(), 0)
+        targets = self.box_coder.encode(gt[image, matched], boxes)
+        index = gt_valid.flatten().cumsum(0).view_as(gt_valid) - 1     # among the real ones
+        matched_idxs = torch.where(matches >= 0, index[image, matched], -1)
+        return RoISamples(torch.cat((image[:, None].to(boxes), boxes), dim=1), labels, targets,
+                          matched_idxs,
+                          torch.nonzero_static(matches >= 0, size=num_positive).squeeze(1))
 
 
 def box_loss(class_logits: Tensor, box_regression: Tensor, labels: Tensor,
@@ -166,22 +156,14 @@ def box_loss(class_logits: Tensor, box_regression: Tensor, labels: Tensor,
     return classification, regression
 
 
-def mask_targets(boxes: list[Tensor], matched_idxs: list[Tensor], gt_masks: list[Tensor],
+def mask_targets(rois: Tensor, matched_idxs: Tensor, gt_masks: Tensor,
                  size: int = MASK_SIZE) -> Tensor:
-    """Binary targets [P, size, size] (float32) of the positive RoIs, images in order: for
-    each image, RoIs [P_i, 4], the indices [P_i] of their ground truths and the ground-truth
-    masks [G_i, H, W] (uint8, the image's training resolution)."""
-    targets = []
-    for rois, matched, masks in zip(boxes, matched_idxs, gt_masks, strict=True):
-        if len(rois) == 0:
-            continue
-        used, index = torch.unique(matched, return_inverse=True)
-        rois = torch.cat((index[:, None].float(), rois.float() - 0.5), dim=1)
-        pooled = roi_align(masks[used, None].float(), rois, size, 1.0, SAMPLING_RATIO)
-        targets.append(pooled[:, 0] >= TARGET_THRESHOLD)
-    if not targets:
-        return torch.zeros(0, size, size, device=gt_masks[0].device)
-    return torch.cat(targets).float()
+    """Binary targets [P, size, size] (float32) of the positive RoIs [P, 4] from the indices
+    [P] of their ground truths among the batch's masks [G, H, W] (uint8, the padded training
+    resolution): one RoIAlign over all images, read from the masks as they are."""
+    rois = torch.cat((matched_idxs[:, None].float(), rois.float() - 0.5), dim=1)
+    pooled = roi_align(gt_masks[:, None], rois, size, 1.0, SAMPLING_RATIO)
+    return (pooled[:, 0] >= TARGET_THRESHOLD).float()
 
 
 def mask_loss(mask_logits: Tensor, labels: Tensor, targets: Tensor) -> Tensor:

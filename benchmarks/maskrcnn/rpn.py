@@ -44,6 +44,7 @@ from benchmarks.maskrcnn.boxes import (
     box_iou,
     min_size_mask,
 )
+from benchmarks.maskrcnn.sampler import balanced_sample
 from benchmarks.maskrcnn.topk import ordered_topk, split_topk
 from common.errors import UserError
 
@@ -78,29 +79,21 @@ def flatten_levels(objectness: list[torch.Tensor], deltas: list[torch.Tensor]
     return torch.cat(logits, dim=1), torch.cat(codes, dim=1)
 
 
-def _image_bounds(image_sizes: list[tuple[int, int]], device: torch.device) -> torch.Tensor:
-    """``(width - 1, height - 1)`` twice per image [B, 4], copied without a host sync."""
-    bounds = torch.tensor([[w, h, w, h] for h, w in image_sizes], dtype=torch.float32)
-    if device.type == "cuda":
-        bounds = bounds.pin_memory()
-    return (bounds - TO_REMOVE).to(device, non_blocking=True)
+def _image_bounds(image_sizes: list[tuple[int, int]] | torch.Tensor,
+                  device: torch.device) -> torch.Tensor:
+    """``(width - 1, height - 1)`` twice per image [B, 4] of sizes [B, 2] (a device tensor, or
+    host values copied without a host sync)."""
+    if not isinstance(image_sizes, torch.Tensor):
+        image_sizes = torch.tensor(image_sizes, dtype=torch.float32)
+        if device.type == "cuda":
+            image_sizes = image_sizes.pin_memory()
+    sizes = image_sizes.to(device, torch.float32, non_blocking=True)
+    return sizes.flip(-1).repeat(1, 2) - TO_REMOVE
 
 
 def _rank_in_group(group: torch.Tensor) -> torch.Tensor:
     """Position of each element [K] within its run of a sorted group id [K]."""
     return torch.arange(len(group), device=group.device) - torch.searchsorted(group, group)
-
-
-def _random_subset(members: torch.Tensor, priority: torch.Tensor, most: int,
-                   limit: torch.Tensor | None = None) -> torch.Tensor:
-    """Mask [B, N] of ``min(count, most, limit)`` members of each row of ``members`` [B, N],
-    those of highest random ``priority`` [B, N] in [0, 1): a uniform random subset."""
-    most = min(most, members.shape[1])
-    top, index = torch.where(members, priority, -1.0).topk(most, dim=1)
-    take = top >= 0
-    if limit is not None:
-        take &= torch.arange(most, device=members.device) < limit[:, None]
-    return torch.zeros_like(members).scatter(1, index, take)
 
 
 class RPN(nn.Module):
@@ -180,11 +173,40 @@ class RPN(nn.Module):
 
     @torch.no_grad()
     def proposals(self, objectness: list[torch.Tensor], deltas: list[torch.Tensor],
-                  anchors: list[torch.Tensor], image_sizes: list[tuple[int, int]],
+                  anchors: list[torch.Tensor], image_sizes: list[tuple[int, int]] | torch.Tensor,
                   gt_boxes: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Proposals [K_i, 4] (float32) of each image from per-level ``objectness``
         [B, A, H, W], ``deltas`` [B, 4A, H, W] and ``anchors`` [H * W * A, 4]; in training
         mode the ``gt_boxes`` [M_i, 4], if given, are appended."""
+        boxes, image, _ = self._select(objectness, deltas, anchors, image_sizes)
+        counts = torch.bincount(image, minlength=len(image_sizes)).tolist()
+        proposals = list(boxes.split(counts))
+        if self.training and gt_boxes is not None:
+            proposals = [torch.cat((p, gt.to(p))) for p, gt in zip(proposals, gt_boxes,
+                                                                    strict=True)]
+        return proposals
+
+    @torch.no_grad()
+    def padded_proposals(self, objectness: list[torch.Tensor], deltas: list[torch.Tensor],
+                         anchors: list[torch.Tensor], image_sizes: torch.Tensor,
+                         gt_boxes: torch.Tensor, gt_valid: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`proposals` of a training batch without a host sync: each image's proposals
+        in a row of [B, W, 4] (W bounds the count), then its padded ground truth [B, G, 4];
+        and which entries are real [B, W + G] (``gt_valid`` [B, G] for the ground truth's)."""
+        boxes, image, width = self._select(objectness, deltas, anchors, image_sizes)
+        rank = _rank_in_group(image)
+        padded = boxes.new_zeros(len(image_sizes), width, 4).index_put((image, rank), boxes)
+        valid = torch.zeros(padded.shape[:2], dtype=torch.bool, device=boxes.device)
+        valid = valid.index_put((image, rank), torch.ones_like(image, dtype=torch.bool))
+        return (torch.cat((padded, gt_boxes.to(padded)), dim=1),
+                torch.cat((valid, gt_valid), dim=1))
+
+    def _select(self, objectness: list[torch.Tensor], deltas: list[torch.Tensor],
+                anchors: list[torch.Tensor], image_sizes: list[tuple[int, int]] | torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The proposals of the batch [K, 4] by image (as :meth:`proposals` orders them),
+        their images [K] and the most any image can have."""
         self._check(objectness, anchors, image_sizes)
         batch, levels = len(image_sizes), len(anchors)
         pre_nms = self.pre_nms_top_n_train if self.training else self.pre_nms_top_n_test
@@ -215,12 +237,9 @@ class RPN(nn.Module):
         kept = kept[_rank_in_group(group[kept]) < post_nms]
         boxes, scores, image = boxes[kept], scores[kept], group[kept] // levels
         chosen = self._select_over_levels(scores, image)
-        counts = torch.bincount(image[chosen], minlength=batch).tolist()
-        proposals = list(boxes[chosen].split(counts))
-        if self.training and gt_boxes is not None:
-            proposals = [torch.cat((p, gt.to(p))) for p, gt in zip(proposals, gt_boxes,
-                                                                    strict=True)]
-        return proposals
+        top_n = self.fpn_post_nms_top_n_train if self.training else self.fpn_post_nms_top_n_test
+        most = sum(min(len(c), pre_nms, post_nms) for c in anchors)
+        return boxes[chosen], image[chosen], min(top_n, most)
 
     def _select_over_levels(self, scores: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
         """Indices of the candidates (sorted by image, level and score) that
@@ -236,23 +255,26 @@ class RPN(nn.Module):
         return order.sort().values if self.training else order
 
     @torch.no_grad()
-    def targets(self, anchors: list[torch.Tensor], image_sizes: list[tuple[int, int]],
-                gt_boxes: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def targets(self, anchors: list[torch.Tensor],
+                image_sizes: list[tuple[int, int]] | torch.Tensor, gt_boxes: torch.Tensor,
+                gt_valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Labels [B, N] (float32: 1 positive, 0 negative, -1 ignored) and regression
-        targets [B, N, 4] of the anchors of all levels (N in all) for each image's
-        ``gt_boxes`` [M_i, 4] (at least one box each, as the reference's matcher needs)."""
+        targets [B, N, 4] of the anchors of all levels (N in all) for the padded ground
+        truth [B, G, 4] whose real boxes ``gt_valid`` [B, G] marks (an image without any
+        has negative anchors only), every image at once."""
         if len(gt_boxes) != len(image_sizes):
             raise ValueError(f"{len(gt_boxes)} ground-truth lists for {len(image_sizes)} images")
         cells = torch.cat(anchors).float()
-        labels, regression = [], []
-        for size, gt in zip(image_sizes, gt_boxes):
-            gt = gt.to(cells)
-            matches = self.matcher(box_iou(gt, cells))
-            ignored = ((matches == Matcher.BETWEEN_THRESHOLDS)
-                       | ~visible(cells, size, self.straddle_thresh))
-            labels.append(torch.where(ignored, -1.0, (matches >= 0).float()))
-            regression.append(self.box_coder.encode(gt[matches.clamp(min=0)], cells))
-        return torch.stack(labels), torch.stack(regression)
+        gt = gt_boxes.to(cells)
+        matches = self.matcher(box_iou(gt, cells), gt_valid)                # [B, N]
+        ignored = ((matches == Matcher.BETWEEN_THRESHOLDS)
+                   | ~visible(cells, torch.as_tensor(image_sizes, device=cells.device),
+                              self.straddle_thresh))
+        labels = torch.where(ignored, -1.0, (matches >= 0).float())
+        matched = gt.gather(1, matches.clamp(min=0)[..., None].expand(-1, -1, 4))
+        regression = self.box_coder.encode(matched.reshape(-1, 4),
+                                           cells.expand_as(matched).reshape(-1, 4))
+        return labels, regression.view_as(matched)
 
     def sample(self, labels: torch.Tensor, generator: torch.Generator | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -261,22 +283,19 @@ class RPN(nn.Module):
         positive_fraction`` positives, then negatives up to ``batch_size_per_image`` in all,
         each a uniform random subset drawn from ``generator`` (on the labels' device) or
         the global generator."""
-        priority = torch.rand(labels.shape, generator=generator, device=labels.device)
-        positive = _random_subset(labels == 1, priority,
-                                  int(self.batch_size_per_image * self.positive_fraction))
-        negative = _random_subset(labels == 0, priority, self.batch_size_per_image,
-                                  limit=self.batch_size_per_image - positive.sum(dim=1))
-        return positive, negative
+        return balanced_sample(labels == 1, labels == 0, self.batch_size_per_image,
+                               self.positive_fraction, generator)
 
     def loss(self, objectness: list[torch.Tensor], deltas: list[torch.Tensor],
-             anchors: list[torch.Tensor], image_sizes: list[tuple[int, int]],
-             gt_boxes: list[torch.Tensor], generator: torch.Generator | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+             anchors: list[torch.Tensor], image_sizes: list[tuple[int, int]] | torch.Tensor,
+             gt_boxes: torch.Tensor, gt_valid: torch.Tensor,
+             generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(loss_objectness, loss_rpn_box_reg)``, float32 scalars, from the per-level head
-        outputs, anchors and ground truth; ``generator`` draws the sampled anchors."""
+        outputs, anchors and padded ground truth (:meth:`targets`); ``generator`` draws the
+        sampled anchors."""
         self._check(objectness, anchors, image_sizes)
         logits, codes = flatten_levels(objectness, deltas)
-        labels, regression = self.targets(anchors, image_sizes, gt_boxes)
+        labels, regression = self.targets(anchors, image_sizes, gt_boxes, gt_valid)
         positive, negative = self.sample(labels, generator)
         sampled = positive | negative
         count = sampled.sum().clamp(min=1)     # the reference would give NaN for none

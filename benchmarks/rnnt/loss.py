@@ -8,9 +8,10 @@ its default reduction ``'mean'``: the sum of the per-utterance losses divided by
 The reference path here is pure PyTorch, vectorised over the batch: only the blank's and the
 next label's log-probabilities enter the lattice, so those two ``[B, T, U+1]`` grids are
 gathered from the logits (through one log-sum-exp over the vocabulary) and the lattice runs on
-them in log space, one anti-diagonal ``t + u`` per step (no cancellation, ``T + U`` steps). Its
-backward pass uses the beta variables, computed by the same recursion on each utterance's
-reversed lattice, so autograd keeps no per-step graph. It takes padded logits
+them in log space, one anti-diagonal ``t + u`` per step (no cancellation, ``T + U`` steps, two
+kernels each). Its backward pass uses the beta variables, the same recursion on each
+utterance's reversed lattice, run with the forward one as a single lattice of twice the batch;
+autograd keeps no per-step graph. It takes padded logits
 ``[B, T, U+1, V]`` or packed ones ``[N, V]`` (:func:`benchmarks.rnnt.model.packed_index`
 order). ``impl="torchaudio"`` calls ``torchaudio.functional.rnnt_loss`` instead (padded only;
 for the GPU, where torchaudio imports). ``impl="fused"`` (packed only) fuses the log-softmax
@@ -35,23 +36,26 @@ NEG_INF = float("-inf")
 def _lattice(wt: torch.Tensor, wu: torch.Tensor, init: torch.Tensor) -> torch.Tensor:
     """``V [B, T, U1]`` with ``V[:, 0, 0] = init`` and ``V[t, u] = logaddexp(V[t-1, u] +
     wt[t, u], V[t, u-1] + wu[t, u])`` (missing neighbours are -inf), computed diagonal by
-    diagonal: cell ``(t, u)`` lives at ``[t + u, u]`` of the skewed grids."""
+    diagonal: cell ``(t, u)`` lives at ``[t + u, u]`` of the skewed grids, two kernels a
+    diagonal (one add of both moves' weights, one ``logaddexp``)."""
     B, T, U1 = wt.shape
+    D = T + U1 - 1
     u = torch.arange(U1, device=wt.device)
-    t = torch.arange(T + U1 - 1, device=wt.device)[:, None] - u
+    t = torch.arange(D, device=wt.device)[:, None] - u
     outside = (t < 0) | (t >= T)
     t = t.clamp(0, T - 1)
-    skew_t = wt[:, t, u].masked_fill(outside, NEG_INF)
-    skew_u = wu[:, t, u].masked_fill(outside, NEG_INF)
-    diag = torch.full((B, U1), NEG_INF, dtype=wt.dtype, device=wt.device)
-    diag[:, 0] = init
-    diags = [diag]
-    for d in range(1, T + U1 - 1):
-        from_u = torch.cat((diag.new_full((B, 1), NEG_INF), diag[:, :-1]), 1)
-        diag = torch.logaddexp(diag + skew_t[:, d], from_u + skew_u[:, d])
-        diags.append(diag)
-    skewed = torch.stack(diags, 1)
-    return skewed[:, torch.arange(T, device=wt.device)[:, None] + u, u]
+    skew = torch.stack((wu[:, t, u], wt[:, t, u]), 2).masked_fill(outside[:, None], NEG_INF)
+    # diagonal d at out[:, d, 1:] after a -inf column, so out[:, d, u:u + 2] holds the two
+    # neighbours (t, u - 1) and (t - 1, u) of diagonal d + 1's cell u: one overlapping view
+    out = wt.new_full((B, D, U1 + 1), NEG_INF)
+    out[:, 0, 1] = init
+    pairs = out.as_strided((B, D, 2, U1), (out.stride(0), out.stride(1), 1, 1))
+    moves = wt.new_empty(B, 2, U1)
+    from_u, from_t = moves.unbind(1)
+    for prev, w, diag in zip(pairs.unbind(1), skew.unbind(1)[1:], out[:, 1:, 1:].unbind(1)):
+        torch.add(prev, w, out=moves)
+        torch.logaddexp(from_t, from_u, out=diag)
+    return out[:, torch.arange(T, device=wt.device)[:, None] + u, u + 1]
 
 
 def _valid(enc_lens: torch.Tensor, label_lens: torch.Tensor, T: int, U1: int) -> torch.Tensor:
@@ -66,30 +70,29 @@ def _last(x: torch.Tensor, enc_lens: torch.Tensor, label_lens: torch.Tensor) -> 
     return x[torch.arange(len(x), device=x.device), enc_lens - 1, label_lens]
 
 
-def _alpha(blank: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
-    """Forward variables: ``alpha[t, u]`` = log-probability of reaching ``(t, u)``."""
+def _flip(x: torch.Tensor, enc_lens: torch.Tensor, label_lens: torch.Tensor) -> torch.Tensor:
+    """Each utterance's lattice reversed, ``(t, u) -> (T_b - 1 - t, U_b - u)``, -inf outside
+    it: its own inverse on the utterance's cells."""
+    B, T, U1 = x.shape
+    rows = torch.arange(B, device=x.device)[:, None, None]
+    t = enc_lens[:, None, None] - 1 - torch.arange(T, device=x.device)[:, None]
+    u = label_lens[:, None, None] - torch.arange(U1, device=x.device)
+    return x[rows, t.clamp(min=0), u.clamp(min=0)].masked_fill((t < 0) | (u < 0), NEG_INF)
+
+
+def _alpha_beta(blank: torch.Tensor, label: torch.Tensor, enc_lens: torch.Tensor,
+                label_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward variables ``alpha[t, u]`` (log-probability of reaching ``(t, u)``) and backward
+    ones ``beta[t, u]`` (of finishing from ``(t, u)``, its own transition included; -inf
+    outside each utterance). Beta is the forward recursion on the reversed lattice, so both
+    run as one lattice over twice the batch."""
+    B = len(blank)
     wt = torch.cat((torch.full_like(blank[:, :1], NEG_INF), blank[:, :-1]), 1)
     wu = torch.cat((torch.full_like(label[:, :, :1], NEG_INF), label[:, :, :-1]), 2)
-    return _lattice(wt, wu, blank.new_zeros(len(blank)))
-
-
-def _beta(blank: torch.Tensor, label: torch.Tensor, enc_lens: torch.Tensor,
-          label_lens: torch.Tensor) -> torch.Tensor:
-    """Backward variables: ``beta[t, u]`` = log-probability of finishing from ``(t, u)``
-    (its own transition included); -inf outside each utterance. It is the forward recursion
-    on the lattice reversed per utterance, ``(t, u) -> (T_b - 1 - t, U_b - u)``."""
-    B, T, U1 = blank.shape
-    rows = torch.arange(B, device=blank.device)[:, None, None]
-    t = enc_lens[:, None, None] - 1 - torch.arange(T, device=blank.device)[:, None]
-    u = label_lens[:, None, None] - torch.arange(U1, device=blank.device)
-    outside = (t < 0) | (u < 0)
-    t, u = t.clamp(min=0).expand(B, T, U1), u.clamp(min=0).expand(B, T, U1)
-    reversed_beta = _lattice(blank[rows, t, u].masked_fill(outside, NEG_INF),
-                             label[rows, t, u].masked_fill(outside, NEG_INF),
-                             _last(blank, enc_lens, label_lens))
-    beta = torch.full_like(blank, NEG_INF)
-    beta[rows.expand(B, T, U1)[~outside], t[~outside], u[~outside]] = reversed_beta[~outside]
-    return beta
+    both = _lattice(torch.cat((wt, _flip(blank, enc_lens, label_lens))),
+                    torch.cat((wu, _flip(label, enc_lens, label_lens))),
+                    torch.cat((blank.new_zeros(B), _last(blank, enc_lens, label_lens))))
+    return both[:B], _flip(both[B:], enc_lens, label_lens)
 
 
 class _TransducerNLL(torch.autograd.Function):
@@ -100,16 +103,15 @@ class _TransducerNLL(torch.autograd.Function):
     @staticmethod
     def forward(ctx, blank: torch.Tensor, label: torch.Tensor, enc_lens: torch.Tensor,
                 label_lens: torch.Tensor) -> torch.Tensor:
-        alpha = _alpha(blank, label)
+        alpha, beta = _alpha_beta(blank, label, enc_lens, label_lens)
         log_z = _last(alpha, enc_lens, label_lens) + _last(blank, enc_lens, label_lens)
-        ctx.save_for_backward(blank, label, enc_lens, label_lens, alpha, log_z)
+        ctx.save_for_backward(blank, label, enc_lens, label_lens, alpha, beta, log_z)
         return -log_z
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        blank, label, enc_lens, label_lens, alpha, log_z = ctx.saved_tensors
+        blank, label, enc_lens, label_lens, alpha, beta, log_z = ctx.saved_tensors
         B, T, U1 = blank.shape
-        beta = _beta(blank, label, enc_lens, label_lens)
         # beta one step on, with 0 just past each utterance's final blank
         after = torch.full((B, T + 1, U1 + 1), NEG_INF, dtype=beta.dtype, device=beta.device)
         after[:, :T, :U1] = beta
@@ -176,44 +178,44 @@ def transducer_loss(logits: torch.Tensor, enc_lens: torch.Tensor, labels: torch.
     return _reduce(transducer_nll(blank_lp, label_lp, enc_lens, label_lens), reduction)
 
 
-def _chunk_norm(x: torch.Tensor) -> torch.Tensor:
-    """Row log-sum-exp of one chunk of logits, accumulated in fp32 (or wider)."""
-    return torch.logsumexp(x.to(torch.promote_types(x.dtype, torch.float32)), -1)
-
-
-def _chunk_grad(x: torch.Tensor, norm: torch.Tensor, g_blank: torch.Tensor,
-                g_label: torch.Tensor, ids: torch.Tensor, blank: int) -> torch.Tensor:
-    """One chunk of ``grad_logits`` in ``x``'s dtype: ``-softmax * (g_blank + g_label)``
-    plus ``g_blank`` at the blank's column and ``g_label`` at the label's."""
-    g = (x - norm[:, None]).exp_().mul_(-(g_blank + g_label)[:, None])   # a new fp32 tensor
-    g[:, blank] += g_blank
-    return g.scatter_add_(1, ids[:, None], g_label[:, None]).to(x.dtype)
+def _chunk_norm(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Row log-sum-exp of one chunk of logits as ``torch.logsumexp(x.to(dtype), -1)`` computes
+    it, without that copy: the max taken in ``x``'s dtype, ``x`` cast inside the subtraction."""
+    m = x.amax(-1, keepdim=True).to(dtype)
+    m.masked_fill_(m.isinf(), 0.0)
+    return (x - m).exp_().sum(-1).log_().add_(m[:, 0])
 
 
 class _FusedLogProbs(torch.autograd.Function):
     """``(logits [N, V], ids [N], has_label [N], blank, chunk_rows)`` -> ``(blank_lp [N],
     label_lp [N])``, the log-softmax at the blank's and at ``ids``' columns (fp32 or wider;
-    -inf where ``has_label`` is false), ``chunk_rows`` rows of the vocabulary at a time."""
+    -inf where ``has_label`` is false), ``chunk_rows`` rows of the vocabulary at a time, with
+    the reference path's arithmetic (the same rounding), in place where it can be."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, ids: torch.Tensor, has_label: torch.Tensor,
                 blank: int, chunk_rows: int):
-        norm = torch.cat([_chunk_norm(x) for x in logits.split(chunk_rows)])
-        blank_lp = logits[:, blank].to(norm.dtype) - norm
-        label_lp = logits.gather(1, ids[:, None])[:, 0].to(norm.dtype) - norm
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        norm = torch.cat([_chunk_norm(x, dtype) for x in logits.split(chunk_rows)])
+        blank_lp = logits[:, blank].to(dtype) - norm
+        label_lp = logits.gather(1, ids[:, None])[:, 0].to(dtype) - norm
         ctx.save_for_backward(logits, norm, ids, has_label)
         ctx.blank, ctx.chunk_rows = blank, chunk_rows
-        return blank_lp, label_lp.masked_fill(~has_label, NEG_INF)
+        return blank_lp, label_lp.masked_fill_(~has_label, NEG_INF)
 
     @staticmethod
     def backward(ctx, g_blank: torch.Tensor, g_label: torch.Tensor):
+        """``-softmax * (g_blank + g_label)``, plus ``g_blank`` at the blank's column and
+        ``g_label`` at the label's: one fp32 chunk, written once into the logits' dtype."""
         logits, norm, ids, has_label = ctx.saved_tensors
         g_label = torch.where(has_label, g_label, 0.0)   # the -inf rows are constants
+        scale = -(g_blank + g_label)[:, None]
         grad = torch.empty_like(logits)
         for s in range(0, len(logits), ctx.chunk_rows):
             e = s + ctx.chunk_rows
-            grad[s:e] = _chunk_grad(logits[s:e], norm[s:e], g_blank[s:e], g_label[s:e],
-                                    ids[s:e], ctx.blank)
+            g = (logits[s:e] - norm[s:e, None]).exp_().mul_(scale[s:e])
+            g[:, ctx.blank] += g_blank[s:e]
+            grad[s:e] = g.scatter_add_(1, ids[s:e, None], g_label[s:e, None])
         return grad, None, None, None, None
 
 

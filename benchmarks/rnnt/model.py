@@ -148,28 +148,44 @@ def packed_index(enc_lens: torch.Tensor, pred_lens: torch.Tensor, total: int | N
     return b, local // width, local % width
 
 
+def row_sums(x: torch.Tensor, rows: torch.Tensor, n: int, segments: bool | None = None
+             ) -> torch.Tensor:
+    """``[n, H]``: row ``i`` is the sum of the rows ``j`` of ``x [N, H]`` with ``rows[j] == i``,
+    in ``x``'s dtype, accumulated in fp32 or wider. ``segments`` (default: on CUDA) sorts
+    ``rows`` and reduces each run, as ``nn.Embedding``'s backward does; otherwise
+    ``index_add_``, whose CUDA atomic adds round to bf16 at every add (a bf16 sum of hundreds
+    of rows stalls) while its CPU kernel accumulates in fp32 and that backward does not."""
+    if x.is_cuda if segments is None else segments:
+        return torch.ops.aten.embedding_dense_backward(x, rows, n, -1, False)
+    return x.new_zeros(n, x.shape[1]).index_add_(0, rows, x)
+
+
 class _AddReluDropout(torch.autograd.Function):
     """``dropout(relu(f[rows_f] + g[rows_g]))`` that saves only its output: the output is
-    positive exactly where the gradient passes (scaled by ``1 / (1 - p)``)."""
+    positive exactly where the gradient passes (scaled by ``1 / (1 - p)``). The gather and the
+    add are one ``embedding_bag`` (a sum of two rows of ``[f; g]``), so neither gathered
+    ``[N, H]`` tensor is made; the backward sums the gradient's rows with :func:`row_sums`."""
 
     @staticmethod
     def forward(ctx, f: torch.Tensor, g: torch.Tensor, rows_f: torch.Tensor,
                 rows_g: torch.Tensor, p: float) -> torch.Tensor:
-        out = f.index_select(0, rows_f).add_(g.index_select(0, rows_g)).relu_()
+        pairs = torch.stack((rows_f, rows_g + len(f)), 1)
+        out = F.embedding_bag(pairs, torch.cat((f, g)), mode="sum").relu_()
         if p > 0:
-            out = F.dropout(out, p, training=True, inplace=True)
+            out = F.dropout(out, p, training=True)   # one fused kernel on the GPU
         ctx.save_for_backward(out, rows_f, rows_g)
         ctx.scale = 1.0 / (1.0 - p)
-        ctx.shapes = f.shape, g.shape
+        ctx.sizes = len(f), len(g)
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         out, rows_f, rows_g = ctx.saved_tensors
-        grad = torch.where(out > 0, grad * ctx.scale, 0.0)
-        f_shape, g_shape = ctx.shapes
-        grad_f = grad.new_zeros(f_shape).index_add_(0, rows_f, grad)
-        grad_g = grad.new_zeros(g_shape).index_add_(0, rows_g, grad)
+        grad = torch.ops.aten.threshold_backward(grad, out, 0)   # grad where out > 0, else 0
+        grad_f, grad_g = (row_sums(grad, rows, n) for rows, n in zip((rows_f, rows_g),
+                                                                    ctx.sizes))
+        if ctx.scale != 1.0:
+            grad_f, grad_g = grad_f.mul_(ctx.scale), grad_g.mul_(ctx.scale)
         return grad_f, grad_g, None, None, None
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.maskrcnn.boxes import ROI_BOX_WEIGHTS, BoxCoder
+from benchmarks.maskrcnn.boxes import ROI_BOX_WEIGHTS, BoxCoder, box_iou
+from benchmarks.maskrcnn.roi_align import roi_align
 from benchmarks.maskrcnn.roi_heads import (
     ImageDetections,
     RoISampler,
@@ -63,6 +64,12 @@ GT_BOXES = torch.tensor([[10.0, 10.0, 49.0, 39.0], [100.0, 50.0, 139.0, 99.0],
 GT_LABELS = torch.tensor([5, 1, 80])
 
 
+def sample_one(sampler, proposals, gt, labels, generator=None):
+    """The sampler on a batch of one image."""
+    return sampler(proposals[None], torch.ones(1, len(proposals), dtype=torch.bool), gt[None],
+                   labels[None], generator=generator)
+
+
 @pytest.mark.parametrize(("num_pos", "num_neg", "batch", "fraction", "expected"), [
     (200, 300, 512, 0.25, (128, 300)),      # the reference's sizes, few negatives
     (10, 1000, 512, 0.25, (10, 502)),       # few positives: negatives fill the batch
@@ -73,36 +80,32 @@ def test_sampler_counts_fraction_and_targets(num_pos, num_neg, batch, fraction, 
     proposals = torch.cat((jittered(GT_BOXES, num_pos, g), far_boxes(num_neg, g)))
     proposals = proposals[torch.randperm(len(proposals), generator=g)]
     sampler = RoISampler(batch_size_per_image=batch, positive_fraction=fraction)
-    samples = sampler([proposals], [GT_BOXES], [GT_LABELS], generator=g)
-    labels, matched = samples.labels[0], samples.matched_idxs[0]
-    assert samples.num_positives == [expected[0]]
-    assert len(labels) == sum(expected)
-    assert (labels[:expected[0]] > 0).all() and (labels[expected[0]:] == 0).all()
-    assert (matched[expected[0]:] == -1).all()
+    samples = sample_one(sampler, proposals, GT_BOXES, GT_LABELS, generator=g)
+    labels, matched, positive = samples.labels, samples.matched_idxs, samples.positive
+    assert len(positive) == expected[0] and len(labels) == sum(expected)
+    assert torch.equal(positive, torch.nonzero(labels > 0).squeeze(1))
+    assert torch.equal(matched < 0, labels == 0) and (samples.rois[:, 0] == 0).all()
     rows = {tuple(p) for p in proposals.tolist()}
-    sampled = samples.proposals[0].tolist()
+    sampled = samples.rois[:, 1:].tolist()
     assert len({tuple(p) for p in sampled}) == len(sampled) and rows >= {tuple(p)
                                                                           for p in sampled}
-    for box, label, index, target in zip(sampled[:expected[0]], labels.tolist(),
-                                         matched.tolist(), samples.regression_targets[0]):
+    for i in positive.tolist():
+        box, index = sampled[i], matched[i].item()
         ious = [brute_iou(gt, box) for gt in GT_BOXES.tolist()]
         assert index == max(range(len(ious)), key=ious.__getitem__) and ious[index] >= 0.5
-        assert label == GT_LABELS[index]
-        torch.testing.assert_close(target, torch.tensor(hand_encode(GT_BOXES[index].tolist(),
-                                                                    box)))
-    positives, pos_labels, pos_matched = samples.positives()
-    assert torch.equal(positives[0], samples.proposals[0][:expected[0]])
-    assert torch.equal(pos_labels[0], labels[:expected[0]])
-    assert torch.equal(pos_matched[0], matched[:expected[0]])
+        assert labels[i] == GT_LABELS[index]
+        torch.testing.assert_close(samples.regression_targets[i],
+                                   torch.tensor(hand_encode(GT_BOXES[index].tolist(), box)))
 
 
 def test_sampler_draws_random_subsets():
     g = torch.Generator().manual_seed(3)
     proposals = torch.cat((jittered(GT_BOXES, 60, g), far_boxes(60, g)))
     sampler = RoISampler(batch_size_per_image=20, positive_fraction=0.25)
-    drawn = [sampler([proposals], [GT_BOXES], [GT_LABELS], generator=g) for _ in range(30)]
-    subsets = {tuple(sorted(map(tuple, s.proposals[0][:5].tolist()))) for s in drawn}
-    seen = {tuple(p) for s in drawn for p in s.proposals[0][:5].tolist()}
+    drawn = [sample_one(sampler, proposals, GT_BOXES, GT_LABELS, g) for _ in range(30)]
+    drawn = [s.rois[s.positive, 1:].tolist() for s in drawn]
+    subsets = {tuple(sorted(map(tuple, s))) for s in drawn}
+    seen = {tuple(p) for s in drawn for p in s}
     assert len(subsets) == 30 and len(seen) > 45     # 5 of 60 positives per draw
 
 
@@ -112,16 +115,48 @@ def test_sampler_labels_at_the_threshold_by_hand():
                               [0.0, 0.0, 9.0, 3.0],      # IoU 0.4: background
                               [20.0, 20.0, 29.0, 29.0],  # the second box itself
                               [0.0, 0.0, 29.0, 29.0]])   # IoU 0.11 with each: background
-    samples = RoISampler(batch_size_per_image=8)([proposals], [gt], [torch.tensor([3, 7])])
+    samples = sample_one(RoISampler(batch_size_per_image=8), proposals, gt,
+                         torch.tensor([3, 7]))
     got = {tuple(p): (label, index) for p, label, index in zip(
-        samples.proposals[0].tolist(), samples.labels[0].tolist(),
-        samples.matched_idxs[0].tolist())}
+        samples.rois[:, 1:].tolist(), samples.labels.tolist(), samples.matched_idxs.tolist())}
     assert got == {(0.0, 0.0, 9.0, 4.0): (3, 0), (0.0, 0.0, 9.0, 3.0): (0, -1),
                    (20.0, 20.0, 29.0, 29.0): (7, 1), (0.0, 0.0, 29.0, 29.0): (0, -1)}
-    assert samples.num_positives == [2]
-    empty = RoISampler()([proposals], [gt[:0]], [torch.tensor([], dtype=torch.long)])
-    assert empty.num_positives == [0] and empty.labels[0].tolist() == [0] * 4
-    assert empty.matched_idxs[0].tolist() == [-1] * 4
+    assert len(samples.positive) == 2
+    empty = sample_one(RoISampler(), proposals, gt[:0], torch.tensor([], dtype=torch.long))
+    assert len(empty.positive) == 0 and empty.labels.tolist() == [0] * 4
+    assert empty.matched_idxs.tolist() == [-1] * 4
+
+
+def test_sampler_of_a_padded_batch_matches_each_image_alone():
+    g = torch.Generator().manual_seed(4)
+    proposals = torch.zeros(3, 50, 4)
+    valid = torch.zeros(3, 50, dtype=torch.bool)
+    for i, n in enumerate((50, 30, 0)):
+        proposals[i, :n] = torch.cat((jittered(GT_BOXES, n // 2, g), far_boxes(n - n // 2, g)))
+        valid[i, :n] = True
+    gt = torch.stack((GT_BOXES, GT_BOXES + 1, GT_BOXES + 2))
+    gt_labels = torch.stack((GT_LABELS, torch.tensor([2, 0, 0]), torch.tensor([0, 0, 0])))
+    samples = RoISampler(batch_size_per_image=16)(proposals, valid, gt, gt_labels, g)
+    image, boxes = samples.rois[:, 0].long(), samples.rois[:, 1:]
+    assert torch.bincount(image, minlength=3).tolist() == [16, 16, 0]
+    assert torch.equal(image, image.sort().values)
+    real_gt = gt[gt_labels > 0]                     # the batch's ground truth, in order
+    matcher = RoISampler().matcher
+    for i in range(2):
+        mine = image == i
+        assert {tuple(b) for b in boxes[mine].tolist()} <= {
+            tuple(b) for b in proposals[i, valid[i]].tolist()}
+        real = gt_labels[i] > 0
+        matches = matcher(box_iou(gt[i, real], boxes[mine]))
+        first = (gt_labels[:i] > 0).sum()
+        assert torch.equal(samples.matched_idxs[mine],
+                           torch.where(matches >= 0, first + matches, -1))
+        assert torch.equal(samples.labels[mine],
+                           torch.where(matches >= 0, gt_labels[i, matches.clamp(min=0)], 0))
+    positive = samples.matched_idxs >= 0
+    assert torch.equal(samples.positive, torch.nonzero(positive).squeeze(1))
+    torch.testing.assert_close(samples.regression_targets[positive], BoxCoder(
+        ROI_BOX_WEIGHTS).encode(real_gt[samples.matched_idxs[positive]], boxes[positive]))
 
 
 def test_box_loss_by_hand():
@@ -150,8 +185,9 @@ def test_mask_target_of_a_rectangle_by_hand():
     masks_b[0, :14, :14] = 1
     rois_a = torch.tensor([[3.0, 3.0, 20.0, 20.0], [4.0, 6.0, 32.0, 62.0]])
     rois_b = torch.tensor([[0.0, 0.0, 28.0, 28.0]])
-    targets = mask_targets([rois_a, rois_b], [torch.tensor([1, 0]), torch.tensor([0])],
-                           [masks_a, masks_b])
+    masks = torch.zeros(3, 64, 40, dtype=torch.uint8)       # the batch's, padded
+    masks[:2], masks[2, :30, :30] = masks_a, masks_b[0]
+    targets = mask_targets(torch.cat((rois_a, rois_b)), torch.tensor([1, 0, 2]), masks)
     assert targets.shape == (3, 28, 28) and targets.dtype == torch.float32
     assert (targets[0] == 1).all()
     # The reference crops the polygon [10, 20] x [20, 40] to the RoI, whose sides are
@@ -164,8 +200,34 @@ def test_mask_target_of_a_rectangle_by_hand():
     expected = torch.zeros(28, 28)
     expected[:14, :14] = 1
     assert torch.equal(targets[2], expected)
-    assert mask_targets([rois_a[:0]], [torch.tensor([], dtype=torch.long)],
-                        [masks_a]).shape == (0, 28, 28)
+    assert mask_targets(rois_a[:0], torch.tensor([], dtype=torch.long),
+                        masks).shape == (0, 28, 28)
+
+
+def per_image_mask_targets(boxes, matched_idxs, gt_masks, size=28):
+    """The plain path: per image, RoIAlign of its used ground-truth masks, made float32."""
+    targets = []
+    for rois, matched, masks in zip(boxes, matched_idxs, gt_masks, strict=True):
+        if len(rois) == 0:
+            continue
+        used, index = torch.unique(matched, return_inverse=True)
+        rois = torch.cat((index[:, None].float(), rois.float() - 0.5), dim=1)
+        pooled = roi_align(masks[used, None].float(), rois, size, 1.0, 2)
+        targets.append(pooled[:, 0] >= 0.5)
+    return torch.cat(targets).float()
+
+
+def test_mask_targets_of_the_batch_equal_the_per_image_loop():
+    g = torch.Generator().manual_seed(5)
+    counts, positives = [3, 1, 2], [7, 0, 5]
+    masks = (torch.rand(sum(counts), 50, 60, generator=g) < 0.5).to(torch.uint8)
+    xy = torch.rand(sum(positives), 2, generator=g) * 40
+    rois = torch.cat((xy, xy + 2 + torch.rand(sum(positives), 2, generator=g) * 25), dim=1)
+    matched = [torch.randint(n, (p,), generator=g) for n, p in zip(counts, positives)]
+    firsts = [0, *torch.tensor(counts).cumsum(0).tolist()[:-1]]
+    got = mask_targets(rois, torch.cat([m + f for m, f in zip(matched, firsts)]), masks)
+    expected = per_image_mask_targets(rois.split(positives), matched, masks.split(counts))
+    assert torch.equal(got, expected)
 
 
 def test_mask_loss_by_hand():
@@ -334,35 +396,37 @@ def _training_step_losses(device, dtype=None, sample_device=None):
     sample_device = sample_device or device
     g = torch.Generator().manual_seed(7)
     gt = [GT_BOXES, GT_BOXES[:1]]
-    labels = [GT_LABELS, GT_LABELS[:1]]
     masks = []
     for boxes in gt:
         m = torch.zeros(len(boxes), 120, 240, dtype=torch.uint8)
         for k, (x1, y1, x2, y2) in enumerate(boxes.long().tolist()):
             m[k, y1 + 3:y2 - 3, x1:x2 + 1] = 1
         masks.append(m.to(device))
-    proposals = [torch.cat((jittered(b, 12, g, 3.0), far_boxes(20, g))).to(sample_device)
-                 for b in gt]
+    proposals = torch.stack([torch.cat((jittered(b, 12, g, 3.0), far_boxes(20, g)))
+                             for b in gt]).to(sample_device)
+    valid = torch.ones(proposals.shape[:2], dtype=torch.bool, device=sample_device)
+    gt_labels = torch.stack((GT_LABELS, torch.tensor([GT_LABELS[0], 0, 0])))
     samples = RoISampler(batch_size_per_image=16)(
-        proposals, [b.to(sample_device) for b in gt], [x.to(sample_device) for x in labels],
+        proposals, valid, torch.stack((GT_BOXES, F.pad(GT_BOXES[:1], (0, 0, 0, 2)))).to(
+            sample_device), gt_labels.to(sample_device),
         generator=torch.Generator(sample_device).manual_seed(0))
-    samples = RoISamples(*([t.to(device) for t in field] for field in (
-        samples.proposals, samples.labels, samples.regression_targets, samples.matched_idxs)),
-        samples.num_positives)
+    samples = RoISamples(*(t.to(device) for t in vars(samples).values()))
+    masks = torch.cat(masks)
     torch.manual_seed(0)
     box_head = torch.nn.Linear(4, 81 * 5).to(device)
     mask_head = torch.nn.Linear(4, 81 * 28 * 28).to(device)
-    rois = torch.cat(samples.proposals) / 100
-    positive_boxes, positive_labels, matched = samples.positives()
+    rois = samples.rois[:, 1:] / 100
+    positive = samples.positive
     autocast = (torch.autocast(device, dtype=dtype) if dtype is not None
                 else contextlib.nullcontext())
     with autocast:
         out = box_head(rois)
-        mask_logits = mask_head(torch.cat(positive_boxes) / 100).reshape(-1, 81, 28, 28)
-        losses = (*box_loss(out[:, :81], out[:, 81:], torch.cat(samples.labels),
-                            torch.cat(samples.regression_targets)),
-                  mask_loss(mask_logits, torch.cat(positive_labels),
-                            mask_targets(positive_boxes, matched, masks)))
+        mask_logits = mask_head(rois[positive]).reshape(-1, 81, 28, 28)
+        losses = (*box_loss(out[:, :81], out[:, 81:], samples.labels,
+                            samples.regression_targets),
+                  mask_loss(mask_logits, samples.labels[positive],
+                            mask_targets(samples.rois[positive, 1:],
+                                         samples.matched_idxs[positive], masks)))
     return losses, box_head, mask_head, samples
 
 
@@ -373,7 +437,7 @@ def test_gradients_flow_to_the_heads():
     for p in (*box_head.parameters(), *mask_head.parameters()):
         assert torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
     # regression gradients reach only the positives' own classes' deltas
-    positive_labels = torch.cat(samples.positives()[1])
+    positive_labels = samples.labels[samples.positive]
     rows = torch.nonzero(box_head.weight.grad[81:].reshape(81, 4, 4).abs().sum((1, 2)))
     assert set(rows.squeeze(1).tolist()) == set(positive_labels.tolist())
 

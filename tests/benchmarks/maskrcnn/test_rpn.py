@@ -7,11 +7,13 @@ import math
 
 import pytest
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
-from benchmarks.maskrcnn.anchors import fpn_anchors
+from benchmarks.maskrcnn.anchors import fpn_anchors, visible
 from benchmarks.maskrcnn.boxes import (
     RPN_BOX_WEIGHTS,
     BoxCoder,
+    Matcher,
     box_iou,
     clip_boxes,
     min_size_mask,
@@ -99,6 +101,15 @@ GT_BOXES = [torch.tensor([[10.0, 12.0, 40.0, 30.0], [50.0, 5.0, 90.0, 60.0]]),
             torch.tensor([[0.0, 0.0, 20.0, 25.0]])]
 
 
+def padded(boxes):
+    """Per-image boxes [M_i, 4] as a padded batch [B, M, 4] and which are real [B, M]."""
+    valid = [torch.ones(len(b), dtype=torch.bool) for b in boxes]
+    return pad_sequence(boxes, batch_first=True), pad_sequence(valid, batch_first=True)
+
+
+GT_PADDED = padded(GT_BOXES)
+
+
 @pytest.mark.parametrize(("training", "per_image"), [(True, False), (True, True),
                                                      (False, False)])
 @pytest.mark.parametrize(("topk_chunks", "min_size"), [(1, 0), (4, 12)])
@@ -177,7 +188,7 @@ def one_level(values):
 
 
 def test_anchor_labels_and_targets_by_hand():
-    labels, targets = RPN().targets([ANCHORS], [(100, 100)], [GT])
+    labels, targets = RPN().targets([ANCHORS], [(100, 100)], *padded([GT]))
     assert labels.tolist() == [LABELS]
     # anchor 0 sits on its box; anchors 1 and 2 (20 x 20, centres x 70 and 80) regress to
     # ground truth 1 (30 x 20, centre x 75): dx = +-5 / 20, dw = log(30 / 20)
@@ -186,11 +197,54 @@ def test_anchor_labels_and_targets_by_hand():
     expected[2] = torch.tensor([-0.25, 0.0, math.log(1.5), 0.0])
     torch.testing.assert_close(targets[0, :3], expected[:3])
     # a higher foreground threshold changes nothing: 1 and 2 are low-quality matches
-    labels, _ = RPN(fg_iou_threshold=0.9).targets([ANCHORS], [(100, 100)], [GT])
+    labels, _ = RPN(fg_iou_threshold=0.9).targets([ANCHORS], [(100, 100)], *padded([GT]))
     assert labels.tolist() == [LABELS]
     # a straddle threshold of -1 makes anchor 5 visible: IoU 1/15 < 0.3, negative
-    labels, _ = RPN(straddle_thresh=-1).targets([ANCHORS], [(100, 100)], [GT])
+    labels, _ = RPN(straddle_thresh=-1).targets([ANCHORS], [(100, 100)], *padded([GT]))
     assert labels[0, 5] == 0
+
+
+def per_image_targets(rpn, anchors, image_sizes, gt_boxes):
+    """The plain path: :meth:`RPN.targets` one image at a time on its own ground truth."""
+    cells = torch.cat(anchors)
+    labels, regression = [], []
+    for size, gt in zip(image_sizes, gt_boxes):
+        matches = rpn.matcher(box_iou(gt, cells))
+        ignored = (matches == Matcher.BETWEEN_THRESHOLDS) | ~visible(cells, size)
+        labels.append(torch.where(ignored, -1.0, (matches >= 0).float()))
+        regression.append(rpn.box_coder.encode(gt[matches.clamp(min=0)], cells))
+    return torch.stack(labels), torch.stack(regression)
+
+
+def test_batched_targets_equal_the_per_image_loop():
+    anchors = fpn_anchors(FEATURE_SIZES)
+    g = torch.Generator().manual_seed(8)
+    gt = [GT_BOXES[0], GT_BOXES[1], torch.cat((GT_BOXES[1] + 3, GT_BOXES[0] - 2, GT_BOXES[1]))]
+    gt = [b + torch.rand(len(b), 4, generator=g) for b in gt]
+    sizes = [*IMAGE_SIZES, (60, 80)]
+    labels, regression = RPN().targets(anchors, torch.tensor(sizes), *padded(gt))
+    want_labels, want_regression = per_image_targets(RPN(), anchors, sizes, gt)
+    assert torch.equal(labels, want_labels)
+    torch.testing.assert_close(regression, want_regression, rtol=0, atol=0)
+    # an image without ground truth: negative or ignored (outside the image) anchors only
+    boxes, valid = padded(gt)
+    valid[1] = False
+    labels, _ = RPN().targets(anchors, torch.tensor(sizes), boxes, valid)
+    assert torch.equal(labels[1], torch.where(labels[1] < 0, -1.0, 0.0))
+    assert torch.equal(labels[[0, 2]], want_labels[[0, 2]])
+
+
+@pytest.mark.parametrize(("training", "per_image"), [(True, False), (True, True)])
+def test_padded_proposals_equal_the_per_image_list(training, per_image):
+    objectness, deltas = head_outputs(seed=9)
+    anchors = fpn_anchors(FEATURE_SIZES)
+    rpn = RPN(pre_nms_top_n_train=150, post_nms_top_n_train=40, fpn_post_nms_top_n_train=60,
+              fpn_post_nms_per_image_train=per_image).train(training)
+    boxes, valid = rpn.padded_proposals(objectness, deltas, anchors,
+                                        torch.tensor(IMAGE_SIZES), *GT_PADDED)
+    expected = rpn.proposals(objectness, deltas, anchors, IMAGE_SIZES, GT_BOXES)
+    for b, v, e in zip(boxes, valid, expected):
+        assert torch.equal(b[v], e)
 
 
 def smooth_l1(x, beta=1 / 9):
@@ -206,7 +260,7 @@ def test_loss_by_hand():
     codes[2] = torch.zeros(4)
     objectness, deltas = one_level(logits[:, None]), one_level(codes)
     loss_objectness, loss_box = RPN().loss([objectness], [deltas], [ANCHORS], [(100, 100)],
-                                           [GT])
+                                           *padded([GT]))
     # sampled: the 3 positives and the 1 negative, 4 in all
     expected_objectness = (math.log1p(math.exp(-2.0)) + math.log1p(math.exp(1.0))
                            + math.log1p(math.exp(-0.5)) + math.log1p(math.exp(-2.0))) / 4
@@ -252,10 +306,10 @@ def test_gradients_reach_sampled_anchors_only():
     deltas = [d.requires_grad_() for d in deltas]
     anchors = fpn_anchors(FEATURE_SIZES)
     rpn = RPN(batch_size_per_image=64)
-    loss_objectness, loss_box = rpn.loss(objectness, deltas, anchors, IMAGE_SIZES, GT_BOXES,
+    loss_objectness, loss_box = rpn.loss(objectness, deltas, anchors, IMAGE_SIZES, *GT_PADDED,
                                          torch.Generator().manual_seed(7))
     (loss_objectness + loss_box).backward()
-    labels, _ = rpn.targets(anchors, IMAGE_SIZES, GT_BOXES)
+    labels, _ = rpn.targets(anchors, IMAGE_SIZES, *GT_PADDED)
     pos, neg = rpn.sample(labels, torch.Generator().manual_seed(7))
     grad_logits, grad_codes = flatten_levels([o.grad for o in objectness],
                                              [d.grad for d in deltas])
@@ -268,10 +322,10 @@ def test_loss_half_inputs_under_autocast():
     objectness, deltas = head_outputs(seed=4, dtype=torch.bfloat16)
     anchors = fpn_anchors(FEATURE_SIZES)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        got = RPN().loss(objectness, deltas, anchors, IMAGE_SIZES, GT_BOXES,
+        got = RPN().loss(objectness, deltas, anchors, IMAGE_SIZES, *GT_PADDED,
                          torch.Generator().manual_seed(0))
     expected = RPN().loss([o.float() for o in objectness], [d.float() for d in deltas],
-                          anchors, IMAGE_SIZES, GT_BOXES, torch.Generator().manual_seed(0))
+                          anchors, IMAGE_SIZES, *GT_PADDED, torch.Generator().manual_seed(0))
     for g, e in zip(got, expected):
         assert g.dtype == torch.float32
         assert torch.equal(g, e)
@@ -287,7 +341,7 @@ def test_bad_settings_and_shapes():
     with pytest.raises(ValueError, match="anchors"):
         RPN().proposals(objectness, deltas, anchors[::-1], IMAGE_SIZES)
     with pytest.raises(ValueError, match="image sizes"):
-        RPN().loss(objectness, deltas, anchors, IMAGE_SIZES[:1], GT_BOXES[:1])
+        RPN().loss(objectness, deltas, anchors, IMAGE_SIZES[:1], *padded(GT_BOXES[:1]))
 
 
 @pytest.mark.gpu
@@ -304,6 +358,7 @@ def test_cuda_equals_cpu(training):
     for g, e in zip(got, expected):
         torch.testing.assert_close(g.cpu(), e, rtol=1e-6, atol=1e-4)
     # every anchor sampled: no randomness left to differ between the devices
-    for g, e in zip(rpn.loss(*cuda[:3], IMAGE_SIZES, cuda[3]),
-                    rpn.loss(objectness, deltas, anchors, IMAGE_SIZES, GT_BOXES)):
+    gt_cuda = [t.cuda() for t in GT_PADDED]
+    for g, e in zip(rpn.loss(*cuda[:3], IMAGE_SIZES, *gt_cuda),
+                    rpn.loss(objectness, deltas, anchors, IMAGE_SIZES, *GT_PADDED)):
         torch.testing.assert_close(g.cpu(), e)

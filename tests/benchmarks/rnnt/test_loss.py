@@ -1,6 +1,7 @@
 """The transducer loss against a brute-force sum over every alignment (values and gradients),
-padded and packed, several lengths in one batch; the fused packed path against the reference
-one, chunk by chunk and without an fp32 copy of the logits; the torchaudio path on the GPU."""
+padded and packed, several lengths in one batch; the diagonal lattice against its cell-by-cell
+recursion; the fused packed path against the reference one, chunk by chunk and without an fp32
+copy of the logits; the torchaudio path on the GPU."""
 
 import itertools
 import math
@@ -10,7 +11,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from benchmarks.rnnt.loss import _FusedLogProbs, packed_transducer_loss, transducer_loss
+from benchmarks.rnnt.loss import (
+    _chunk_norm,
+    _FusedLogProbs,
+    _lattice,
+    packed_transducer_loss,
+    transducer_loss,
+)
 from benchmarks.rnnt.model import packed_index
 
 
@@ -51,6 +58,28 @@ def _brute_force_batch(logits, enc_lens, labels, label_lens, blank):
 def _pack(logits, enc_lens, label_lens):
     b, t, u = packed_index(enc_lens, label_lens + 1)
     return logits[b, t, u]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_lattice_is_the_cell_by_cell_recursion_exactly(dtype):
+    """Every cell, -inf weights included, against one ``logaddexp`` per cell: the same
+    operations in the same order, to the last bits (the CPU's vectorised and scalar ``exp``
+    can differ by an ulp, depending on where a row's tail falls)."""
+    g = torch.Generator().manual_seed(11)
+    B, T, U1 = 3, 6, 4
+    wt, wu = (torch.randn(2, B, T, U1, generator=g) * 3).to(dtype)
+    wt[0, :, 2:] = wu[1, 3:] = wu[2, :, 1] = -math.inf
+    init = torch.randn(B, generator=g).to(dtype)
+    expected = torch.full((B, T, U1), -math.inf, dtype=dtype)
+    expected[:, 0, 0] = init
+    for t, u in itertools.product(range(T), range(U1)):
+        if t or u:
+            from_t = expected[:, t - 1, u] + wt[:, t, u] if t else torch.full_like(init, -math.inf)
+            from_u = expected[:, t, u - 1] + wu[:, t, u] if u else torch.full_like(init, -math.inf)
+            expected[:, t, u] = torch.logaddexp(from_t, from_u)
+    got = _lattice(wt, wu, init)
+    torch.testing.assert_close(got, expected, rtol=4 * torch.finfo(dtype).eps, atol=0)
+    assert got.isfinite().any() and got.isneginf().any()
 
 
 def test_two_alignments_by_hand():
@@ -138,6 +167,16 @@ def test_fused_log_probs_are_the_log_softmax_at_two_columns():
                                rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_chunk_norm_is_logsumexp_of_the_float32_copy_bit_for_bit(dtype):
+    x = (torch.randn(9, 37, generator=torch.Generator().manual_seed(12)) * 4).to(dtype)
+    x[3] = -math.inf
+    x[5, :3] = -math.inf
+    got = _chunk_norm(x, torch.float32)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, torch.logsumexp(x.float(), -1))
+
+
 def _packed_batch(seed, dtype, vocab=64):
     """Packed logits ``[N, V]`` of 4 utterances, one without labels; N = 61."""
     g = torch.Generator().manual_seed(seed)
@@ -183,7 +222,8 @@ class _LargestFloat32(TorchDispatchMode):
 
 @pytest.mark.parametrize("impl", ["reference", "fused"])
 def test_fused_path_never_makes_an_fp32_copy_of_the_logits(impl):
-    logits, enc_lens, labels, label_lens = _packed_batch(9, torch.bfloat16)
+    # a vocabulary wide enough that one chunk outgrows the lattice's fp32 grids
+    logits, enc_lens, labels, label_lens = _packed_batch(9, torch.bfloat16, vocab=256)
     with _LargestFloat32() as mode:
         _loss_and_grad(logits, enc_lens, labels, label_lens, impl=impl, chunk_rows=8)
     n, vocab = logits.shape

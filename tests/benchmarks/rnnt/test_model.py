@@ -1,5 +1,5 @@
-"""RNN-T sizes, initialisation, mllog names, shapes on a tiny config, and the packed joint
-against the padded one."""
+"""RNN-T sizes, initialisation, mllog names, shapes on a tiny config, the packed joint
+against the padded one, and the row sums of its backward."""
 
 import math
 import re
@@ -15,6 +15,7 @@ from benchmarks.rnnt.model import (
     mllog_tensor_modules,
     mllog_tensor_names,
     packed_index,
+    row_sums,
     stack_time,
 )
 
@@ -201,3 +202,32 @@ def test_add_relu_dropout_gradient():
     expected = torch.zeros_like(f).index_add_(0, rows_f, (out > 0).double() * 2.0)
     torch.testing.assert_close(grad_f, expected)
     assert (pre > 0).sum() > (out > 0).sum() > 0            # some positive entries dropped
+
+
+@pytest.mark.parametrize("segments", [False, True])
+def test_row_sums_add_each_row_to_its_target(segments):
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(50, 3, generator=g, dtype=torch.float64)
+    rows = torch.randint(0, 9, (50,), generator=g)
+    rows[rows == 4] = 5                                     # row 4 gets nothing
+    expected = torch.stack([x[rows == i].sum(0) for i in range(10)])
+    torch.testing.assert_close(row_sums(x, rows, 10, segments), expected, rtol=1e-12, atol=0)
+
+
+def test_row_sums_accumulate_bf16_in_float32_on_the_cpu():
+    """1000 bf16 rows of 0.01: a bf16 accumulator stalls at 4, an fp32 one reaches 10."""
+    total = row_sums(torch.full((1000, 2), 0.01, dtype=torch.bfloat16),
+                     torch.zeros(1000, dtype=torch.long), 1)
+    assert total.dtype == torch.bfloat16
+    assert total[0, 0].item() == pytest.approx(10.0, rel=1e-2)
+
+
+def test_add_relu_dropout_keeps_its_inputs_dtype_under_autocast():
+    """``embedding_bag`` is on no autocast list: the sum stays in the Linear outputs' dtype."""
+    gen = torch.Generator().manual_seed(9)
+    f, g = (torch.randn(n, 5, generator=gen).bfloat16() for n in (6, 4))
+    rows_f, rows_g = torch.tensor([0, 1, 5, 2]), torch.tensor([3, 0, 2, 2])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = add_relu_dropout(f, g, rows_f, rows_g, 0.3, training=False)
+    assert out.dtype == torch.bfloat16           # CPU embedding_bag may round a tie up
+    torch.testing.assert_close(out, (f[rows_f] + g[rows_g]).relu())
