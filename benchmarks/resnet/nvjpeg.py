@@ -232,8 +232,8 @@ class Keys(torch.utils.data.Sampler):
     """The sampler of :func:`planned_loader`: the ``(epoch, indices)`` of the batches of the
     pass to come, set before each pass (it is read in the main process)."""
 
-    def __init__(self):
-        self.keys: list[tuple[int, list[int]]] = []
+    def __init__(self, keys: list[tuple[int, list[int]]] | None = None):
+        self.keys = keys or []
 
     def __iter__(self):
         return iter(self.keys)
@@ -258,6 +258,7 @@ def ahead(batches, device: torch.device, assemble, depth: int = 2):
     the consumer; a consumer that stops early stops the thread."""
     cuda = device.type == "cuda"
     side = torch.cuda.Stream(device) if cuda else None
+    # the consumer's device, for the thread (whose current device starts at 0)
     index = (torch.cuda.current_device() if device.index is None else device.index) if cuda \
         else None
     ready: queue.Queue = queue.Queue(depth)
@@ -283,9 +284,7 @@ def ahead(batches, device: torch.device, assemble, depth: int = 2):
                         # one: the blocks it is handed must not still be read by queued crops
                         side.synchronize()
                     batch = assemble(item)
-                    done = torch.cuda.Event() if cuda else None
-                    if cuda:
-                        done.record(side)
+                    done = side.record_event() if cuda else None
                     if not put((batch, done)):
                         return
             put((None, None))

@@ -86,9 +86,8 @@ class _Decoded(_PackedBytes):
 def _worker_loader(stage, samples, batches, size, workers):
     """The stage's DataLoader, its workers kept from one pass to the next."""
     if stage == "plan":
-        keys = nvjpeg.Keys()
-        keys.keys = [(1, b) for b in batches]
-        return nvjpeg.planned_loader(samples, size, True, 0, workers, False, keys)
+        return nvjpeg.planned_loader(samples, size, True, 0, workers, False,
+                                     nvjpeg.Keys([(1, b) for b in batches]))
     if stage == "read":
         ds = _PackedBytes(samples, batches)
     else:
@@ -127,8 +126,7 @@ def _timed(passes, count, seconds: float, device) -> dict:
 
 def _in_memory(samples, batches, size) -> list:
     """A few planned batches (files read, headers parsed) in pinned memory where possible."""
-    keys = nvjpeg.Keys()
-    keys.keys = [(1, b) for b in batches[:IN_MEMORY_BATCHES]]
+    keys = nvjpeg.Keys([(1, b) for b in batches[:IN_MEMORY_BATCHES]])
     return list(nvjpeg.planned_loader(samples, size, True, 0, 0, torch.cuda.is_available(),
                                       keys))
 
