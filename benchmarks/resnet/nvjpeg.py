@@ -12,7 +12,8 @@
   of batched gathers;
 - a background thread decodes and crops the next batches on a side stream while the step
   runs, so the decode call's host time (and any wait in it) is off the thread that
-  launches the step.
+  launches the step; the loader processes and the thread run on from one pass into the
+  next, so a pass does not start by waiting for its first batch.
 
 Files nvJPEG cannot take are decoded by Pillow: CMYK/YCCK JPEGs (4 components) in the loader
 process, and any file that nvJPEG rejects in the main process; a file that Pillow rejects
@@ -229,17 +230,14 @@ class BatchAssembler:
 
 
 class Keys(torch.utils.data.Sampler):
-    """The sampler of :func:`planned_loader`: the ``(epoch, indices)`` of the batches of the
-    pass to come, set before each pass (it is read in the main process)."""
+    """The sampler of :func:`planned_loader`: the ``(epoch, indices)`` of the batches to come,
+    any iterable (read lazily, in the main process), set before each pass over the loader."""
 
-    def __init__(self, keys: list[tuple[int, list[int]]] | None = None):
-        self.keys = keys or []
+    def __init__(self, keys=()):
+        self.keys = keys
 
     def __iter__(self):
         return iter(self.keys)
-
-    def __len__(self):
-        return len(self.keys)
 
 
 def planned_loader(samples, size, train, seed, workers, pin: bool, keys: Keys):
@@ -314,14 +312,32 @@ def ahead(batches, device: torch.device, assemble, depth: int = 2):
 def batched_decoder(samples, size, train, seed, batch_size, workers, device,
                     decode=nvjpeg_decode):
     """``data.Loader``'s decode function for the ``nvjpeg`` backend (``decode``: the batch
-    decoder, Pillow's in CPU tests). One DataLoader serves every pass, so its workers start
-    once, not at each epoch or evaluation."""
+    decoder, Pillow's in CPU tests). One DataLoader and one :func:`ahead` thread serve pass
+    after pass: while a pass ends, the first batches of the next (the next epoch's when
+    training, the same images when evaluating) are already read, planned and decoded, so no
+    pass starts by waiting for its first batch. A pass asked for out of turn, or after one left
+    unfinished, restarts the stream at that pass."""
     assemble = BatchAssembler(samples, size, device, decode)
     keys = Keys()
     loader = planned_loader(samples, size, train, seed, workers, device.type == "cuda", keys)
+    stream = {"batches": None, "next": None}   # the stream, and the pass it is at the start of
 
-    def decode_epoch(indices, epoch):
-        keys.keys = [(epoch, indices[i:i + batch_size])
-                     for i in range(0, len(indices), batch_size)]
-        return ahead(loader, device, assemble)
+    def keys_from(epoch, passes):
+        while True:
+            indices = passes(epoch)
+            yield from ((epoch, indices[i:i + batch_size])
+                        for i in range(0, len(indices), batch_size))
+            epoch += 1
+
+    def decode_epoch(epoch, passes):
+        if stream["next"] != (epoch if train else "eval"):
+            if stream["batches"] is not None:
+                stream["batches"].close()      # stops its thread
+            keys.keys = keys_from(epoch, passes)
+            stream["batches"] = ahead(loader, device, assemble)
+        batches, n = stream["batches"], -(-len(passes(epoch)) // batch_size)
+        stream["next"] = None                  # until this pass is read to its end
+        for _ in range(n):
+            yield next(batches)
+        stream["next"] = epoch + 1 if train else "eval"
     return decode_epoch

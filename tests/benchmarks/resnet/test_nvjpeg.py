@@ -60,6 +60,38 @@ def test_persistent_workers_serve_each_epoch_its_own_crops(index):
 
 
 @pytest.mark.parametrize("train", [True, False])
+def test_each_pass_reads_ahead_into_the_next(index, train):
+    """Once a pass is read to its end, the stream decodes the next pass's first batches
+    (the next epoch's when training) before that pass is asked for, and they are the ones
+    a fresh reader gives for it."""
+    samples = index.train if train else index.val
+    epochs = []
+    decoded = threading.Semaphore(0)
+
+    def counted(blobs, paths, device):
+        decoded.release()
+        return nvjpeg.pillow_decode(blobs, paths, device)
+
+    assemble_keys = nvjpeg.PlannedBatches.__getitem__
+
+    def keyed(self, key):
+        epochs.append(key[0])
+        return assemble_keys(self, key)
+
+    _, fresh = _loaders(index, train)
+    new = data.Loader(samples, train, 6, 0, 1, 7,
+                      nvjpeg.batched_decoder(samples, 32, train, 7, 6, 0, CPU, counted))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(nvjpeg.PlannedBatches, "__getitem__", keyed)
+        list(new.epoch(1))
+        for _ in range(len(new) + 1):   # this pass's batches, then the next pass's first
+            assert decoded.acquire(timeout=30)
+        assert epochs[len(new)] == 2
+        for (a, la), (b, lb) in zip(fresh.epoch(2), new.epoch(2), strict=True):
+            assert torch.equal(la, lb) and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("train", [True, False])
 def test_same_labels_shapes_and_ranges_as_the_pillow_reader(index, train):
     ref, new = _loaders(index, train)
     pairs = list(zip(ref.epoch(2), new.epoch(2)))
@@ -222,7 +254,7 @@ def test_unreadable_files_are_named(tmp_path, content):
     index = _bad_folder(tmp_path, content)
     decode = nvjpeg.batched_decoder(index.val, 32, False, 0, 2, 0, CPU, nvjpeg.pillow_decode)
     with pytest.raises(UserError, match=r"x\.JPEG: cannot decode JPEG"):
-        list(decode([0, 1], 0))
+        list(decode(0, lambda epoch: [0, 1]))
 
 
 def test_files_nvjpeg_rejects_go_to_pillow_and_a_file_both_reject_is_named(monkeypatch,
