@@ -30,6 +30,7 @@ from common.mllog import MLLog, constants
 from common.precision import PRECISIONS, Precision
 from common.progress import Progress, say
 from common.scoring import BackgroundScorer
+from common.streams import work_stream
 from common.workload import COMPILE_MODES, EvalPoint, Workload
 
 # mllog key naming what the run trained on (not an MLPerf key: the checker ignores it).
@@ -347,7 +348,7 @@ def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
     t_run = 0.0
     wl = scorer = None
     outcome = _Outcome()
-    with handling_signals(_stop):
+    with handling_signals(_stop), work_stream(env.device):
         try:
             log.event(constants.CACHE_CLEAR, True)
             log.start(constants.INIT_START)

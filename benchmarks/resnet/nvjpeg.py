@@ -24,6 +24,7 @@ crops much larger than the output alias a little; the evaluation crop (resize 25
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import queue
@@ -291,6 +292,7 @@ def ahead(batches, device: torch.device, assemble, depth: int = 2):
 
     thread = threading.Thread(target=produce, name="nvjpeg-ahead", daemon=True)
     thread.start()
+    _RUNNING.add(entry := (stop, thread))
     try:
         while True:
             batch, done = ready.get()
@@ -306,6 +308,21 @@ def ahead(batches, device: torch.device, assemble, depth: int = 2):
             yield batch
     finally:
         stop.set()
+        thread.join()
+        _RUNNING.discard(entry)
+
+
+_RUNNING: set[tuple[threading.Event, threading.Thread]] = set()   # threads of ahead()
+
+
+@atexit.register
+def _stop_running() -> None:
+    """Stops the threads of :func:`ahead` still running at exit, while they can still run:
+    a stream left open ends at interpreter shutdown, where joining its (by then frozen)
+    thread would hang the process."""
+    for stop, _ in list(_RUNNING):
+        stop.set()
+    for _, thread in list(_RUNNING):
         thread.join()
 
 
@@ -336,8 +353,10 @@ def batched_decoder(samples, size, train, seed, batch_size, workers, device,
             keys.keys = keys_from(epoch, passes)
             stream["batches"] = ahead(loader, device, assemble)
         batches, n = stream["batches"], -(-len(passes(epoch)) // batch_size)
-        stream["next"] = None                  # until this pass is read to its end
-        for _ in range(n):
-            yield next(batches)
-        stream["next"] = epoch + 1 if train else "eval"
+        stream["next"] = None                  # until this pass's last batch is taken
+        for i in range(n):
+            batch = next(batches)
+            if i == n - 1:                     # consumers stop at the last batch
+                stream["next"] = epoch + 1 if train else "eval"
+            yield batch
     return decode_epoch

@@ -32,6 +32,7 @@ from common.cuda_graph import graphed_step
 from common.errors import UserError, one_line
 from common.metering import peak_memory_bytes, reset_peak_memory
 from common.precision import PRECISIONS, Precision
+from common.streams import work_stream
 from common.training import build_parser
 from common.workload import Workload
 
@@ -197,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     env = dist.init_distributed(a.device)
     try:
-        record = measure(a, env)
+        with work_stream(env.device):
+            record = measure(a, env)
     except UserError as exc:
         record = {"skipped": one_line(exc)}
     record.update(gpus=env.world_size, device=env.device.type)

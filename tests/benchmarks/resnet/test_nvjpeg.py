@@ -7,9 +7,11 @@ on the CPU. The GPU test at the end compares the real backend with that stand-in
 import itertools
 import math
 import random
+import subprocess
 import sys
 import threading
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,7 +85,8 @@ def test_each_pass_reads_ahead_into_the_next(index, train):
                       nvjpeg.batched_decoder(samples, 32, train, 7, 6, 0, CPU, counted))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(nvjpeg.PlannedBatches, "__getitem__", keyed)
-        list(new.epoch(1))
+        for _ in zip(range(len(new)), new.epoch(1)):   # as the driver: no next() past the end
+            pass
         for _ in range(len(new) + 1):   # this pass's batches, then the next pass's first
             assert decoded.acquire(timeout=30)
         assert epochs[len(new)] == 2
@@ -301,6 +304,25 @@ def test_nvjpeg_backend_matches_its_pillow_stand_in_on_the_gpu(index, train):
         assert torch.equal(la, lb)
         assert a.is_contiguous(memory_format=torch.channels_last)
         assert ((a - b).abs() * STD.to(device)).mean() < 3
+
+
+def test_a_process_with_a_stream_still_running_exits(index):
+    """The driver leaves the last pass's stream running (its thread decoding the next pass);
+    the process still exits, at once."""
+    script = f"""
+import torch
+from benchmarks.resnet import data, nvjpeg
+index = data.ImageFolderIndex.scan({str(index.root)!r})
+decode = nvjpeg.batched_decoder(index.train, 32, True, 7, 6, 2, torch.device("cpu"),
+                                nvjpeg.pillow_decode)
+loader = data.Loader(index.train, True, 6, 0, 1, 7, decode)
+for _ in zip(range(len(loader)), loader.epoch(1)):
+    pass
+print("done")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=Path(__file__).resolve().parents[3])
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr[-2000:]
 
 
 def test_ahead_keeps_order_raises_the_threads_error_and_stops_with_its_consumer():
