@@ -24,7 +24,6 @@ crops much larger than the output alias a little; the evaluation crop (resize 25
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import io
 import queue
@@ -315,15 +314,19 @@ def ahead(batches, device: torch.device, assemble, depth: int = 2):
 _RUNNING: set[tuple[threading.Event, threading.Thread]] = set()   # threads of ahead()
 
 
-@atexit.register
 def _stop_running() -> None:
-    """Stops the threads of :func:`ahead` still running at exit, while they can still run:
-    a stream left open ends at interpreter shutdown, where joining its (by then frozen)
-    thread would hang the process."""
+    """Stops the threads of :func:`ahead` still running at exit. It runs first thing at
+    interpreter shutdown, before any ``atexit`` handler: the DataLoaders' clean-up waits on
+    loader processes that a running thread still reads from, and a thread left to the end
+    of shutdown is frozen mid-call (its generator's join would then hang, or the C++ runtime
+    abort)."""
     for stop, _ in list(_RUNNING):
         stop.set()
     for _, thread in list(_RUNNING):
         thread.join()
+
+
+threading._register_atexit(_stop_running)   # the hook concurrent.futures uses, for the same reason
 
 
 def batched_decoder(samples, size, train, seed, batch_size, workers, device,
