@@ -186,59 +186,41 @@ class _Epoch:
         return self._factory()
 
 
-@dataclass(frozen=True)
-class Passes:
-    """``passes(epoch)``: the indices into a split of ``size`` samples that one rank reads in
-    that epoch's pass (one permutation for all ranks), in whole batches when training. Plain
-    values only, so a decoder may keep it to read ahead into later passes."""
-    size: int
-    train: bool
-    batch_size: int
-    rank: int
-    world_size: int
-    seed: int
-
-    def shard(self, epoch: int) -> list[int]:
-        if not self.train:
-            return list(range(self.rank, self.size, self.world_size))
-        order = torch.randperm(self.size,
-                               generator=torch.Generator().manual_seed(self.seed * 100003 + epoch))
-        per_rank = self.size // self.world_size
-        return order[self.rank * per_rank:(self.rank + 1) * per_rank].tolist()
-
-    def __call__(self, epoch: int) -> list[int]:
-        indices = self.shard(epoch)
-        return indices[:len(indices) // self.batch_size * self.batch_size] if self.train \
-            else indices
-
-
 class Loader:
-    """Batches of one rank's shard; ``epoch(e)`` is that epoch's pass, read by
-    ``decode(epoch, passes)`` (``passes``: :class:`Passes`)."""
+    """Batches of one rank's shard; ``epoch(e)`` is that epoch's pass."""
 
     def __init__(self, samples, train: bool, batch_size: int, rank: int, world_size: int,
                  seed: int, decode):
         self.samples, self.train, self.batch_size = samples, train, batch_size
-        self.passes = Passes(len(samples), train, batch_size, rank, world_size, seed)
-        self._decode = decode
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self._decode = decode   # (list of (path, label) indices, epoch) -> iterator of batches
 
     def shard(self, epoch: int) -> list[int]:
         """Indices into ``samples`` that this rank reads in ``epoch`` (one permutation for all)."""
-        return self.passes.shard(epoch)
+        if not self.train:
+            return list(range(self.rank, len(self.samples), self.world_size))
+        order = torch.randperm(len(self.samples),
+                               generator=torch.Generator().manual_seed(self.seed * 100003 + epoch))
+        per_rank = len(self.samples) // self.world_size
+        return order[self.rank * per_rank:(self.rank + 1) * per_rank].tolist()
 
     def __len__(self) -> int:
         n = len(self.shard(1))
         return n // self.batch_size if self.train else math.ceil(n / self.batch_size)
 
     def epoch(self, epoch: int) -> _Epoch:
-        return _Epoch(len(self), lambda: self._decode(epoch, self.passes))
+        indices = self.shard(epoch)
+        if self.train:
+            indices = indices[:len(indices) // self.batch_size * self.batch_size]
+        n = len(indices) // self.batch_size if self.train else math.ceil(
+            len(indices) / self.batch_size)
+        return _Epoch(n, lambda: self._decode(indices, epoch))
 
 
 def _cpu_decoder(samples, size, train, seed, batch_size, workers, device):
     dataset = _PillowDataset(samples, size, train, seed)
 
-    def decode(epoch, passes) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        indices = passes(epoch)
+    def decode(indices, epoch) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         dataset.epoch = epoch  # workers are re-created per epoch and pick this up
         batches = [indices[i:i + batch_size] for i in range(0, len(indices), batch_size)]
         loader = torch.utils.data.DataLoader(
@@ -274,8 +256,7 @@ def _dali_decoder(samples, size, train, seed, batch_size, workers, device):
                         "(or use --data-backend cpu)") from None
     on_gpu = device.type == "cuda"
 
-    def decode(epoch, passes):
-        indices = passes(epoch)
+    def decode(indices, epoch):
         files = [samples[i][0] for i in indices]
         labels = [samples[i][1] for i in indices]
 

@@ -12,8 +12,7 @@
   of batched gathers;
 - a background thread decodes and crops the next batches on a side stream while the step
   runs, so the decode call's host time (and any wait in it) is off the thread that
-  launches the step; the loader processes and the thread run on from one pass into the
-  next, so a pass does not start by waiting for its first batch.
+  launches the step.
 
 Files nvJPEG cannot take are decoded by Pillow: CMYK/YCCK JPEGs (4 components) in the loader
 process, and any file that nvJPEG rejects in the main process; a file that Pillow rejects
@@ -230,14 +229,17 @@ class BatchAssembler:
 
 
 class Keys(torch.utils.data.Sampler):
-    """The sampler of :func:`planned_loader`: the ``(epoch, indices)`` of the batches to come,
-    any iterable (read lazily, in the main process), set before each pass over the loader."""
+    """The sampler of :func:`planned_loader`: the ``(epoch, indices)`` of the batches of the
+    pass to come, set before each pass (it is read in the main process)."""
 
-    def __init__(self, keys=()):
-        self.keys = keys
+    def __init__(self, keys: list[tuple[int, list[int]]] | None = None):
+        self.keys = keys or []
 
     def __iter__(self):
         return iter(self.keys)
+
+    def __len__(self):
+        return len(self.keys)
 
 
 def planned_loader(samples, size, train, seed, workers, pin: bool, keys: Keys):
@@ -291,7 +293,6 @@ def ahead(batches, device: torch.device, assemble, depth: int = 2):
 
     thread = threading.Thread(target=produce, name="nvjpeg-ahead", daemon=True)
     thread.start()
-    _RUNNING.add(entry := (stop, thread))
     try:
         while True:
             batch, done = ready.get()
@@ -308,58 +309,19 @@ def ahead(batches, device: torch.device, assemble, depth: int = 2):
     finally:
         stop.set()
         thread.join()
-        _RUNNING.discard(entry)
-
-
-_RUNNING: set[tuple[threading.Event, threading.Thread]] = set()   # threads of ahead()
-
-
-def _stop_running() -> None:
-    """Stops the threads of :func:`ahead` still running at exit. It runs first thing at
-    interpreter shutdown, before any ``atexit`` handler: the DataLoaders' clean-up waits on
-    loader processes that a running thread still reads from, and a thread left to the end
-    of shutdown is frozen mid-call (its generator's join would then hang, or the C++ runtime
-    abort)."""
-    for stop, _ in list(_RUNNING):
-        stop.set()
-    for _, thread in list(_RUNNING):
-        thread.join()
-
-
-threading._register_atexit(_stop_running)   # the hook concurrent.futures uses, for the same reason
 
 
 def batched_decoder(samples, size, train, seed, batch_size, workers, device,
                     decode=nvjpeg_decode):
     """``data.Loader``'s decode function for the ``nvjpeg`` backend (``decode``: the batch
-    decoder, Pillow's in CPU tests). One DataLoader and one :func:`ahead` thread serve pass
-    after pass: while a pass ends, the first batches of the next (the next epoch's when
-    training, the same images when evaluating) are already read, planned and decoded, so no
-    pass starts by waiting for its first batch. A pass asked for out of turn, or after one left
-    unfinished, restarts the stream at that pass."""
+    decoder, Pillow's in CPU tests). One DataLoader serves every pass, so its workers start
+    once, not at each epoch or evaluation."""
     assemble = BatchAssembler(samples, size, device, decode)
     keys = Keys()
     loader = planned_loader(samples, size, train, seed, workers, device.type == "cuda", keys)
-    stream = {"batches": None, "next": None}   # the stream, and the pass it is at the start of
 
-    def keys_from(epoch, passes):
-        while True:
-            indices = passes(epoch)
-            yield from ((epoch, indices[i:i + batch_size])
-                        for i in range(0, len(indices), batch_size))
-            epoch += 1
-
-    def decode_epoch(epoch, passes):
-        if stream["next"] != (epoch if train else "eval"):
-            if stream["batches"] is not None:
-                stream["batches"].close()      # stops its thread
-            keys.keys = keys_from(epoch, passes)
-            stream["batches"] = ahead(loader, device, assemble)
-        batches, n = stream["batches"], -(-len(passes(epoch)) // batch_size)
-        stream["next"] = None                  # until this pass's last batch is taken
-        for i in range(n):
-            batch = next(batches)
-            if i == n - 1:                     # consumers stop at the last batch
-                stream["next"] = epoch + 1 if train else "eval"
-            yield batch
+    def decode_epoch(indices, epoch):
+        keys.keys = [(epoch, indices[i:i + batch_size])
+                     for i in range(0, len(indices), batch_size)]
+        return ahead(loader, device, assemble)
     return decode_epoch
