@@ -12,6 +12,17 @@ Evaluation (on an :class:`benchmarks.maskrcnn.data.EvalBatch`): test proposals, 
 and its post-processing, then the mask head on the detected boxes (``MaskRCNNFPNFeatureExtractor``
 pools the detections in test, as there), masks pasted into each image at its original size;
 one :class:`benchmarks.maskrcnn.roi_heads.ImageDetections` per image, boxes in original pixels.
+
+``compile_mode`` other than ``none`` runs the networks through ``torch.compile`` in three
+regions with shapes of their own (backbone + FPN + RPN head; box head; mask head); proposal
+selection, matching and sampling stay eager, as their sizes depend on the data. A region's
+second input shape makes it dynamic (Inductor's automatic dynamic shapes), so padded image
+sizes and positive-RoI counts that change from batch to batch do not recompile it.
+
+``loss_streams`` computes the RPN's targets and loss, the box head's loss and the mask
+targets and loss each on a CUDA stream of its own (:class:`common.streams.SideStreams`),
+beside the proposal selection and the heads on the current stream, joined before the losses
+are returned; off CUDA it changes nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +44,8 @@ from benchmarks.maskrcnn.roi_heads import (
     postprocess_masks,
 )
 from benchmarks.maskrcnn.rpn import RPN
+from common.streams import SideStreams
+from common.workload import maybe_compile
 
 LOSSES = ("loss_objectness", "loss_rpn_box_reg", "loss_classifier", "loss_box_reg", "loss_mask")
 
@@ -47,16 +60,40 @@ def ground_truth(boxes: torch.Tensor, labels: torch.Tensor, masks: torch.Tensor
             list(masks.split(counts)))
 
 
+def _mask_loss(mask_logits: torch.Tensor, rois: torch.Tensor, labels: torch.Tensor,
+               matched_idxs: torch.Tensor, gt_masks: torch.Tensor) -> torch.Tensor:
+    """The mask loss of the positive RoIs [P, 5] against their ground truth's masks
+    rasterised into each RoI."""
+    return mask_loss(mask_logits, labels,
+                     mask_targets(rois[:, 1:], matched_idxs, gt_masks, mask_logits.shape[-1]))
+
+
 class Detector(nn.Module):
     """``GeneralizedRCNN``: the networks (:class:`MaskRCNN`), the RPN's proposal selection and
     loss (:class:`RPN`) and the RoI sampler, with the reference's test settings."""
 
     def __init__(self, net: MaskRCNN, rpn: RPN, sampler: RoISampler,
-                 detections_per_image: int = DETECTIONS_PER_IMG):
+                 detections_per_image: int = DETECTIONS_PER_IMG, compile_mode: str = "none",
+                 loss_streams: bool = False):
         super().__init__()
         self.net, self.rpn, self.sampler = net, rpn, sampler
         self.detections_per_image = detections_per_image
         self._anchors: dict = {}
+        self.loss_streams = loss_streams
+        self._side: SideStreams | None = None
+        self.levels_and_rpn = maybe_compile(self._levels_and_rpn, compile_mode)
+        self.box_head = maybe_compile(self._box_head, compile_mode)
+        self.mask_head = maybe_compile(self._mask_head, compile_mode)
+
+    def _levels_and_rpn(self, images: torch.Tensor):
+        levels = self.net.features(images)
+        return levels, *self.net.rpn(levels)
+
+    def _box_head(self, levels: list[torch.Tensor], rois: torch.Tensor):
+        return self.net.box_predictor(self.net.box_features(levels, rois))
+
+    def _mask_head(self, levels: list[torch.Tensor], rois: torch.Tensor) -> torch.Tensor:
+        return self.net.mask_predictor(self.net.mask_features(levels, rois))
 
     def anchors(self, levels: list[torch.Tensor]) -> list[torch.Tensor]:
         """The FPN anchors of these feature maps, made once per padded batch shape."""
@@ -70,8 +107,7 @@ class Detector(nn.Module):
         """Training: ``(images, image_sizes, boxes, labels, masks)`` of a ``TrainBatch`` ->
         the losses (dict of float32 scalars). Evaluation: ``(images, image_sizes,
         original_sizes)`` -> one ``ImageDetections`` per image, masks pasted."""
-        levels = self.net.features(images)
-        objectness, deltas = self.net.rpn(levels)
+        levels, objectness, deltas = self.levels_and_rpn(images)
         anchors = self.anchors(levels)
         if not self.training:
             sizes = [tuple(s) for s in image_sizes.tolist()]
@@ -79,30 +115,31 @@ class Detector(nn.Module):
             return self._detect(levels, proposals, sizes, targets[0])
         gt_boxes, gt_labels, gt_masks = targets
         gt_valid = gt_labels > 0
-        loss_objectness, loss_rpn_box_reg = self.rpn.loss(objectness, deltas, anchors,
-                                                          image_sizes, gt_boxes, gt_valid)
+        if self._side is None:
+            self._side = SideStreams(images.device, 3 if self.loss_streams else 0)
+        side = self._side
+        loss_objectness, loss_rpn_box_reg = side.run(
+            0, self.rpn.loss, objectness, deltas, anchors, image_sizes, gt_boxes, gt_valid)
         proposals, valid = self.rpn.padded_proposals(objectness, deltas, anchors, image_sizes,
                                                      gt_boxes, gt_valid)
         samples = self.sampler(proposals, valid, gt_boxes, gt_labels)
-        scores, box_deltas = self.net.box_predictor(self.net.box_features(levels, samples.rois))
-        loss_classifier, loss_box_reg = box_loss(scores, box_deltas, samples.labels,
-                                                 samples.regression_targets)
+        scores, box_deltas = self.box_head(levels, samples.rois)
+        loss_classifier, loss_box_reg = side.run(
+            1, box_loss, scores, box_deltas, samples.labels, samples.regression_targets)
         rois = samples.rois[samples.positive]
-        mask_logits = self.net.mask_predictor(self.net.mask_features(levels, rois))
-        loss_mask = mask_loss(mask_logits, samples.labels[samples.positive],
-                              mask_targets(rois[:, 1:], samples.matched_idxs[samples.positive],
-                                           gt_masks, mask_logits.shape[-1]))
+        mask_logits = self.mask_head(levels, rois)
+        loss_mask = side.run(2, _mask_loss, mask_logits, rois, samples.labels[samples.positive],
+                             samples.matched_idxs[samples.positive], gt_masks)
+        side.join()
         return dict(zip(LOSSES, (loss_objectness, loss_rpn_box_reg, loss_classifier,
                                  loss_box_reg, loss_mask)))
 
     def _detect(self, levels: list[torch.Tensor], proposals: list[torch.Tensor],
                 sizes: list[tuple[int, int]], original_sizes: torch.Tensor
                 ) -> list[ImageDetections]:
-        scores, box_deltas = self.net.box_predictor(
-            self.net.box_features(levels, rois_from_boxes(proposals)))
+        scores, box_deltas = self.box_head(levels, rois_from_boxes(proposals))
         detections = postprocess_boxes(scores, box_deltas, proposals, sizes,
                                        detections_per_image=self.detections_per_image)
-        mask_logits = self.net.mask_predictor(
-            self.net.mask_features(levels, rois_from_boxes([d.boxes for d in detections])))
+        mask_logits = self.mask_head(levels, rois_from_boxes([d.boxes for d in detections]))
         return postprocess_masks(mask_logits, detections, sizes,
                                  [tuple(s) for s in original_sizes.tolist()])

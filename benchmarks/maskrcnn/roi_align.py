@@ -81,8 +81,11 @@ def _roi_align_levels(features: list[torch.Tensor], scales: list[float], rois: t
     out_h, out_w = output_size
     channels = features[0].shape[1]
     table = _table(features)
-    constants = _level_constants(tuple(tuple(f.shape[2:]) for f in features), tuple(scales),
-                                 rois.device)[levels]
+    # under torch.compile the sizes may be symbolic: traced into the graph, not cached
+    level_constants = (_level_constants.__wrapped__ if torch.compiler.is_compiling()
+                       else _level_constants)
+    constants = level_constants(tuple(tuple(f.shape[2:]) for f in features), tuple(scales),
+                                rois.device)[levels]
     heights, widths, scale = constants[:, :3].to(rois.dtype).unbind(1)
     base = (len(features[0]) * constants[:, 3].long()       # the level's first row
             + rois[:, 0].long() * (heights * widths).long())

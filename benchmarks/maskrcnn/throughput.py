@@ -12,7 +12,10 @@ pre-NMS candidates in NVIDIA's two stages over 4 chunks (``--topk-chunks 4``);
 do, instead of the reference's 2000 per batch (``--fpn-post-nms-per-image``);
 ``ours-fold`` runs each backbone convolution and its frozen batch norm as one convolution
 (``--fold-frozen-bn``), ``ours-fold-cl`` also keeps images and networks in channels-last
-memory (``--channels-last``).
+memory (``--channels-last``), ``ours-compile`` also runs the networks through
+``torch.compile`` (``--compile default``: backbone + FPN + RPN head, box head, mask head);
+``ours-streams`` and ``ours-compile-streams`` add the losses on CUDA streams of their own
+(``--loss-streams``).
 The baselines are torchvision's ``MaskRCNN`` on a ResNet-50 FPN, trained as torchvision's
 detection reference trains it: momentum SGD (weight decay 1e-4 on every trained weight),
 autocast, a ``GradScaler`` in amp-fp16; eager (``torchvision-eager``) or ``torch.compile``-d
@@ -46,7 +49,11 @@ from common.training import build_parser
 # variant -> workload flags of the workload's step
 OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-per-image": ("--fpn-post-nms-per-image",), "ours-fold": ("--fold-frozen-bn",),
-        "ours-fold-cl": ("--fold-frozen-bn", "--channels-last")}
+        "ours-fold-cl": ("--fold-frozen-bn", "--channels-last"),
+        "ours-streams": ("--fold-frozen-bn", "--channels-last", "--loss-streams"),
+        "ours-compile": ("--fold-frozen-bn", "--channels-last", "--compile", "default"),
+        "ours-compile-streams": ("--fold-frozen-bn", "--channels-last", "--compile", "default",
+                                 "--loss-streams")}
 # variant -> whether torchvision's model runs through torch.compile
 TORCHVISION = {"torchvision-eager": False, "torchvision-compile": True}
 VARIANTS = (*OURS, *TORCHVISION)

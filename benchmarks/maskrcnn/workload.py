@@ -135,6 +135,9 @@ class MaskRCNNWorkload(Workload):
         p.add_argument("--channels-last", action=argparse.BooleanOptionalAction,
                        default=False, help="images and networks in channels-last memory "
                        "(cuDNN's NHWC kernels without layout conversions)")
+        p.add_argument("--loss-streams", action=argparse.BooleanOptionalAction, default=False,
+                       help="compute the RPN, box and mask losses each on a CUDA stream of "
+                            "its own beside the rest of the forward (CUDA only)")
         # widths: the reference's by default, smaller for CPU fixtures
         p.add_argument("--width", type=int, default=WIDTH, help="ResNet-50 base width")
         p.add_argument("--fpn-channels", type=int, default=FPN_CHANNELS)
@@ -153,6 +156,9 @@ class MaskRCNNWorkload(Workload):
         if len(a.lr_decay_steps) != 2:
             raise UserError(f"--lr-decay-steps {a.lr_decay_steps}: give two steps, as the "
                             "reference's schedule (e.g. 60000,80000)")
+        if a.loss_streams and env.device.type != "cuda":
+            raise UserError("--loss-streams puts the losses on CUDA streams: run with "
+                            "--device cuda, or leave it out on the CPU")
         if self.synthetic:
             self.num_classes = NUM_CLASSES
         else:
@@ -176,7 +182,8 @@ class MaskRCNNWorkload(Workload):
             batch_size_per_image=a.rpn_batch_size_per_image, topk_chunks=a.topk_chunks)
         self.memory_format = torch.channels_last if a.channels_last else torch.contiguous_format
         self.net = net.to(env.device, memory_format=self.memory_format)
-        self.detector = Detector(self.net, proposals, RoISampler(a.roi_batch_size_per_image))
+        self.detector = Detector(self.net, proposals, RoISampler(a.roi_batch_size_per_image),
+                                 compile_mode=a.compile, loss_streams=a.loss_streams)
         self.model = dist.data_parallel(self.detector, env)
         self.lr = torch.zeros((), device=env.device)
         self.bias_lr = torch.zeros((), device=env.device)

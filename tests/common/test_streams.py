@@ -1,16 +1,43 @@
-"""``work_stream``: a run's CUDA work off the legacy default stream."""
+"""``work_stream``: a run's CUDA work off the legacy default stream; ``SideStreams``: calls
+beside it, joined."""
 
 import threading
 
 import pytest
 import torch
 
-from common.streams import work_stream
+from common.streams import SideStreams, work_stream
 
 
 def test_nothing_changes_off_cuda():
     with work_stream(torch.device("cpu")):
         assert torch.ones(2).sum() == 2
+    side = SideStreams(torch.device("cpu"), 2)
+    assert side.run(1, torch.add, torch.ones(2), 1).tolist() == [2, 2]
+    side.join()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_side_calls_run_beside_the_current_stream_and_join():
+    """A side call starts after the current stream's work so far, runs while the current
+    stream is busy with a long kernel, and the current stream reads its result only after
+    :meth:`SideStreams.join`."""
+    device = torch.device("cuda")
+    side = SideStreams(device, 2)
+    with work_stream(device):
+        current = torch.cuda.current_stream(device)
+        x = torch.arange(1 << 20, device=device, dtype=torch.float32)
+        doubled = side.run(0, lambda t: (torch.cuda._sleep(500_000_000), t * 2)[1], x)
+        side_done = side.streams[0].record_event()
+        torch.cuda._sleep(2_000_000_000)       # the current stream, about a second
+        current_done = current.record_event()
+        side_done.synchronize()
+        assert not current_done.query()         # the side call finished first
+        side.join()
+        total = doubled.sum()
+    torch.cuda.synchronize()
+    assert total.item() == 2 * x.sum().item()
 
 
 @pytest.mark.gpu

@@ -144,3 +144,42 @@ def test_a_bad_backbone_checkpoint_is_one_line(tmp_path, content):
         _load_backbone(MaskRCNN(num_classes=4, width=4, fpn_channels=8, box_head_dim=16,
                                 mask_head_dim=8), path)
     assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_loss_streams_off_cuda_is_one_line():
+    with pytest.raises(UserError, match="--loss-streams .* --device cuda"):
+        build([*TINY, "--loss-streams"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_loss_streams_compute_the_plain_steps_losses_and_gradients_on_three_streams():
+    from torch.profiler import ProfilerActivity, profile
+
+    def build_cuda(argv):
+        torch.manual_seed(0)
+        args = build_parser(MaskRCNNWorkload).parse_args(
+            [*argv, "--device", "cuda", "--precision", "fp32"])
+        wl = MaskRCNNWorkload(args, DistEnv(device=torch.device("cuda")),
+                              Precision("fp32", "cuda"))
+        wl.build()
+        return wl
+
+    plain, streams = build_cuda(TINY), build_cuda([*TINY, "--loss-streams"])
+    streams.net.load_state_dict(plain.net.state_dict())
+    batch = plain.synthetic_batch(2)
+    losses, grads = [], []
+    for wl in (plain, streams):
+        wl.detector.register_forward_hook(lambda _m, _inputs, out: losses.append(out))
+        torch.manual_seed(1)                    # the same anchors and RoIs sampled
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            wl.train_step(*batch)
+            torch.cuda.synchronize()
+        grads.append({n: p.grad for n, p in wl.net.named_parameters() if p.grad is not None})
+        wl.kernel_streams = {e.device_resource_id for e in prof.events()
+                             if e.device_type == torch.autograd.DeviceType.CUDA}
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-4,
+                                   atol=1e-5 * grad.abs().max().item(), msg=name)
+    assert len(streams.kernel_streams) >= len(plain.kernel_streams) + 3
