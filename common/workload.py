@@ -12,6 +12,7 @@ import torch
 
 from common import dist
 from common.dist import DistEnv
+from common.errors import UserError
 from common.precision import Precision
 
 COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs")
@@ -153,8 +154,14 @@ class Workload(abc.ABC):
     scorer: Callable[[Any], dict[str, float]] | None = None
     # --batch-size is the global batch (DLRM), not the per-rank one
     batch_size_is_global = False
+    # False: the workload has no torch.compile path, and --compile is refused, not ignored
+    compiles = True
 
     def __init__(self, args: argparse.Namespace, env: DistEnv, precision: Precision):
+        mode = getattr(args, "compile", "none")
+        if mode != "none" and not self.compiles:
+            raise UserError(f"--compile {mode}: {self.name} has no torch.compile path; "
+                            "leave --compile out")
         self.args, self.env, self.precision = args, env, precision
 
     @property

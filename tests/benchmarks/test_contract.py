@@ -10,6 +10,7 @@ evaluate to metrics its target predicate judges, and train bit for bit the same 
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from mlperf_logging import compliance_checker
 from common.bench.worker import workload_class
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
+from common.errors import UserError
 from common.mllog import MLLog
 from common.precision import Precision
 from common.training import build_parser, log_workload, warm_up
@@ -157,3 +159,15 @@ def test_init_steps_leave_training_bit_identical(tiny, deterministic):
     assert len(states[0]) == len(states[1])
     for a, b in zip(*states):
         assert torch.equal(a, b)
+
+
+def test_compile_is_honoured_or_refused(tiny):
+    """``--compile`` reaches the workload's model (its module reads the flag), or the
+    workload says it has no compiled path: never silently ignored."""
+    cls, argv = tiny
+    if cls.compiles:
+        assert re.search(r"\b(a|args)\.compile\b", inspect.getsource(sys.modules[cls.__module__]))
+    else:
+        with pytest.raises(UserError, match=rf"--compile default: {cls.name} has no "
+                                            r"torch.compile path; leave --compile out"):
+            build(cls, [*argv, "--compile", "default"])
