@@ -297,36 +297,45 @@ def _dali_policy(train: bool):
     return LastBatchPolicy.DROP if train else LastBatchPolicy.PARTIAL
 
 
-def _nvjpeg_decoder(*args):
+def _nvjpeg_decoder(*args, cpu_share: float = 0.0):
     from benchmarks.resnet import nvjpeg
-    return nvjpeg.batched_decoder(*args)
+    return nvjpeg.batched_decoder(*args, cpu_share=cpu_share)
 
 
 _DECODERS = {"cpu": _cpu_decoder, "nvjpeg": _nvjpeg_decoder, "dali": _dali_decoder}
 
 
 def _build(index, backend, image_size, batch_size, rank, world_size, seed, workers, device,
-           train) -> Loader:
+           train, cpu_decode_share) -> Loader:
     if backend not in _DECODERS:
         raise UserError(f"unknown data backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "nvjpeg" and device.type != "cuda":
         raise UserError(f"--data-backend {backend} decodes with nvJPEG and needs a CUDA device; "
                         "use --data-backend cpu")
     samples = index.train if train else index.val
-    decode = _DECODERS[backend](samples, image_size, train, seed, batch_size, workers, device)
+    args = (samples, image_size, train, seed, batch_size, workers, device)
+    if cpu_decode_share:
+        if backend != "nvjpeg":
+            raise UserError(f"--cpu-decode-share splits the decoding of the nvjpeg backend; "
+                            f"--data-backend {backend} has no such split: leave it out")
+        decode = _DECODERS[backend](*args, cpu_share=cpu_decode_share)
+    else:
+        decode = _DECODERS[backend](*args)
     return Loader(samples, train, batch_size, rank, world_size, seed, decode)
 
 
 def build_train_loader(index, backend: str, image_size: int, batch_size: int, rank: int,
-                       world_size: int, seed: int, workers: int, device: torch.device) -> Loader:
+                       world_size: int, seed: int, workers: int, device: torch.device,
+                       cpu_decode_share: float = 0.0) -> Loader:
     return _build(index, backend, image_size, batch_size, rank, world_size, seed, workers,
-                  device, train=True)
+                  device, True, cpu_decode_share)
 
 
 def build_eval_loader(index, backend: str, image_size: int, batch_size: int, rank: int,
-                      world_size: int, workers: int, device: torch.device) -> Loader:
+                      world_size: int, workers: int, device: torch.device,
+                      cpu_decode_share: float = 0.0) -> Loader:
     return _build(index, backend, image_size, batch_size, rank, world_size, 0, workers,
-                  device, train=False)
+                  device, False, cpu_decode_share)
 
 
 def synthetic_batch(batch_size: int, image_size: int, num_classes: int, device

@@ -14,6 +14,11 @@
   runs, so the decode call's host time (and any wait in it) is off the thread that
   launches the step.
 
+A share of each batch (``cpu_share``, evenly spread over its positions) can be decoded by
+Pillow in the loader processes instead, so that host cores take part of the decoding and
+nvJPEG's per-image work in the main process shrinks with it; those images reach the device
+with the batch (pinned, copied asynchronously) and take the same batched crop.
+
 Files nvJPEG cannot take are decoded by Pillow: CMYK/YCCK JPEGs (4 components) in the loader
 process, and any file that nvJPEG rejects in the main process; a file that Pillow rejects
 too is a one-line ``UserError`` naming it. The resize does not antialias (Pillow's does), so
@@ -86,10 +91,14 @@ class PlannedBatches(torch.utils.data.Dataset):
     where the file was decoded here instead), the images' (height, width), their crop boxes
     (left, top, w, h) and flips for ``epoch``, labels, the positions in the batch of the
     images decoded here and those images (uint8 [3, H, W]), and the sample indices. The key
-    carries the epoch, so persistent workers serve every epoch."""
+    carries the epoch, so persistent workers serve every epoch. ``cpu_share`` of the
+    positions are decoded here whatever their files."""
 
-    def __init__(self, samples, size: int, train: bool, seed: int):
+    def __init__(self, samples, size: int, train: bool, seed: int, cpu_share: float = 0.0):
+        if not 0 <= cpu_share <= 1:
+            raise UserError(f"--cpu-decode-share {cpu_share}: give a fraction from 0 to 1")
         self.samples, self.size, self.train, self.seed = samples, size, train, seed
+        self.cpu_share = cpu_share
 
     def __getitem__(self, key):
         epoch, batch = key
@@ -100,7 +109,8 @@ class PlannedBatches(torch.utils.data.Dataset):
                 width, height, components = jpeg_header(blob)
             except ValueError:
                 components = None
-            if components not in _NVJPEG_COMPONENTS:
+            on_cpu = int((j + 1) * self.cpu_share) > int(j * self.cpu_share)
+            if on_cpu or components not in _NVJPEG_COMPONENTS:
                 image = pillow_chw(blob, self.samples[i][0])
                 height, width = image.shape[1:]
                 decoded_at.append(j)
@@ -242,11 +252,12 @@ class Keys(torch.utils.data.Sampler):
         return len(self.keys)
 
 
-def planned_loader(samples, size, train, seed, workers, pin: bool, keys: Keys):
+def planned_loader(samples, size, train, seed, workers, pin: bool, keys: Keys,
+                   cpu_share: float = 0.0):
     """The DataLoader of :class:`PlannedBatches` over ``keys`` (pinned batches when ``pin``),
     its worker processes kept from one pass to the next."""
     return torch.utils.data.DataLoader(
-        PlannedBatches(samples, size, train, seed), batch_size=None, sampler=keys,
+        PlannedBatches(samples, size, train, seed, cpu_share), batch_size=None, sampler=keys,
         num_workers=workers, pin_memory=pin, prefetch_factor=4 if workers else None,
         persistent_workers=workers > 0)
 
@@ -312,13 +323,15 @@ def ahead(batches, device: torch.device, assemble, depth: int = 2):
 
 
 def batched_decoder(samples, size, train, seed, batch_size, workers, device,
-                    decode=nvjpeg_decode):
+                    decode=nvjpeg_decode, cpu_share: float = 0.0):
     """``data.Loader``'s decode function for the ``nvjpeg`` backend (``decode``: the batch
-    decoder, Pillow's in CPU tests). One DataLoader serves every pass, so its workers start
-    once, not at each epoch or evaluation."""
+    decoder, Pillow's in CPU tests; ``cpu_share``: the share of each batch the loader
+    processes decode). One DataLoader serves every pass, so its workers start once, not at
+    each epoch or evaluation."""
     assemble = BatchAssembler(samples, size, device, decode)
     keys = Keys()
-    loader = planned_loader(samples, size, train, seed, workers, device.type == "cuda", keys)
+    loader = planned_loader(samples, size, train, seed, workers, device.type == "cuda", keys,
+                            cpu_share)
 
     def decode_epoch(indices, epoch):
         keys.keys = [(epoch, indices[i:i + batch_size])

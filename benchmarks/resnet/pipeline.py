@@ -16,7 +16,7 @@
 | h2d | host-to-device copies of packed file bytes from pinned memory (batches in memory) |
 | decode-nvjpeg | one batched ``decode_jpeg`` per batch (batches in pinned memory; GPU) |
 | crop-resize | the batched crop, resize, flip, normalise on decoded batches on the device |
-| nvjpeg-train | the ``nvjpeg`` backend, whole training pipeline |
+| nvjpeg-train | the ``nvjpeg`` backend, whole training pipeline (``--cpu-decode-share``) |
 | nvjpeg-eval | the ``nvjpeg`` backend, whole evaluation pipeline (resize 256, centre 224) |
 
 Stages with loader processes run once per ``--workers`` count; the others in this process.
@@ -148,6 +148,8 @@ def run_stage(stage, index, args, device, workers: int | None) -> dict:
         backend = stage.split("-")[0]
         build = data.build_train_loader if train else data.build_eval_loader
         kw = dict(seed=0) if train else {}
+        if backend == "nvjpeg":
+            kw["cpu_decode_share"] = args.cpu_decode_share
         loader = build(index=index, backend=backend, image_size=size, batch_size=batch,
                        rank=0, world_size=1, workers=workers, device=device, **kw)
         epochs = iter(range(1, 1 << 30))
@@ -200,6 +202,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-batch-size", type=int, default=250)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--seconds", type=float, default=10.0, help="timed seconds per stage")
+    p.add_argument("--cpu-decode-share", type=float, default=0.0,
+                   help="nvjpeg-train/-eval: the share of each batch the loader processes "
+                        "decode with Pillow")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", type=Path, help="write the table and the dataset's statistics here")
     a = p.parse_args(argv)

@@ -49,6 +49,9 @@ class ResNetWorkload(Workload):
                        help="cpu: Pillow decode in workers; gpu: nvJPEG, crops per image; "
                             "nvjpeg: batched nvJPEG and crops, overlapped with the step; "
                             "dali: NVIDIA DALI")
+        p.add_argument("--cpu-decode-share", type=float, default=0.0,
+                       help="nvjpeg backend: the share of each batch (0 to 1) that the loader "
+                            "processes decode with Pillow instead of nvJPEG")
         p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
         p.add_argument("--image-size", type=int, default=224)
         p.add_argument("--batch-size", type=int, default=408, help="per-rank batch per step")
@@ -118,7 +121,7 @@ class ResNetWorkload(Workload):
         if self.index is not None:
             common = dict(index=self.index, backend=a.data_backend, image_size=a.image_size,
                           rank=env.rank, world_size=env.world_size, workers=a.workers,
-                          device=env.device)
+                          device=env.device, cpu_decode_share=a.cpu_decode_share)
             self.train_loader = data.build_train_loader(batch_size=a.batch_size, seed=a.seed,
                                                         **common)
             self.eval_loader = data.build_eval_loader(batch_size=a.eval_batch_size, **common)

@@ -199,6 +199,36 @@ def test_jpeg_headers_and_the_colour_modes_the_worker_routes(index):
     assert all(n > 0 for j, n in enumerate(sizes) if j not in cmyk)
 
 
+@pytest.mark.parametrize("share", [0.25, 0.5, 1.0])
+def test_a_cpu_decode_share_is_decoded_in_the_workers_and_changes_no_batch(index, share):
+    """``cpu_share`` of each batch's positions, spread evenly, is decoded in the loader
+    process (CMYK files still are wherever they are); the batches stay those of the split
+    without it, bit for bit (the stand-in decodes with Pillow on both sides)."""
+    batch = list(range(8))
+    cmyk = {j for j in batch if Image.open(index.train[j][0]).mode == "CMYK"}
+    sizes, decoded_at = (nvjpeg.PlannedBatches(index.train, 32, True, 0, share)[1, batch][i]
+                         for i in (1, 6))
+    chosen = {j for j in batch if int((j + 1) * share) > int(j * share)}
+    assert len(chosen) == round(share * len(batch)) and set(decoded_at) == chosen | cmyk
+    assert all((n == 0) == (j in chosen | cmyk) for j, n in enumerate(sizes))
+    samples = index.train
+    plain = data.Loader(samples, True, 6, 0, 1, 7, nvjpeg.batched_decoder(
+        samples, 32, True, 7, 6, 1, CPU, nvjpeg.pillow_decode))
+    split = data.Loader(samples, True, 6, 0, 1, 7, nvjpeg.batched_decoder(
+        samples, 32, True, 7, 6, 1, CPU, nvjpeg.pillow_decode, cpu_share=share))
+    for (a, la), (b, lb) in zip(plain.epoch(1), split.epoch(1), strict=True):
+        assert torch.equal(la, lb) and torch.equal(a, b)
+
+
+def test_a_cpu_decode_share_is_checked(index):
+    with pytest.raises(UserError, match=r"--cpu-decode-share 1.5: give a fraction"):
+        nvjpeg.PlannedBatches(index.train, 32, True, 0, 1.5)
+    with pytest.raises(UserError, match="--data-backend cpu has no such split"):
+        data.build_train_loader(index=index, backend="cpu", image_size=32, batch_size=6,
+                                rank=0, world_size=1, seed=0, workers=0, device=CPU,
+                                cpu_decode_share=0.5)
+
+
 def test_imagenet_like_fixture_has_imagenet_like_sizes(index):
     files = [p for p, _ in index.train + index.val]
     sizes = [Image.open(p).size for p in files]
@@ -253,16 +283,17 @@ def test_files_nvjpeg_rejects_go_to_pillow_and_a_file_both_reject_is_named(monke
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("train", [True, False])
-def test_nvjpeg_backend_matches_its_pillow_stand_in_on_the_gpu(index, train):
+@pytest.mark.parametrize("train,share", [(True, 0.0), (False, 0.0), (True, 0.5)])
+def test_nvjpeg_backend_matches_its_pillow_stand_in_on_the_gpu(index, train, share):
     """Same labels and crops; nvJPEG's and libjpeg's IDCT and chroma upsampling differ by
-    a pixel level or two, so the images agree within 3 levels on average."""
+    a pixel level or two, so the images agree within 3 levels on average (also with half
+    of each batch decoded by Pillow in the loader processes)."""
     device = torch.device("cuda")
     samples = index.train if train else index.val
     build = data.build_train_loader if train else data.build_eval_loader
     kw = dict(seed=7) if train else {}
     real = build(index=index, backend="nvjpeg", image_size=64, batch_size=6, rank=0,
-                 world_size=1, workers=2, device=device, **kw)
+                 world_size=1, workers=2, device=device, cpu_decode_share=share, **kw)
     stand_in = data.Loader(samples, train, 6, 0, 1, 7 if train else 0, nvjpeg.batched_decoder(
         samples, 64, train, 7 if train else 0, 6, 0, device, nvjpeg.pillow_decode))
     for (a, la), (b, lb) in zip(real.epoch(1), stand_in.epoch(1)):
