@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from benchmarks.resnet import pool, residual
+from benchmarks.resnet import residual
+from common import pool
 from common.stem import space_to_depth_conv
 
 STAGE_DEPTHS = (3, 4, 6, 3)

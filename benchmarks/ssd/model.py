@@ -24,6 +24,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from common import pool
 from common.stem import space_to_depth_conv
 
 NUM_CLASSES = 81                      # 80 COCO categories and background (label 0)
@@ -72,9 +73,10 @@ class ResNet34Backbone(nn.Module):
     reference's ``_ModifyBlock(stride=(1, 1))``), but still widens, so its first block
     keeps the 1x1 projection, at stride 1."""
 
-    def __init__(self, width: int = WIDTH, space_to_depth: bool = False):
+    def __init__(self, width: int = WIDTH, space_to_depth: bool = False,
+                 fused_pool: bool = False):
         super().__init__()
-        self.space_to_depth = space_to_depth
+        self.space_to_depth, self.fused_pool = space_to_depth, fused_pool
         self.conv1 = nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(width)
         self.relu = nn.ReLU(inplace=True)
@@ -89,7 +91,8 @@ class ResNet34Backbone(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = space_to_depth_conv(x, self.conv1.weight, 16) if self.space_to_depth \
             else self.conv1(x)
-        x = self.maxpool(self.relu(self.bn1(x)))
+        x = pool.relu_max_pool_3x3_s2(self.bn1(x)) if self.fused_pool \
+            else self.maxpool(self.relu(self.bn1(x)))
         return self.layer3(self.layer2(self.layer1(x)))
 
     def load_torchvision(self, state_dict: Mapping[str, torch.Tensor]) -> None:
@@ -105,10 +108,10 @@ class SSD300(nn.Module):
     count (64: the reference's); a smaller one keeps the code path for CPU fixtures."""
 
     def __init__(self, num_classes: int = NUM_CLASSES, width: int = WIDTH,
-                 space_to_depth: bool = False):
+                 space_to_depth: bool = False, fused_pool: bool = False):
         super().__init__()
         self.num_classes = num_classes
-        self.backbone = ResNet34Backbone(width, space_to_depth)
+        self.backbone = ResNet34Backbone(width, space_to_depth, fused_pool)
         chans = out_channels(width)
         # 38 -> 19 -> 10 -> 5 by stride 2, then 5 -> 3 -> 1 by unpadded 3x3 convolutions
         self.additional_blocks = nn.ModuleList(

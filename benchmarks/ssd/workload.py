@@ -96,6 +96,9 @@ class SSDWorkload(Workload):
         p.add_argument("--space-to-depth", action=argparse.BooleanOptionalAction, default=False,
                        help="the stem convolution over 2x2 pixel blocks (same result; cuDNN "
                             "is slow on 3 input channels)")
+        p.add_argument("--fused-pool", action=argparse.BooleanOptionalAction, default=False,
+                       help="the stem's ReLU + max-pool as one op with a gather-free backward "
+                            "(common.pool; the same result)")
         p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
         p.add_argument("--image-cache", default="none", choices=("none", *image_cache.STORAGES),
                        help="device: decode every training image once (on the first batch) "
@@ -121,7 +124,7 @@ class SSDWorkload(Workload):
         else:
             num_classes = 81
         self.num_classes = num_classes
-        model = SSD300(num_classes, a.width, a.space_to_depth)
+        model = SSD300(num_classes, a.width, a.space_to_depth, a.fused_pool)
         if a.backbone_checkpoint:
             _load_backbone(model, a.backbone_checkpoint)
         self.tensor_names = mllog_tensor_names(model)

@@ -160,3 +160,18 @@ def test_space_to_depth_stem_gives_the_same_outputs():
     with torch.no_grad():
         for a, b in zip(plain(x), s2d(x)):
             torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-10)
+
+
+def test_fused_pool_gives_the_same_outputs_and_gradients():
+    torch.manual_seed(0)
+    plain = SSD300(5, width=8).double()         # fp64: no rounding to tell apart
+    fused = SSD300(5, width=8, fused_pool=True).double()
+    fused.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 3, 300, 300, dtype=torch.float64)
+    outs = [model(x) for model in (plain, fused)]
+    for a, b in zip(*outs):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-10)
+    for (locs, confs), model in zip(outs, (plain, fused)):
+        (locs.square().sum() + confs.sin().sum()).backward()
+    for (name, p), q in zip(plain.named_parameters(), fused.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-9, atol=1e-9, msg=name)

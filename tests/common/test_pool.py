@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.resnet.model import ResNet50
-from benchmarks.resnet.pool import relu_max_pool_3x3_s2
+from common.pool import relu_max_pool_3x3_s2
 
 
 def _both(x: torch.Tensor, grad_fn):

@@ -1,4 +1,5 @@
-"""The stem's ReLU and 3x3 stride-2 max-pool (padding 1) with a gather-free backward.
+"""A ResNet stem's ReLU and 3x3 stride-2 max-pool (padding 1) with a gather-free backward
+(ResNet-50's ``--cudnn-fusion``, SSD's ``--fused-pool``).
 
 ``nn.MaxPool2d`` under Inductor recomputes the window arguments in its backward and
 gathers every input pixel's gradient from up to four windows of recomputed indices:
@@ -91,7 +92,7 @@ def _backward(grad: Tensor, where: Tensor, h: int, w: int) -> Tensor:
     return grad_in.contiguous(memory_format=_layout(where))
 
 
-@torch.library.custom_op("resnet::relu_max_pool", mutates_args=())
+@torch.library.custom_op("common::relu_max_pool", mutates_args=())
 def _relu_max_pool(x: Tensor) -> tuple[Tensor, Tensor]:
     return on_gpu(_forward, x)
 
@@ -102,7 +103,7 @@ def _(x):
     return out, torch.empty_like(out, dtype=torch.int8)
 
 
-@torch.library.custom_op("resnet::relu_max_pool_backward", mutates_args=())
+@torch.library.custom_op("common::relu_max_pool_backward", mutates_args=())
 def _relu_max_pool_backward(grad: Tensor, where: Tensor, h: int, w: int) -> Tensor:
     return on_gpu(_backward, grad, where, h, w)
 
