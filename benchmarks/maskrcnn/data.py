@@ -32,7 +32,9 @@ with Caffe2 pixel means (BGR 102.98, 115.95, 122.77, std 1) belongs to its MSRA 
 
 Batches (``BatchCollator``, ``to_image_list``): the images, zero-padded at the bottom and
 right to the batch's largest height and width, each rounded up to a multiple of
-``SIZE_DIVISIBILITY``; each image's own (height, width) is kept. Boxes and labels are padded to
+``SIZE_DIVISIBILITY``; each image's own (height, width) is kept. With size buckets
+(:func:`size_buckets`, ``--size-buckets``) each padded side is rounded up further, to the next
+of a few sizes, so batches come in a few shapes instead of one per size. Boxes and labels are padded to
 the batch's largest count (label 0 marks padding), and the masks of all images are one tensor
 padded like the images, so the whole batch is a few tensors (:class:`TrainBatch`).
 
@@ -294,29 +296,50 @@ class EvalBatch(NamedTuple):
         return EvalBatch(*(t.to(device, non_blocking=True) for t in self))
 
 
-def padded_shape(sizes: Sequence[tuple[int, int]], size_divisibility: int) -> tuple[int, int]:
-    """The batch's largest height and width, each rounded up to a multiple of
-    ``size_divisibility`` (``to_image_list``)."""
+def size_buckets(count: int, min_size: int, max_size: int,
+                 size_divisibility: int = SIZE_DIVISIBILITY) -> tuple[int, ...]:
+    """``count`` padded side lengths, multiples of ``size_divisibility``, evenly spread from
+    the resize's shorter side (``min_size``) to its longer one (``max_size``), both rounded
+    up: every resized image fits the largest."""
     d = size_divisibility
-    return (-(-max(h for h, _ in sizes) // d) * d, -(-max(w for _, w in sizes) // d) * d)
+    low, high = -(-min_size // d), -(-max_size // d)
+    if count < 1 or high < low:
+        raise UserError(f"--size-buckets {count}: give at least 1 bucket for sides "
+                        f"{min_size}-{max_size}")
+    steps = [low + round(i * (high - low) / max(count - 1, 1)) for i in range(count)]
+    return tuple(sorted({d * s for s in steps}))
 
 
-def pad_images(images: Sequence[torch.Tensor], size_divisibility: int = SIZE_DIVISIBILITY
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+def padded_shape(sizes: Sequence[tuple[int, int]], size_divisibility: int,
+                 buckets: Sequence[int] = ()) -> tuple[int, int]:
+    """The batch's largest height and width, each rounded up to a multiple of
+    ``size_divisibility`` (``to_image_list``), then to the smallest of ``buckets`` that
+    holds it (a side longer than every bucket keeps its own)."""
+    d = size_divisibility
+
+    def side(n: int) -> int:
+        n = -(-n // d) * d
+        return min((b for b in buckets if b >= n), default=n)
+    return side(max(h for h, _ in sizes)), side(max(w for _, w in sizes))
+
+
+def pad_images(images: Sequence[torch.Tensor], size_divisibility: int = SIZE_DIVISIBILITY,
+               buckets: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """Tensors [..., h_i, w_i] zero-padded at the bottom and right into one
     [B, ..., H, W] (``padded_shape``), and their sizes int64 [B, 2] (h_i, w_i)."""
     sizes = [tuple(x.shape[-2:]) for x in images]
-    height, width = padded_shape(sizes, size_divisibility)
+    height, width = padded_shape(sizes, size_divisibility, buckets)
     out = images[0].new_zeros(len(images), *images[0].shape[:-2], height, width)
     for x, pad in zip(images, out):
         pad[..., :x.shape[-2], :x.shape[-1]].copy_(x)
     return out, torch.tensor(sizes, dtype=torch.int64).reshape(len(images), 2)
 
 
-def collate_train(samples, size_divisibility: int = SIZE_DIVISIBILITY) -> TrainBatch:
+def collate_train(samples, size_divisibility: int = SIZE_DIVISIBILITY,
+                  buckets: Sequence[int] = ()) -> TrainBatch:
     """Training samples ``(image, boxes, labels, masks)`` -> :class:`TrainBatch`."""
     images, boxes, labels, masks = zip(*samples)
-    batch, sizes = pad_images(images, size_divisibility)
+    batch, sizes = pad_images(images, size_divisibility, buckets)
     most = max(len(b) for b in boxes)
     padded_boxes = torch.zeros(len(samples), most, 4)
     padded_labels = torch.zeros(len(samples), most, dtype=torch.int64)
@@ -330,10 +353,11 @@ def collate_train(samples, size_divisibility: int = SIZE_DIVISIBILITY) -> TrainB
     return TrainBatch(batch, sizes, padded_boxes, padded_labels, all_masks)
 
 
-def collate_eval(samples, size_divisibility: int = SIZE_DIVISIBILITY) -> EvalBatch:
+def collate_eval(samples, size_divisibility: int = SIZE_DIVISIBILITY,
+                 buckets: Sequence[int] = ()) -> EvalBatch:
     """Evaluation samples ``(image, image_id, original size)`` -> :class:`EvalBatch`."""
     images, ids, original = zip(*samples)
-    batch, sizes = pad_images(images, size_divisibility)
+    batch, sizes = pad_images(images, size_divisibility, buckets)
     return EvalBatch(batch, sizes, torch.tensor(ids, dtype=torch.int64),
                      torch.tensor(original, dtype=torch.int64))
 
@@ -403,7 +427,8 @@ class Loader:
     def __init__(self, dataset: TrainDataset | EvalDataset, batch_size: int, rank: int = 0,
                  world_size: int = 1, seed: int = 0, num_workers: int = 0,
                  device: torch.device | str = "cpu",
-                 size_divisibility: int = SIZE_DIVISIBILITY, aspect_grouping: bool = True):
+                 size_divisibility: int = SIZE_DIVISIBILITY, aspect_grouping: bool = True,
+                 buckets: Sequence[int] = ()):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world size {world_size}")
         self.dataset, self.batch_size = dataset, batch_size
@@ -413,7 +438,8 @@ class Loader:
         self.groups = (aspect_groups(dataset.records) if aspect_grouping
                        else np.zeros(len(dataset), np.int64))
         collate = collate_train if self.train else collate_eval
-        self.collate = functools.partial(collate, size_divisibility=size_divisibility)
+        self.collate = functools.partial(collate, size_divisibility=size_divisibility,
+                                         buckets=tuple(buckets))
         if self.train and train_steps(len(dataset), self.groups, batch_size, world_size) < 1:
             raise UserError(f"{len(dataset)} training images cannot fill a batch of "
                             f"{batch_size} on each of {world_size} rank(s) in each aspect "
@@ -449,20 +475,20 @@ def build_train_loader(split: CocoSplit, batch_size: int, rank: int = 0, world_s
                        seed: int = 0, num_workers: int = 0, device: torch.device | str = "cpu",
                        min_size: int = MIN_SIZE, max_size: int = MAX_SIZE,
                        size_divisibility: int = SIZE_DIVISIBILITY,
-                       aspect_grouping: bool = True) -> Loader:
+                       aspect_grouping: bool = True, buckets: Sequence[int] = ()) -> Loader:
     """This rank's training batches (:class:`TrainBatch`) of a split from ``load_split``."""
     return Loader(TrainDataset(split, seed, min_size, max_size), batch_size, rank, world_size,
-                  seed, num_workers, device, size_divisibility, aspect_grouping)
+                  seed, num_workers, device, size_divisibility, aspect_grouping, buckets)
 
 
 def build_eval_loader(split: CocoSplit, batch_size: int, rank: int = 0, world_size: int = 1,
                       num_workers: int = 0, device: torch.device | str = "cpu",
                       min_size: int = MIN_SIZE, max_size: int = MAX_SIZE,
                       size_divisibility: int = SIZE_DIVISIBILITY,
-                      aspect_grouping: bool = True) -> Loader:
+                      aspect_grouping: bool = True, buckets: Sequence[int] = ()) -> Loader:
     """This rank's evaluation batches (:class:`EvalBatch`): every image once over the ranks."""
     return Loader(EvalDataset(split, min_size, max_size), batch_size, rank, world_size, 0,
-                  num_workers, device, size_divisibility, aspect_grouping)
+                  num_workers, device, size_divisibility, aspect_grouping, buckets)
 
 
 def synthetic_batch(batch_size: int, num_classes: int, min_size: int = MIN_SIZE,

@@ -135,6 +135,10 @@ class MaskRCNNWorkload(Workload):
         p.add_argument("--channels-last", action=argparse.BooleanOptionalAction,
                        default=False, help="images and networks in channels-last memory "
                        "(cuDNN's NHWC kernels without layout conversions)")
+        p.add_argument("--size-buckets", type=int, default=0,
+                       help="pad each batch's sides up to one of this many sizes between "
+                            "--min-size and --max-size (a few batch shapes; 0: to the "
+                            "batch's largest image, as the reference)")
         p.add_argument("--loss-streams", action=argparse.BooleanOptionalAction, default=False,
                        help="compute the RPN, box and mask losses each on a CUDA stream of "
                             "its own beside the rest of the forward (CUDA only)")
@@ -193,8 +197,11 @@ class MaskRCNNWorkload(Workload):
         if self.synthetic:
             self._steps_per_epoch = coco.COCO_TRAIN_IMAGES // self.global_batch_size
             return
+        buckets = (data.size_buckets(a.size_buckets, a.min_size, a.max_size)
+                   if a.size_buckets else ())
         common = dict(rank=env.rank, world_size=env.world_size, num_workers=a.workers,
-                      device=env.device, min_size=a.min_size, max_size=a.max_size)
+                      device=env.device, min_size=a.min_size, max_size=a.max_size,
+                      buckets=buckets)
         self.train_loader = data.build_train_loader(self.train_split, a.batch_size,
                                                     seed=a.seed, **common)
         self.eval_loader = data.build_eval_loader(self.val_split, a.eval_batch_size, **common)

@@ -120,6 +120,29 @@ def test_padding_to_multiples_of_32():
     assert out.masks[2, :, :33].all()
 
 
+def test_size_buckets_pad_batches_to_a_few_shapes(root):
+    assert data.size_buckets(4, 800, 1333) == (800, 992, 1152, 1344)
+    assert data.size_buckets(1, 800, 1333) == (800,)
+    assert data.padded_shape([(800, 1066)], 32, (800, 992, 1152, 1344)) == (800, 1152)
+    assert data.padded_shape([(801, 1400)], 32, (800, 1344)) == (1344, 1408)   # past the last
+    with pytest.raises(UserError, match="--size-buckets 0"):
+        data.size_buckets(0, 800, 1333)
+    split = data.load_split(root, "train")
+    buckets = data.size_buckets(3, MIN, MAX)
+    plain = data.build_train_loader(split, 4, min_size=MIN, max_size=MAX, seed=3)
+    bucketed = data.build_train_loader(split, 4, min_size=MIN, max_size=MAX, seed=3,
+                                       buckets=buckets)
+    shapes = set()
+    for a, b in zip(plain.epoch(1), bucketed.epoch(1), strict=True):
+        h, w = a.images.shape[-2:]
+        shapes.add(tuple(b.images.shape[-2:]))
+        assert set(b.images.shape[-2:]) <= set(buckets) and b.images.shape[-2] >= h
+        assert torch.equal(b.images[..., :h, :w], a.images) and b.images[..., h:, :].eq(0).all()
+        assert torch.equal(b.masks[..., :h, :w], a.masks) and b.masks[..., :, w:].eq(0).all()
+        assert all(torch.equal(x, y) for x, y in zip(a[1:4], b[1:4]))
+    assert len(shapes) <= len(buckets) ** 2
+
+
 def test_grouped_batches_follow_the_reference_sampler():
     groups = np.array([0, 1, 0, 1, 1, 0, 0])
     order = np.array([6, 1, 0, 3, 2, 4, 5])
