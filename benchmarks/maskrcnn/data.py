@@ -34,9 +34,9 @@ Batches (``BatchCollator``, ``to_image_list``): the images, zero-padded at the b
 right to the batch's largest height and width, each rounded up to a multiple of
 ``SIZE_DIVISIBILITY``; each image's own (height, width) is kept. With size buckets
 (:func:`size_buckets`, ``--size-buckets``) each padded side is rounded up further, to the next
-of a few sizes, so batches come in a few shapes instead of one per size. Boxes and labels are padded to
-the batch's largest count (label 0 marks padding), and the masks of all images are one tensor
-padded like the images, so the whole batch is a few tensors (:class:`TrainBatch`).
+of a few sizes, so batches come in a few shapes instead of one per size. Boxes and labels are
+padded to the batch's largest count (label 0 marks padding), and the masks of all images are
+one tensor padded like the images, so the whole batch is a few tensors (:class:`TrainBatch`).
 
 Sampling: an epoch's order is a permutation seeded by (seed, epoch), the same on every rank;
 rank ``r`` takes the ``r``-th of ``world_size`` contiguous equal slices (the reference's

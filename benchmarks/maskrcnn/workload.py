@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.coco import cli, evaluation
 from benchmarks.coco import data as coco
-from benchmarks.coco import evaluation
-from benchmarks.coco.evaluation import BACKENDS, Detections, ScoreRequest, encode_masks
+from benchmarks.coco.evaluation import Detections, ScoreRequest, encode_masks
 from benchmarks.maskrcnn import data, rpn
 from benchmarks.maskrcnn.detector import Detector
 from benchmarks.maskrcnn.model import (
@@ -41,7 +41,7 @@ from benchmarks.maskrcnn.model import (
 from benchmarks.maskrcnn.roi_heads import BATCH_SIZE_PER_IMAGE, RoISampler
 from benchmarks.maskrcnn.topk import SPLIT_TOPK_CHUNKS
 from common import dist
-from common.errors import UserError, one_line
+from common.errors import UserError
 from common.mllog import constants
 from common.precision import grad_scaler_state
 from common.sgd import DeviceLRSGD
@@ -147,12 +147,7 @@ class MaskRCNNWorkload(Workload):
         p.add_argument("--fpn-channels", type=int, default=FPN_CHANNELS)
         p.add_argument("--box-head-dim", type=int, default=MLP_HEAD_DIM)
         p.add_argument("--mask-head-dim", type=int, default=MASK_CONV_LAYERS[-1])
-        p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
-        p.add_argument("--scoring", default="pycocotools", choices=BACKENDS,
-                       help="COCO evaluator (faster-coco-eval: the same statistics, faster)")
-        p.add_argument("--backbone-checkpoint", type=Path,
-                       help="ImageNet ResNet-50 weights in torchvision's resnet50 state-dict "
-                            "format (default: random initialisation)")
+        cli.add_args(p, "resnet50")
 
     # -- set-up ---------------------------------------------------------------------------
     def build(self) -> None:
@@ -173,7 +168,8 @@ class MaskRCNNWorkload(Workload):
                        fpn_channels=a.fpn_channels, box_head_dim=a.box_head_dim,
                        mask_head_dim=a.mask_head_dim, fold_frozen_bn=a.fold_frozen_bn)
         if a.backbone_checkpoint:
-            _load_backbone(net, a.backbone_checkpoint)
+            cli.load_backbone(a.backbone_checkpoint, "resnet50",
+                              lambda state: load_torchvision_backbone(net, state))
         self.tensor_names = mllog_tensor_names(net)
         proposals = rpn.RPN(
             pre_nms_top_n_train=a.rpn_pre_nms_top_n_train,
@@ -316,21 +312,3 @@ class MaskRCNNWorkload(Workload):
         return ScoreRequest(str(self.val_split.annotation_file),
                             [d for part in parts for d in part], iou_types=("bbox", "segm"),
                             backend=self.args.scoring, inclusive_boxes=True)
-
-
-def _load_backbone(net: MaskRCNN, path: Path) -> None:
-    """ImageNet weights for the backbone, from torchvision's ``resnet50`` state dict."""
-    save = ("save one with torch.save(torchvision.models.resnet50(weights='IMAGENET1K_V1')"
-            ".state_dict(), PATH)")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise UserError(f"{path}: not a torch state dict ({type(exc).__name__}: "
-                        f"{one_line(exc)[:200]}); {save}") from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor)
-                                              for v in state.values()):
-        raise UserError(f"{path}: not a state dict of tensors; {save}")
-    try:
-        load_torchvision_backbone(net, state)
-    except UserError as exc:
-        raise UserError(f"{path}: {exc}; {save}") from None

@@ -18,14 +18,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.coco import cli
 from benchmarks.coco import data as coco
-from benchmarks.coco.evaluation import BACKENDS, Detections, ScoreRequest, score
+from benchmarks.coco.evaluation import Detections, ScoreRequest, score
 from benchmarks.ssd import data, image_cache
 from benchmarks.ssd.boxes import dboxes300_coco, decode_batch, match
 from benchmarks.ssd.loss import Loss
 from benchmarks.ssd.model import SSD300, WIDTH, mllog_tensor_names
 from common import dist
-from common.errors import UserError, one_line
 from common.mllog import constants
 from common.precision import grad_scaler_state
 from common.sgd import DeviceLRSGD
@@ -99,7 +99,6 @@ class SSDWorkload(Workload):
         p.add_argument("--fused-pool", action=argparse.BooleanOptionalAction, default=False,
                        help="the stem's ReLU + max-pool as one op with a gather-free backward "
                             "(common.pool; the same result)")
-        p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
         p.add_argument("--image-cache", default="none", choices=("none", *image_cache.STORAGES),
                        help="device: decode every training image once (on the first batch) "
                             "and keep it on the device, where crop, flip, resize and colour "
@@ -108,11 +107,7 @@ class SSDWorkload(Workload):
         p.add_argument("--cache-side", type=int, default=image_cache.MAX_SIDE,
                        help="longer side of cached images in pixels; memory: images x 3 x "
                             "side^2 bytes (COCO at 384: 51.9 GB per rank)")
-        p.add_argument("--scoring", default="pycocotools", choices=BACKENDS,
-                       help="COCO evaluator (faster-coco-eval: the same statistics, faster)")
-        p.add_argument("--backbone-checkpoint", type=Path,
-                       help="ImageNet ResNet-34 weights in torchvision's resnet34 state-dict "
-                            "format (default: random initialisation)")
+        cli.add_args(p, "resnet34")
 
     # -- set-up ---------------------------------------------------------------------------
     def build(self) -> None:
@@ -126,7 +121,8 @@ class SSDWorkload(Workload):
         self.num_classes = num_classes
         model = SSD300(num_classes, a.width, a.space_to_depth, a.fused_pool)
         if a.backbone_checkpoint:
-            _load_backbone(model, a.backbone_checkpoint)
+            cli.load_backbone(a.backbone_checkpoint, "resnet34",
+                              model.backbone.load_torchvision)
         self.tensor_names = mllog_tensor_names(model)
         model = dist.group_norm_layers(model, env, a.bn_group)
         mem = torch.channels_last if a.channels_last else torch.contiguous_format
@@ -274,14 +270,3 @@ class SSDWorkload(Workload):
                       for s, e in zip(starts, [*starts[1:], len(ids)])]
         return ScoreRequest(str(self.val_split.annotation_file), detections,
                             backend=self.args.scoring)
-
-
-def _load_backbone(model: SSD300, path: Path) -> None:
-    """ImageNet weights for the backbone, from torchvision's ``resnet34`` state dict."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        model.backbone.load_torchvision(state)
-    except Exception as exc:
-        raise UserError(f"{path}: not a torchvision resnet34 state dict ({type(exc).__name__}: "
-                        f"{one_line(exc)[:200]}); save one with torch.save(torchvision."
-                        f"models.resnet34(weights='IMAGENET1K_V1').state_dict(), PATH)") from None

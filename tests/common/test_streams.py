@@ -46,8 +46,9 @@ def test_a_decode_in_another_thread_overlaps_the_work():
     """nvJPEG's hardware decoder uses blocking streams: with the work on the legacy default
     stream a decode waits for it; on the work stream, the decode finishes while a long
     kernel of the work still runs."""
-    from PIL import Image
     import io
+
+    from PIL import Image
     from torchvision.io import decode_jpeg
 
     device = torch.device("cuda")

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from benchmarks.maskrcnn.frozen_bn import folded_conv_frozen_bn
-from benchmarks.maskrcnn.model import FrozenBatchNorm2d, MaskRCNN
-from benchmarks.maskrcnn.workload import MaskRCNNWorkload, _load_backbone, lr_at, score
+from benchmarks.maskrcnn.model import FrozenBatchNorm2d
+from benchmarks.maskrcnn.workload import MaskRCNNWorkload, lr_at, score
 from common.dist import DistEnv
 from common.errors import UserError
 from common.precision import Precision
@@ -141,8 +141,7 @@ def test_a_bad_backbone_checkpoint_is_one_line(tmp_path, content):
     else:
         torch.save(content, path)
     with pytest.raises(UserError, match="resnet50") as e:
-        _load_backbone(MaskRCNN(num_classes=4, width=4, fpn_channels=8, box_head_dim=16,
-                                mask_head_dim=8), path)
+        build([*TINY, "--backbone-checkpoint", str(path)])
     assert str(path) in str(e.value) and "\n" not in str(e.value)
 
 

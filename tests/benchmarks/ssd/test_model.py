@@ -171,7 +171,7 @@ def test_fused_pool_gives_the_same_outputs_and_gradients():
     outs = [model(x) for model in (plain, fused)]
     for a, b in zip(*outs):
         torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-10)
-    for (locs, confs), model in zip(outs, (plain, fused)):
+    for locs, confs in outs:
         (locs.square().sum() + confs.sin().sum()).backward()
     for (name, p), q in zip(plain.named_parameters(), fused.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-9, atol=1e-9, msg=name)

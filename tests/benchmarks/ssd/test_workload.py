@@ -3,8 +3,9 @@
 import pytest
 import torch
 
+from benchmarks.coco import cli
 from benchmarks.ssd.model import SSD300
-from benchmarks.ssd.workload import SSDWorkload, _load_backbone, lr_at
+from benchmarks.ssd.workload import SSDWorkload, lr_at
 from common.errors import UserError
 
 
@@ -40,5 +41,5 @@ def test_a_backbone_checkpoint_of_another_format_is_one_line(tmp_path):
     path = tmp_path / "weights.pt"
     torch.save({"conv.weight": torch.zeros(1)}, path)
     with pytest.raises(UserError, match="not a torchvision resnet34 state dict") as e:
-        _load_backbone(SSD300(6, 8), path)
+        cli.load_backbone(path, "resnet34", SSD300(6, 8).backbone.load_torchvision)
     assert str(path) in str(e.value) and "\n" not in str(e.value)
