@@ -334,6 +334,16 @@ def decode_image_chw(path, size: tuple[int, int] | None = None) -> torch.Tensor:
     return torch.from_numpy(decode_image(path, size)).permute(2, 0, 1).contiguous()
 
 
+def batch_loader(dataset, batches: list[list[int]], collate, num_workers: int,
+                 device: torch.device) -> torch.utils.data.DataLoader:
+    """The DataLoader of ``dataset``'s ``batches`` (lists of indices) collated by
+    ``collate`` in ``num_workers`` processes, 4 batches ahead each, pinned for a CUDA
+    ``device``."""
+    return torch.utils.data.DataLoader(
+        dataset, batch_sampler=batches, num_workers=num_workers, collate_fn=collate,
+        pin_memory=device.type == "cuda", prefetch_factor=4 if num_workers else None)
+
+
 @dataclass
 class Epoch:
     """One pass of a loader (anything with ``batches(epoch)`` and ``iterate(epoch)``): sized

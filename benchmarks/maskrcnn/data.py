@@ -61,7 +61,7 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 
 from benchmarks.coco import data as coco
-from benchmarks.coco.data import CocoSplit, Epoch, ImageRecord
+from benchmarks.coco.data import CocoSplit, Epoch, ImageRecord, batch_loader
 from benchmarks.maskrcnn.boxes import TO_REMOVE
 from common.errors import UserError
 
@@ -463,11 +463,8 @@ class Loader:
     def iterate(self, epoch: int):
         if self.train:
             self.dataset.epoch = epoch
-        loader = torch.utils.data.DataLoader(
-            self.dataset, batch_sampler=self.batches(epoch), num_workers=self.num_workers,
-            collate_fn=self.collate, pin_memory=self.device.type == "cuda",
-            prefetch_factor=4 if self.num_workers else None)
-        for batch in loader:
+        for batch in batch_loader(self.dataset, self.batches(epoch), self.collate,
+                                  self.num_workers, self.device):
             yield batch.to(self.device)
 
 

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.coco.data import CocoSplit, Epoch, decode_image_chw
+from benchmarks.coco.data import CocoSplit, Epoch, batch_loader, decode_image_chw
 from common.errors import UserError
 
 IMAGE_SIZE = 300
@@ -461,12 +461,9 @@ class Loader:
     def iterate(self, epoch: int):
         if self.train:
             self.dataset.epoch = epoch
-        loader = torch.utils.data.DataLoader(
-            self.dataset, batch_sampler=self.batches(epoch), num_workers=self.num_workers,
-            collate_fn=collate_train if self.train else collate_eval,
-            pin_memory=self.device.type == "cuda",
-            prefetch_factor=4 if self.num_workers else None)
-        for batch in loader:
+        for batch in batch_loader(self.dataset, self.batches(epoch),
+                                  collate_train if self.train else collate_eval,
+                                  self.num_workers, self.device):
             yield tuple(t.to(self.device, non_blocking=True) for t in batch)
 
 
