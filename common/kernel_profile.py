@@ -1,4 +1,5 @@
-"""Where a step's GPU time goes: device kernel time per step, grouped into kernel families.
+"""Where a step's GPU time goes: device kernel time per step, grouped into kernel families,
+and into the named parts of the step (:func:`region`) whose kernels are launched eagerly.
 
 Used by the throughput tools (``--profile``) to say why a step is as fast as
 it is, e.g. how much is convolution/GEMM against fusable memory-bound work.
@@ -28,6 +29,27 @@ FAMILIES = (
 )
 
 
+REGION = "region:"     # the prefix of region() ranges among the profiler's events
+
+
+def region(name: str):
+    """A named part of a training step (a ``record_function`` range, next to free when no
+    profiler runs): :func:`kernel_breakdown` reports the GPU time of the kernels launched
+    inside it. Backward kernels are launched by autograd's engine, outside the forward's
+    regions: a region around the backward call holds them all."""
+    return torch.profiler.record_function(REGION + name)
+
+
+def region_times(events, steps: int) -> dict[str, float]:
+    """Microseconds of device time per step launched inside each region, by name (a nested
+    region's time counts in its parents too)."""
+    times = collections.Counter()
+    for event in events:
+        if event.device_type.name == "CPU" and event.name.startswith(REGION):
+            times[event.name[len(REGION):]] += event.device_time_total / steps
+    return dict(times)
+
+
 def family(kernel_name: str) -> str:
     low = kernel_name.lower()
     for name, keys in FAMILIES:
@@ -41,7 +63,7 @@ def kernel_breakdown(step: Callable[..., torch.Tensor], batch: tuple[torch.Tenso
     """Profile ``steps`` calls of an already warmed-up ``step``; a printable per-step table."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step(*batch)
         torch.cuda.synchronize()
@@ -56,4 +78,9 @@ def kernel_breakdown(step: Callable[..., torch.Tensor], batch: tuple[torch.Tenso
     lines += [f"  {name:22s} {us / 1e3:7.2f} ms {100 * us / total:5.1f}%"
               for name, us in families.most_common()]
     lines += [f"    {us / 1e3:6.3f} ms  {name[:100]}" for name, us in kernels.most_common(top)]
+    regions = region_times(prof.events(), steps)
+    if regions:
+        lines.append("  by region (kernels launched inside it; nested regions count in both):")
+        lines += [f"    {name:22s} {us / 1e3:7.2f} ms {100 * us / total:5.1f}%"
+                  for name, us in regions.items()]
     return "\n".join(lines)

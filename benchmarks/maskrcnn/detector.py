@@ -44,6 +44,7 @@ from benchmarks.maskrcnn.roi_heads import (
     postprocess_masks,
 )
 from benchmarks.maskrcnn.rpn import RPN
+from common.kernel_profile import region
 from common.streams import SideStreams
 from common.workload import maybe_compile
 
@@ -107,7 +108,8 @@ class Detector(nn.Module):
         """Training: ``(images, image_sizes, boxes, labels, masks)`` of a ``TrainBatch`` ->
         the losses (dict of float32 scalars). Evaluation: ``(images, image_sizes,
         original_sizes)`` -> one ``ImageDetections`` per image, masks pasted."""
-        levels, objectness, deltas = self.levels_and_rpn(images)
+        with region("backbone+rpn-head"):
+            levels, objectness, deltas = self.levels_and_rpn(images)
         anchors = self.anchors(levels)
         if not self.training:
             sizes = [tuple(s) for s in image_sizes.tolist()]
@@ -118,18 +120,26 @@ class Detector(nn.Module):
         if self._side is None:
             self._side = SideStreams(images.device, 3 if self.loss_streams else 0)
         side = self._side
-        loss_objectness, loss_rpn_box_reg = side.run(
-            0, self.rpn.loss, objectness, deltas, anchors, image_sizes, gt_boxes, gt_valid)
-        proposals, valid = self.rpn.padded_proposals(objectness, deltas, anchors, image_sizes,
-                                                     gt_boxes, gt_valid)
-        samples = self.sampler(proposals, valid, gt_boxes, gt_labels)
-        scores, box_deltas = self.box_head(levels, samples.rois)
-        loss_classifier, loss_box_reg = side.run(
-            1, box_loss, scores, box_deltas, samples.labels, samples.regression_targets)
-        rois = samples.rois[samples.positive]
-        mask_logits = self.mask_head(levels, rois)
-        loss_mask = side.run(2, _mask_loss, mask_logits, rois, samples.labels[samples.positive],
-                             samples.matched_idxs[samples.positive], gt_masks)
+        with region("rpn-loss"):
+            loss_objectness, loss_rpn_box_reg = side.run(
+                0, self.rpn.loss, objectness, deltas, anchors, image_sizes, gt_boxes, gt_valid)
+        with region("proposals"):
+            proposals, valid = self.rpn.padded_proposals(objectness, deltas, anchors,
+                                                         image_sizes, gt_boxes, gt_valid)
+        with region("roi-sampler"):
+            samples = self.sampler(proposals, valid, gt_boxes, gt_labels)
+        with region("box-head"):
+            scores, box_deltas = self.box_head(levels, samples.rois)
+        with region("box-loss"):
+            loss_classifier, loss_box_reg = side.run(
+                1, box_loss, scores, box_deltas, samples.labels, samples.regression_targets)
+        with region("mask-head"):
+            rois = samples.rois[samples.positive]
+            mask_logits = self.mask_head(levels, rois)
+        with region("mask-loss"):
+            loss_mask = side.run(2, _mask_loss, mask_logits, rois,
+                                 samples.labels[samples.positive],
+                                 samples.matched_idxs[samples.positive], gt_masks)
         side.join()
         return dict(zip(LOSSES, (loss_objectness, loss_rpn_box_reg, loss_classifier,
                                  loss_box_reg, loss_mask)))

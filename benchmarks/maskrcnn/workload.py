@@ -42,6 +42,7 @@ from benchmarks.maskrcnn.roi_heads import BATCH_SIZE_PER_IMAGE, RoISampler
 from benchmarks.maskrcnn.topk import SPLIT_TOPK_CHUNKS
 from common import dist
 from common.errors import UserError
+from common.kernel_profile import region
 from common.mllog import constants
 from common.precision import grad_scaler_state
 from common.sgd import DeviceLRSGD
@@ -275,9 +276,11 @@ class MaskRCNNWorkload(Workload):
         with self.precision.autocast():
             losses = self.model(images, image_sizes, boxes, labels, masks)
         loss = sum(losses.values())
-        self.scaler.scale(loss).backward()
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
+        with region("backward"):
+            self.scaler.scale(loss).backward()
+        with region("optimizer"):
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
         self.step_count += 1
         return loss.detach()
 

@@ -47,6 +47,7 @@ from benchmarks.rnnt.wer import error_counts
 from common import dist
 from common.errors import UserError
 from common.fixture_cache import MARKER as FIXTURE_MARKER
+from common.kernel_profile import region
 from common.lamb import Lamb, LambHyper
 from common.mllog import constants
 from common.workload import CapturePolicy, EvalPoint, Target, Workload, epoch_points
@@ -84,14 +85,21 @@ class TransducerLoss(nn.Module):
     def forward(self, feats: torch.Tensor, feat_lens: torch.Tensor, labels: torch.Tensor,
                 label_lens: torch.Tensor) -> torch.Tensor:
         m = self.model
-        enc, enc_lens = m.encode(feats, feat_lens)
-        pred, _ = m.predict(labels)
+        with region("encoder"):
+            enc, enc_lens = m.encode(feats, feat_lens)
+        with region("prediction"):
+            pred, _ = m.predict(labels)
         if self.joint == "packed":
-            logits = m.joint_packed(enc, pred, enc_lens, label_lens)
-            return packed_transducer_loss(logits, enc_lens, labels, label_lens, m.blank,
-                                          impl=self.loss)
-        return transducer_loss(m.joint(enc, pred), enc_lens, labels, label_lens, m.blank,
-                               impl=self.loss)
+            with region("joint"):
+                logits = m.joint_packed(enc, pred, enc_lens, label_lens)
+            with region("loss"):
+                return packed_transducer_loss(logits, enc_lens, labels, label_lens, m.blank,
+                                              impl=self.loss)
+        with region("joint"):
+            logits = m.joint(enc, pred)
+        with region("loss"):
+            return transducer_loss(logits, enc_lens, labels, label_lens, m.blank,
+                                   impl=self.loss)
 
 
 class RNNTWorkload(Workload):
@@ -312,17 +320,19 @@ class RNNTWorkload(Workload):
         total = torch.zeros((), device=audio.device)
         micro = [t.chunk(a.grad_accum) for t in (audio, audio_lens, labels, label_lens)]
         for i, (x, x_lens, y, y_lens) in enumerate(zip(*micro)):
-            feats, feat_lens = self.features(x, x_lens, train=True)
+            with region("features"):
+                feats, feat_lens = self.features(x, x_lens, train=True)
             last = i == a.grad_accum - 1
             sync = (self.model.no_sync() if (not last and hasattr(self.model, "no_sync"))
                     else contextlib.nullcontext())
             with sync:
                 with self.precision.autocast():
                     loss = self.model(feats, feat_lens, y, y_lens) / a.grad_accum
-                loss.backward()
+                with region("backward"):
+                    loss.backward()
             total += loss.detach()
-        self.optimizer.step(self.lr)
-        with torch.no_grad():
+        with region("optimizer"), torch.no_grad():
+            self.optimizer.step(self.lr)
             torch._foreach_lerp_(self.ema_params, self.params, 1.0 - a.ema)
         self.step_count += 1
         return total

@@ -1,4 +1,8 @@
-from common.kernel_profile import family
+import types
+
+import torch
+
+from common.kernel_profile import family, region, region_times
 
 
 def test_kernel_names_fall_into_families():
@@ -21,3 +25,22 @@ def test_kernel_names_fall_into_families():
                   "Flash_bwd_kernel_traits<64, 128, 128, 8, cutlass::bfloat16_t>>") == "attention"
     assert family("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16") == "attention"
     assert family("void at::native::indexSelectLargeIndex<float, long>") == "embedding/gather"
+
+
+def test_regions_are_profiler_ranges_and_sum_their_device_time_per_step():
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            with region("step"), region("features"):
+                torch.ones(3).sum()
+    names = {e.name for e in prof.events()}
+    assert {"region:step", "region:features"} <= names
+
+    def event(name, device_us, device="CPU"):
+        return types.SimpleNamespace(name=name, device_time_total=device_us,
+                                     device_type=types.SimpleNamespace(name=device))
+    events = [event("region:loss", 30.0), event("region:loss", 50.0),
+              event("region:joint", 8.0), event("aten::add", 99.0),
+              event("region:odd", 7.0, device="CUDA")]
+    assert region_times(events, steps=2) == {"loss": 40.0, "joint": 4.0}
