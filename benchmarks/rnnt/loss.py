@@ -221,11 +221,13 @@ class _FusedLogProbs(torch.autograd.Function):
 
 def packed_transducer_loss(logits: torch.Tensor, enc_lens: torch.Tensor, labels: torch.Tensor,
                            label_lens: torch.Tensor, blank: int = -1, reduction: str = "mean",
-                           impl: str = "reference", chunk_rows: int | None = None
-                           ) -> torch.Tensor:
+                           impl: str = "reference", chunk_rows: int | None = None,
+                           longest: tuple[int, int] | None = None) -> torch.Tensor:
     """The same loss from packed logits ``[N, V]``, one row per valid ``(b, t, u)`` in
     :func:`benchmarks.rnnt.model.packed_index` order; no ``[B, T, U+1, V]`` tensor is made.
-    ``impl="fused"`` takes ``chunk_rows`` rows at a time (default: ``CHUNK_ELEMENTS // V``)."""
+    ``impl="fused"`` takes ``chunk_rows`` rows at a time (default: ``CHUNK_ELEMENTS // V``).
+    ``longest``, the largest ``enc_lens`` and ``label_lens`` when the caller has them on the
+    host, spares reading them from the device."""
     if impl not in PACKED_IMPLS:
         raise ValueError(f"impl {impl!r} is not one of {PACKED_IMPLS}")
     blank %= logits.shape[-1]
@@ -241,7 +243,8 @@ def packed_transducer_loss(logits: torch.Tensor, enc_lens: torch.Tensor, labels:
         blank_row = logits[:, blank] - norm
         label_row = (logits.gather(1, ids[:, None])[:, 0] - norm).masked_fill(~has_label,
                                                                               NEG_INF)
-    shape = (len(enc_lens), int(enc_lens.max()), int(label_lens.max()) + 1)
+    longest_t, longest_u = longest or (int(enc_lens.max()), int(label_lens.max()))
+    shape = (len(enc_lens), longest_t, longest_u + 1)
     grid = torch.full(shape, NEG_INF, dtype=blank_row.dtype, device=logits.device)
     blank_lp = grid.index_put((b, t, u), blank_row)
     label_lp = grid.index_put((b, t, u), label_row)

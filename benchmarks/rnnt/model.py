@@ -80,13 +80,18 @@ class LSTM(nn.Module):
         return self.dropout(y), state
 
 
+def stacked_lengths(lens, factor: int):
+    """Lengths (a tensor or an int) after :func:`stack_time`: ``ceil(lens / factor)``."""
+    return (lens + factor - 1) // factor
+
+
 def stack_time(x: torch.Tensor, lens: torch.Tensor, factor: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, T, H]`` -> ``[B, ceil(T / factor), factor * H]``: each output frame is ``factor``
     consecutive input frames side by side (zeros past the end); lengths rounded up."""
     pad = -x.shape[1] % factor
     x = F.pad(x, (0, 0, 0, pad))
-    return x.reshape(x.shape[0], x.shape[1] // factor, -1), (lens + factor - 1) // factor
+    return x.reshape(x.shape[0], x.shape[1] // factor, -1), stacked_lengths(lens, factor)
 
 
 class Encoder(nn.Module):

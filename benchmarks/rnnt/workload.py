@@ -41,6 +41,7 @@ from benchmarks.rnnt.model import (
     RNNT,
     WEIGHTS_INIT_SCALE,
     mllog_tensor_names,
+    stacked_lengths,
 )
 from benchmarks.rnnt.tokenizer import VOCAB_SIZE, Tokenizer
 from benchmarks.rnnt.wer import error_counts
@@ -85,16 +86,23 @@ class TransducerLoss(nn.Module):
     def forward(self, feats: torch.Tensor, feat_lens: torch.Tensor, labels: torch.Tensor,
                 label_lens: torch.Tensor) -> torch.Tensor:
         m = self.model
+        if self.joint == "packed":
+            # the lengths read once, before the encoder's work is queued (a short wait), for
+            # the pair count and the lattice's size: no read-back later in the step
+            feat_host, label_host = torch.stack((feat_lens, label_lens)).long().tolist()
+            enc_host = [stacked_lengths(n, m.encoder.stack_time_factor) for n in feat_host]
+            total = sum(t * (u + 1) for t, u in zip(enc_host, label_host))
+            longest = (max(enc_host), max(label_host))
         with region("encoder"):
             enc, enc_lens = m.encode(feats, feat_lens)
         with region("prediction"):
             pred, _ = m.predict(labels)
         if self.joint == "packed":
             with region("joint"):
-                logits = m.joint_packed(enc, pred, enc_lens, label_lens)
+                logits = m.joint_packed(enc, pred, enc_lens, label_lens, total)
             with region("loss"):
                 return packed_transducer_loss(logits, enc_lens, labels, label_lens, m.blank,
-                                              impl=self.loss)
+                                              impl=self.loss, longest=longest)
         with region("joint"):
             logits = m.joint(enc, pred)
         with region("loss"):

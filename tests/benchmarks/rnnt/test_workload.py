@@ -12,6 +12,7 @@ from common.errors import UserError
 from common.precision import Precision
 from common.training import build_parser
 from tests.entry_points import error_lines, run_program
+from tests.host_syncs import SyncCounter
 
 TINY = ["--device", "cpu", "--precision", "fp32", "--workers", "0", "--seed", "3",
         "--train-splits", "train-clean-100", "--vocab-size", "40", "--enc-hidden", "32",
@@ -130,3 +131,18 @@ def test_a_missing_tokenizer_names_the_file_and_the_fix(speech_fixture, tmp_path
     lines = error_lines(proc)
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert "librispeech41.model" in lines[0] and "prepare_data" in lines[0]
+
+
+@pytest.mark.parametrize("batch_size", [8, 16])
+def test_a_training_step_reads_the_device_twice_per_micro_batch(speech_fixture, batch_size):
+    """The features' length (to cut the padding) and the lengths before the encoder's work
+    is queued (pair count, lattice size); nothing after, whatever the batch. (The speed
+    factors are drawn on the host: their copy to the device waits for nothing.)"""
+    wl = build(speech_fixture, "--loss", "fused", "--batch-size", str(batch_size))
+    batch = wl.synthetic_batch(batch_size)
+    wl.train_step(*batch)
+    with SyncCounter("benchmarks/rnnt/") as counter:
+        wl.train_step(*batch)
+    reads = {where: n for where, n in counter.calls.items()
+             if not where.startswith("speed_perturb")}
+    assert sum(reads.values()) == 2 * 2, reads     # --grad-accum 2
