@@ -18,9 +18,11 @@ from common.precision import Precision
 COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs")
 
 
-def maybe_compile(fn: Callable, mode: str, **inductor_options) -> Callable:
+def maybe_compile(fn: Callable, mode: str, dynamic: bool | None = None,
+                  **inductor_options) -> Callable:
     """``torch.compile`` (Inductor-fused kernels) of a module or function unless ``mode``
-    is ``none``; ``inductor_options`` (Inductor config names) are added to the mode's.
+    is ``none``; ``dynamic`` as ``torch.compile``'s; ``inductor_options`` (Inductor config
+    names) are added to the mode's.
 
     The compiled code still runs inside the whole-step CUDA graph; modes
     that add their own CUDA graphs are left out for that reason.
@@ -39,10 +41,11 @@ def maybe_compile(fn: Callable, mode: str, **inductor_options) -> Callable:
 
     functorch_config.enable_autograd_cache = False
     if not inductor_options:
-        return torch.compile(fn, mode=mode)
+        return torch.compile(fn, mode=mode, dynamic=dynamic)
     from torch._inductor import list_mode_options
 
-    return torch.compile(fn, options={**list_mode_options(mode), **inductor_options})
+    return torch.compile(fn, dynamic=dynamic,
+                         options={**list_mode_options(mode), **inductor_options})
 
 
 @dataclass(frozen=True)

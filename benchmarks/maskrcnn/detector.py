@@ -15,9 +15,11 @@ one :class:`benchmarks.maskrcnn.roi_heads.ImageDetections` per image, boxes in o
 
 ``compile_mode`` other than ``none`` runs the networks through ``torch.compile`` in three
 regions with shapes of their own (backbone + FPN + RPN head; box head; mask head); proposal
-selection, matching and sampling stay eager, as their sizes depend on the data. A region's
-second input shape makes it dynamic (Inductor's automatic dynamic shapes), so padded image
-sizes and positive-RoI counts that change from batch to batch do not recompile it.
+selection, matching and sampling stay eager, as their sizes depend on the data. The heads'
+RoI counts and map sizes are marked dynamic from the first call, so one graph of each serves
+the whole run; the backbone is compiled for each padded image size (static kernels: with
+sizes only known symbolically, Inductor's layout checks still specialise it to each width),
+so ``--size-buckets`` keeps its graphs few.
 
 ``loss_streams`` computes the RPN's targets and loss, the box head's loss and the mask
 targets and loss each on a CUDA stream of its own (:class:`common.streams.SideStreams`),
@@ -48,6 +50,7 @@ from common.kernel_profile import region
 from common.streams import SideStreams
 from common.workload import maybe_compile
 
+RECOMPILE_LIMIT = 64    # compiled backbone graphs: padded sizes x grad modes
 LOSSES = ("loss_objectness", "loss_rpn_box_reg", "loss_classifier", "loss_box_reg", "loss_mask")
 
 
@@ -82,9 +85,13 @@ class Detector(nn.Module):
         self._anchors: dict = {}
         self.loss_streams = loss_streams
         self._side: SideStreams | None = None
-        self.levels_and_rpn = maybe_compile(self._levels_and_rpn, compile_mode)
-        self.box_head = maybe_compile(self._box_head, compile_mode)
-        self.mask_head = maybe_compile(self._mask_head, compile_mode)
+        self.compiled = compile_mode != "none"
+        if self.compiled:   # a graph per padded size and grad mode, more than the default 8
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                                       RECOMPILE_LIMIT)
+        self._backbone = maybe_compile(self._levels_and_rpn, compile_mode, dynamic=False)
+        self._heads = (maybe_compile(self._box_head, compile_mode),
+                       maybe_compile(self._mask_head, compile_mode))
 
     def _levels_and_rpn(self, images: torch.Tensor):
         levels = self.net.features(images)
@@ -95,6 +102,32 @@ class Detector(nn.Module):
 
     def _mask_head(self, levels: list[torch.Tensor], rois: torch.Tensor) -> torch.Tensor:
         return self.net.mask_predictor(self.net.mask_features(levels, rois))
+
+    def _dynamic(self, t: torch.Tensor, *dims: int) -> torch.Tensor:
+        """Compiled, ``t``'s sizes in ``dims`` vary from call to call: the region's first
+        graph is built for any of them, not for the first batch's."""
+        if self.compiled:
+            for d in dims:
+                torch._dynamo.maybe_mark_dynamic(t, d)
+        return t
+
+    def levels_and_rpn(self, images: torch.Tensor):
+        """FPN levels, RPN objectness and deltas of padded images [N, 3, H, W]."""
+        return self._backbone(images)
+
+    def box_head(self, levels: list[torch.Tensor], rois: torch.Tensor):
+        """Class scores and box deltas of RoIs [K, 5]."""
+        return self._head(0, levels, rois)
+
+    def mask_head(self, levels: list[torch.Tensor], rois: torch.Tensor) -> torch.Tensor:
+        """Mask logits of RoIs [K, 5]."""
+        return self._head(1, levels, rois)
+
+    def _head(self, index: int, levels: list[torch.Tensor], rois: torch.Tensor):
+        if not len(rois):   # nothing detected: eager, not a graph compiled for no RoIs
+            return (self._box_head, self._mask_head)[index](levels, rois)
+        return self._heads[index]([self._dynamic(x, 2, 3) for x in levels],
+                                  self._dynamic(rois, 0))
 
     def anchors(self, levels: list[torch.Tensor]) -> list[torch.Tensor]:
         """The FPN anchors of these feature maps, made once per padded batch shape."""

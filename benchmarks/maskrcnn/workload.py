@@ -27,7 +27,7 @@ from benchmarks.coco import cli, evaluation
 from benchmarks.coco import data as coco
 from benchmarks.coco.evaluation import Detections, ScoreRequest, encode_masks
 from benchmarks.maskrcnn import data, rpn
-from benchmarks.maskrcnn.detector import Detector
+from benchmarks.maskrcnn.detector import Detector, ground_truth
 from benchmarks.maskrcnn.model import (
     FPN_CHANNELS,
     MASK_CONV_LAYERS,
@@ -38,6 +38,7 @@ from benchmarks.maskrcnn.model import (
     load_torchvision_backbone,
     mllog_tensor_names,
 )
+from benchmarks.maskrcnn.roi_align import rois_from_boxes
 from benchmarks.maskrcnn.roi_heads import BATCH_SIZE_PER_IMAGE, RoISampler
 from benchmarks.maskrcnn.topk import SPLIT_TOPK_CHUNKS
 from common import dist
@@ -138,8 +139,9 @@ class MaskRCNNWorkload(Workload):
                        "(cuDNN's NHWC kernels without layout conversions)")
         p.add_argument("--size-buckets", type=int, default=0,
                        help="pad each batch's sides up to one of this many sizes between "
-                            "--min-size and --max-size (a few batch shapes; 0: to the "
-                            "batch's largest image, as the reference)")
+                            "--min-size and --max-size (a few batch shapes, so --compile "
+                            "builds a few backbone graphs; 0: to the batch's largest image, "
+                            "as the reference)")
         p.add_argument("--loss-streams", action=argparse.BooleanOptionalAction, default=False,
                        help="compute the RPN, box and mask losses each on a CUDA stream of "
                             "its own beside the rest of the forward (CUDA only)")
@@ -293,6 +295,22 @@ class MaskRCNNWorkload(Workload):
         a = self.args
         return data.synthetic_batch(batch_size, self.num_classes, a.min_size, a.max_size,
                                     device=self.env.device)
+
+    def warm_up_eval(self) -> None:
+        """With ``--compile``, the three compiled regions once in evaluation mode on a
+        synthetic batch (the heads on its ground-truth boxes: an untrained model detects
+        nothing), so that their inference graphs are built before the clock."""
+        if not self.detector.compiled:
+            return
+        batch = self.synthetic_batch(self.args.eval_batch_size)
+        rois = rois_from_boxes(ground_truth(batch.boxes, batch.labels, batch.masks)[0])
+        self.detector.eval()
+        with self.precision.autocast():
+            levels = self.detector.levels_and_rpn(
+                batch.images.contiguous(memory_format=self.memory_format))[0]
+            self.detector.box_head(levels, rois)
+            self.detector.mask_head(levels, rois)
+        self.detector.train()
 
     # -- evaluation -----------------------------------------------------------------------
     def eval_outputs(self) -> ScoreRequest | None:

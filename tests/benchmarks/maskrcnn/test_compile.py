@@ -1,11 +1,14 @@
 """``--compile``: the networks' three compiled regions give the eager step's losses and
-gradients, on batches whose padded size changes (the regions turn dynamic instead of
-recompiling for every size)."""
+gradients on batches whose padded size changes; a new size compiles the backbone once and
+the heads never again; the warm-up before the clock builds the training and evaluation
+graphs."""
 
 import torch
 from torch._dynamo.utils import counters
 
 from benchmarks.maskrcnn import data
+from common.cuda_graph import GraphedStep
+from common.training import warm_up
 from tests.benchmarks.maskrcnn.test_workload import TINY, build
 
 
@@ -25,5 +28,21 @@ def test_compiled_regions_compute_the_eager_steps_losses_and_gradients():
         torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=1e-6)
     for (name, p), q in zip(plain.net.named_parameters(), compiled.net.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6, msg=name)
-    # three regions, each compiled once static and once dynamic at most
-    assert 3 <= counters["stats"]["unique_graphs"] <= 6, dict(counters["stats"])
+    # the backbone once per size, each head once for any
+    assert counters["stats"]["unique_graphs"] == 4, dict(counters["stats"])
+
+
+def test_the_warm_up_builds_the_training_and_evaluation_graphs():
+    torch._dynamo.reset()
+    counters.clear()
+    wl = build([*TINY, "--compile", "default"])
+    warm_up(wl, GraphedStep(wl.train_step, enabled=False), 1, wl.env)
+    assert counters["stats"]["unique_graphs"] == 6, dict(counters["stats"])  # train + infer
+    wl.train_step(*data.synthetic_batch(2, wl.num_classes, 64, 64))   # the warm-up's size
+    assert counters["stats"]["unique_graphs"] == 6, dict(counters["stats"])
+    wl.train_step(*data.synthetic_batch(2, wl.num_classes, 96, 128))  # a new one: the backbone
+    wl.detector.eval()
+    with torch.no_grad():
+        batch = data.synthetic_batch(3, wl.num_classes, 96, 128)
+        wl.detector(batch.images, batch.image_sizes, batch.image_sizes)
+    assert counters["stats"]["unique_graphs"] == 8, dict(counters["stats"])
