@@ -121,18 +121,19 @@ def _positive(text: str) -> int:
 
 
 def warm_up(wl: Workload, step: GraphedStep, steps: int, env) -> None:
-    """Initialization before the clock: ``steps`` training steps on a synthetic batch and one
-    evaluation forward, then every tensor of ``wl.training_state()`` and the CPU and CUDA
-    random states as they were before. The copies go back in place, so compiled code and a
-    captured CUDA graph keep using the same tensors. MLPerf allows such work before
-    ``run_start`` as long as it does not touch the dataset."""
+    """Initialization before the clock: ``steps`` training steps on synthetic batches (the
+    workload's ``warm_up_batches`` in turn) and one evaluation forward, then every tensor of
+    ``wl.training_state()`` and the CPU and CUDA random states as they were before. The
+    copies go back in place, so compiled code and a captured CUDA graph keep using the same
+    tensors. MLPerf allows such work before ``run_start`` as long as it does not touch the
+    dataset."""
     state = wl.training_state()
     saved = [t.detach().clone() for t in state]
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state() if env.device.type == "cuda" else None
-    batch = wl.synthetic_batch(wl.rank_batch_size)
-    for _ in range(steps):
-        step(*batch)
+    batches = wl.warm_up_batches(wl.rank_batch_size)
+    for i in range(steps):
+        step(*batches[i % len(batches)])
     with torch.no_grad():
         wl.warm_up_eval()
         for t, copy in zip(state, saved):

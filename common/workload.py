@@ -301,6 +301,12 @@ class Workload(abc.ABC):
         """A device-resident batch of this rank for throughput runs (never used for training)."""
         raise NotImplementedError(f"{self.name} has no synthetic batch")
 
+    def warm_up_batches(self, batch_size: int) -> list[tuple]:
+        """The synthetic batches ``--init-steps`` trains on in turn: by default one; a
+        workload whose batches come in a few shapes gives one of each, so that the graphs
+        of every shape are built before the clock."""
+        return [self.synthetic_batch(batch_size)]
+
     def infer_step(self, *batch) -> torch.Tensor:
         """Forward pass only (evaluation mode, no gradients), for inference throughput."""
         raise NotImplementedError(f"{self.name} has no inference step")

@@ -490,12 +490,14 @@ def build_eval_loader(split: CocoSplit, batch_size: int, rank: int = 0, world_si
 
 def synthetic_batch(batch_size: int, num_classes: int, min_size: int = MIN_SIZE,
                     max_size: int = MAX_SIZE, objects: int = 4,
-                    device: torch.device | str = "cpu") -> TrainBatch:
+                    device: torch.device | str = "cpu",
+                    image_size: tuple[int, int] | None = None) -> TrainBatch:
     """A :class:`TrainBatch` of random images at the training size of a 640 x 480 image
-    (COCO's commonest), each with ``objects`` random boxes of labels 1..C-1 and their
-    rectangles as masks, for throughput runs and warm-up steps (never for training)."""
+    (COCO's commonest) or at ``image_size`` (height, width), each with ``objects`` random
+    boxes of labels 1..C-1 and their rectangles as masks, for throughput runs and warm-up
+    steps (never for training)."""
     g = torch.Generator().manual_seed(0)
-    height, width = resized_size(640, 480, min_size, max_size)
+    height, width = image_size or resized_size(640, 480, min_size, max_size)
     samples = []
     for _ in range(batch_size):
         corner = torch.rand(objects, 2, generator=g) * torch.tensor([width, height]) / 2

@@ -158,6 +158,8 @@ class MaskRCNNWorkload(Workload):
         if len(a.lr_decay_steps) != 2:
             raise UserError(f"--lr-decay-steps {a.lr_decay_steps}: give two steps, as the "
                             "reference's schedule (e.g. 60000,80000)")
+        self.buckets = (data.size_buckets(a.size_buckets, a.min_size, a.max_size)
+                        if a.size_buckets else ())
         if a.loss_streams and env.device.type != "cuda":
             raise UserError("--loss-streams puts the losses on CUDA streams: run with "
                             "--device cuda, or leave it out on the CPU")
@@ -196,11 +198,9 @@ class MaskRCNNWorkload(Workload):
         if self.synthetic:
             self._steps_per_epoch = coco.COCO_TRAIN_IMAGES // self.global_batch_size
             return
-        buckets = (data.size_buckets(a.size_buckets, a.min_size, a.max_size)
-                   if a.size_buckets else ())
         common = dict(rank=env.rank, world_size=env.world_size, num_workers=a.workers,
                       device=env.device, min_size=a.min_size, max_size=a.max_size,
-                      buckets=buckets)
+                      buckets=self.buckets)
         self.train_loader = data.build_train_loader(self.train_split, a.batch_size,
                                                     seed=a.seed, **common)
         self.eval_loader = data.build_eval_loader(self.val_split, a.eval_batch_size, **common)
@@ -291,25 +291,40 @@ class MaskRCNNWorkload(Workload):
         return [*self.net.state_dict(keep_vars=True).values(), *momenta, self.lr, self.bias_lr,
                 self.step_count, *grad_scaler_state(self.scaler, self.env.device)]
 
-    def synthetic_batch(self, batch_size: int) -> data.TrainBatch:
+    def synthetic_batch(self, batch_size: int,
+                        image_size: tuple[int, int] | None = None) -> data.TrainBatch:
         a = self.args
         return data.synthetic_batch(batch_size, self.num_classes, a.min_size, a.max_size,
-                                    device=self.env.device)
+                                    device=self.env.device, image_size=image_size)
+
+    def warm_up_batches(self, batch_size: int) -> list[data.TrainBatch]:
+        """With ``--size-buckets``, a batch of each padded shape aspect-grouped batches take
+        (the shorter side at the first bucket, the longer at any): ``--init-steps`` of at
+        least that many (2 x buckets - 1) builds every compiled backbone graph."""
+        return [self.synthetic_batch(batch_size, size) for size in self._padded_shapes()]
+
+    def _padded_shapes(self) -> list[tuple[int, int] | None]:
+        if not self.buckets:
+            return [None]
+        short = self.buckets[0]
+        return list(dict.fromkeys([(short, b) for b in self.buckets]
+                                  + [(b, short) for b in self.buckets]))
 
     def warm_up_eval(self) -> None:
-        """With ``--compile``, the three compiled regions once in evaluation mode on a
-        synthetic batch (the heads on its ground-truth boxes: an untrained model detects
-        nothing), so that their inference graphs are built before the clock."""
+        """With ``--compile``, the three compiled regions in evaluation mode on a synthetic
+        batch of each padded shape (the heads on its ground-truth boxes: an untrained model
+        detects nothing), so that their inference graphs are built before the clock."""
         if not self.detector.compiled:
             return
-        batch = self.synthetic_batch(self.args.eval_batch_size)
-        rois = rois_from_boxes(ground_truth(batch.boxes, batch.labels, batch.masks)[0])
         self.detector.eval()
-        with self.precision.autocast():
-            levels = self.detector.levels_and_rpn(
-                batch.images.contiguous(memory_format=self.memory_format))[0]
-            self.detector.box_head(levels, rois)
-            self.detector.mask_head(levels, rois)
+        for size in self._padded_shapes():
+            batch = self.synthetic_batch(self.args.eval_batch_size, size)
+            rois = rois_from_boxes(ground_truth(batch.boxes, batch.labels, batch.masks)[0])
+            with self.precision.autocast():
+                levels = self.detector.levels_and_rpn(
+                    batch.images.contiguous(memory_format=self.memory_format))[0]
+                self.detector.box_head(levels, rois)
+                self.detector.mask_head(levels, rois)
         self.detector.train()
 
     # -- evaluation -----------------------------------------------------------------------

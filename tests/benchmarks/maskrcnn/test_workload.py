@@ -182,3 +182,13 @@ def test_loss_streams_compute_the_plain_steps_losses_and_gradients_on_three_stre
         torch.testing.assert_close(grads[1][name], grad, rtol=1e-4,
                                    atol=1e-5 * grad.abs().max().item(), msg=name)
     assert len(streams.kernel_streams) >= len(plain.kernel_streams) + 3
+
+
+def test_warm_up_batches_take_every_padded_shape_of_the_buckets():
+    assert [tuple(b.images.shape[-2:]) for b in build(TINY).warm_up_batches(2)] == [(64, 64)]
+    argv = [*TINY, "--size-buckets", "2"]
+    argv[argv.index("--max-size") + 1] = "128"
+    wl = build(argv)
+    assert wl.buckets == (64, 128)
+    shapes = [tuple(b.images.shape[-2:]) for b in wl.warm_up_batches(2)]
+    assert shapes == [(64, 64), (64, 128), (128, 64)]
