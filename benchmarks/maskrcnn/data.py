@@ -310,6 +310,13 @@ def size_buckets(count: int, min_size: int, max_size: int,
     return tuple(sorted({d * s for s in steps}))
 
 
+def bucket_shapes(buckets: Sequence[int]) -> list[tuple[int, int]]:
+    """The padded (height, width) of aspect-grouped batches under ``buckets``: the shorter
+    side at the first bucket, the longer at any (2 x buckets - 1 shapes)."""
+    short = buckets[0]
+    return list(dict.fromkeys([(short, b) for b in buckets] + [(b, short) for b in buckets]))
+
+
 def padded_shape(sizes: Sequence[tuple[int, int]], size_divisibility: int,
                  buckets: Sequence[int] = ()) -> tuple[int, int]:
     """The batch's largest height and width, each rounded up to a multiple of

@@ -83,8 +83,7 @@ class Detector(nn.Module):
         self.net, self.rpn, self.sampler = net, rpn, sampler
         self.detections_per_image = detections_per_image
         self._anchors: dict = {}
-        self.loss_streams = loss_streams
-        self._side: SideStreams | None = None
+        self._side = SideStreams(next(net.parameters()).device, 3 if loss_streams else 0)
         self.compiled = compile_mode != "none"
         if self.compiled:   # a graph per padded size and grad mode, more than the default 8
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
@@ -150,8 +149,6 @@ class Detector(nn.Module):
             return self._detect(levels, proposals, sizes, targets[0])
         gt_boxes, gt_labels, gt_masks = targets
         gt_valid = gt_labels > 0
-        if self._side is None:
-            self._side = SideStreams(images.device, 3 if self.loss_streams else 0)
         side = self._side
         with region("rpn-loss"):
             loss_objectness, loss_rpn_box_reg = side.run(

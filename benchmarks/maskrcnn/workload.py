@@ -298,17 +298,13 @@ class MaskRCNNWorkload(Workload):
                                     device=self.env.device, image_size=image_size)
 
     def warm_up_batches(self, batch_size: int) -> list[data.TrainBatch]:
-        """With ``--size-buckets``, a batch of each padded shape aspect-grouped batches take
-        (the shorter side at the first bucket, the longer at any): ``--init-steps`` of at
-        least that many (2 x buckets - 1) builds every compiled backbone graph."""
+        """With ``--size-buckets``, a batch of each padded shape (``data.bucket_shapes``):
+        ``--init-steps`` of at least that many (2 x buckets - 1) builds every compiled
+        backbone graph."""
         return [self.synthetic_batch(batch_size, size) for size in self._padded_shapes()]
 
     def _padded_shapes(self) -> list[tuple[int, int] | None]:
-        if not self.buckets:
-            return [None]
-        short = self.buckets[0]
-        return list(dict.fromkeys([(short, b) for b in self.buckets]
-                                  + [(b, short) for b in self.buckets]))
+        return data.bucket_shapes(self.buckets) if self.buckets else [None]
 
     def warm_up_eval(self) -> None:
         """With ``--compile``, the three compiled regions in evaluation mode on a synthetic

@@ -312,15 +312,13 @@ def _build(index, backend, image_size, batch_size, rank, world_size, seed, worke
     if backend == "nvjpeg" and device.type != "cuda":
         raise UserError(f"--data-backend {backend} decodes with nvJPEG and needs a CUDA device; "
                         "use --data-backend cpu")
+    if cpu_decode_share and backend != "nvjpeg":
+        raise UserError(f"--cpu-decode-share splits the decoding of the nvjpeg backend; "
+                        f"--data-backend {backend} has no such split: leave it out")
     samples = index.train if train else index.val
-    args = (samples, image_size, train, seed, batch_size, workers, device)
-    if cpu_decode_share:
-        if backend != "nvjpeg":
-            raise UserError(f"--cpu-decode-share splits the decoding of the nvjpeg backend; "
-                            f"--data-backend {backend} has no such split: leave it out")
-        decode = _DECODERS[backend](*args, cpu_share=cpu_decode_share)
-    else:
-        decode = _DECODERS[backend](*args)
+    share = {"cpu_share": cpu_decode_share} if cpu_decode_share else {}
+    decode = _DECODERS[backend](samples, image_size, train, seed, batch_size, workers, device,
+                                **share)
     return Loader(samples, train, batch_size, rank, world_size, seed, decode)
 
 

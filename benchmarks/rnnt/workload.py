@@ -86,28 +86,31 @@ class TransducerLoss(nn.Module):
     def forward(self, feats: torch.Tensor, feat_lens: torch.Tensor, labels: torch.Tensor,
                 label_lens: torch.Tensor) -> torch.Tensor:
         m = self.model
-        if self.joint == "packed":
-            # the lengths read once, before the encoder's work is queued (a short wait), for
-            # the pair count and the lattice's size: no read-back later in the step
-            feat_host, label_host = torch.stack((feat_lens, label_lens)).long().tolist()
-            enc_host = [stacked_lengths(n, m.encoder.stack_time_factor) for n in feat_host]
-            total = sum(t * (u + 1) for t, u in zip(enc_host, label_host))
-            longest = (max(enc_host), max(label_host))
+        packed = self.joint == "packed"
+        if packed:   # read before the encoder's work is queued: a short wait, the only one
+            total, longest = self._packed_sizes(feat_lens, label_lens)
         with region("encoder"):
             enc, enc_lens = m.encode(feats, feat_lens)
         with region("prediction"):
             pred, _ = m.predict(labels)
-        if self.joint == "packed":
-            with region("joint"):
-                logits = m.joint_packed(enc, pred, enc_lens, label_lens, total)
-            with region("loss"):
+        with region("joint"):
+            logits = (m.joint_packed(enc, pred, enc_lens, label_lens, total) if packed
+                      else m.joint(enc, pred))
+        with region("loss"):
+            if packed:
                 return packed_transducer_loss(logits, enc_lens, labels, label_lens, m.blank,
                                               impl=self.loss, longest=longest)
-        with region("joint"):
-            logits = m.joint(enc, pred)
-        with region("loss"):
             return transducer_loss(logits, enc_lens, labels, label_lens, m.blank,
                                    impl=self.loss)
+
+    def _packed_sizes(self, feat_lens: torch.Tensor, label_lens: torch.Tensor
+                      ) -> tuple[int, tuple[int, int]]:
+        """The packed joint's pair count and the lattice's longest (T, U), from one read of
+        the lengths."""
+        feat_host, label_host = torch.stack((feat_lens, label_lens)).long().tolist()
+        enc_host = [stacked_lengths(n, self.model.encoder.stack_time_factor) for n in feat_host]
+        total = sum(t * (u + 1) for t, u in zip(enc_host, label_host))
+        return total, (max(enc_host), max(label_host))
 
 
 class RNNTWorkload(Workload):
