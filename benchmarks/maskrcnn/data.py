@@ -60,9 +60,9 @@ import torch
 from PIL import Image
 from pycocotools import mask as mask_utils
 
-from benchmarks.coco import data as coco
-from benchmarks.coco.data import CocoSplit, Epoch, ImageRecord, batch_loader
 from benchmarks.maskrcnn.boxes import TO_REMOVE
+from common.coco import data as coco
+from common.coco.data import CocoSplit, Epoch, ImageRecord, batch_loader
 from common.errors import UserError
 
 MIN_SIZE = 800              # INPUT.MIN_SIZE_TRAIN (800,) and MIN_SIZE_TEST

@@ -1,4 +1,4 @@
-"""The Mask R-CNN fixture: the shared COCO-format fixture (``benchmarks.coco.fixture``), whose
+"""The Mask R-CNN fixture: the shared COCO-format fixture (``common.coco.fixture``), whose
 polygons are the instance masks.
 
     python -m benchmarks.maskrcnn.fixture OUTDIR [--train N --val M --image-size S --classes K]
@@ -6,7 +6,7 @@ polygons are the instance masks.
 
 import sys
 
-from benchmarks.coco.fixture import main
+from common.coco.fixture import main
 
 if __name__ == "__main__":
     sys.exit(main())

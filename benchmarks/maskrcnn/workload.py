@@ -23,9 +23,6 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.coco import cli, evaluation
-from benchmarks.coco import data as coco
-from benchmarks.coco.evaluation import Detections, ScoreRequest, encode_masks
 from benchmarks.maskrcnn import data, rpn
 from benchmarks.maskrcnn.detector import Detector, ground_truth
 from benchmarks.maskrcnn.model import (
@@ -42,6 +39,9 @@ from benchmarks.maskrcnn.roi_align import rois_from_boxes
 from benchmarks.maskrcnn.roi_heads import BATCH_SIZE_PER_IMAGE, RoISampler
 from benchmarks.maskrcnn.topk import SPLIT_TOPK_CHUNKS
 from common import dist
+from common.coco import cli, evaluation
+from common.coco import data as coco
+from common.coco.evaluation import Detections, ScoreRequest, encode_masks
 from common.errors import UserError
 from common.kernel_profile import region
 from common.mllog import constants

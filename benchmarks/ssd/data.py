@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.coco.data import CocoSplit, Epoch, batch_loader, decode_image_chw
+from common.coco.data import CocoSplit, Epoch, batch_loader, decode_image_chw
 from common.errors import UserError
 
 IMAGE_SIZE = 300

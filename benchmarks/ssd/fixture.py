@@ -1,11 +1,11 @@
-"""The SSD fixture: the shared COCO-format fixture (``benchmarks.coco.fixture``).
+"""The SSD fixture: the shared COCO-format fixture (``common.coco.fixture``).
 
     python -m benchmarks.ssd.fixture OUTDIR [--train N --val M --image-size S --classes K]
 """
 
 import sys
 
-from benchmarks.coco.fixture import main
+from common.coco.fixture import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -30,8 +30,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from benchmarks.coco.data import CocoSplit, decode_image_chw
 from benchmarks.ssd import data
+from common.coco.data import CocoSplit, decode_image_chw
 from common.errors import UserError
 
 MAX_SIDE = 384     # --cache-side default

@@ -32,12 +32,12 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.coco.data import load_split
 from benchmarks.ssd import data, image_cache
 from benchmarks.ssd.boxes import dboxes300_coco, match
 from benchmarks.ssd.loss import Loss
 from benchmarks.ssd.model import SSD300
 from benchmarks.ssd.workload import SSDWorkload
+from common.coco.data import load_split
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
 from common.kernel_profile import kernel_breakdown

@@ -6,7 +6,7 @@ images of global batch, a linear warm-up from 0 (warm-up factor 0) over a fracti
 epoch, x0.1 at epochs 40 and 50, evaluation after epochs 40, 50, 55, ..., 80 (the cap),
 the IoU-constrained crop tried once (``max_samples`` 1). Evaluation splits into the
 forwards with NMS (``eval_outputs``, gathered on rank 0) and COCO scoring
-(``benchmarks.coco.evaluation.score``), which ``--background-scoring`` runs beside
+(``common.coco.evaluation.score``), which ``--background-scoring`` runs beside
 training.
 """
 
@@ -18,14 +18,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.coco import cli
-from benchmarks.coco import data as coco
-from benchmarks.coco.evaluation import Detections, ScoreRequest, score
 from benchmarks.ssd import data, image_cache
 from benchmarks.ssd.boxes import dboxes300_coco, decode_batch, match
 from benchmarks.ssd.loss import Loss
 from benchmarks.ssd.model import SSD300, WIDTH, mllog_tensor_names
 from common import dist
+from common.coco import cli
+from common.coco import data as coco
+from common.coco.evaluation import Detections, ScoreRequest, score
 from common.mllog import constants
 from common.precision import grad_scaler_state
 from common.sgd import DeviceLRSGD

@@ -8,9 +8,9 @@ import pytest
 import torch
 from pycocotools import mask as mask_utils
 
-from benchmarks.coco import fixture
-from benchmarks.coco.data import Categories, CocoSplit, ImageRecord
 from benchmarks.maskrcnn import data
+from common.coco import fixture
+from common.coco.data import Categories, CocoSplit, ImageRecord
 from common.errors import UserError
 
 # pycocotools 2.0.11 decodes masks with numpy 1 semantics; harmless under numpy 2

@@ -369,7 +369,7 @@ def test_full_mask_pasted_into_a_box_fills_exactly_its_pixels():
 
 
 def test_scale_boxes_and_postprocess_masks_to_original_size():
-    from benchmarks.coco.evaluation import encode_masks
+    from common.coco.evaluation import encode_masks
     boxes = torch.tensor([[0.0, 0.0, 28.0, 28.0], [10.0, 4.0, 20.0, 30.0]])
     # resized 50 x 60 image of an original 100 x 90 one: x times 1.5, y times 2
     torch.testing.assert_close(scale_boxes(boxes, (50, 60), (100, 90)),

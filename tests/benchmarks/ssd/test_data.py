@@ -5,10 +5,10 @@ import pytest
 import torch
 from PIL import Image
 
-from benchmarks.coco.data import load_split
-from benchmarks.coco.fixture import write_fixture
 from benchmarks.ssd import data
 from benchmarks.ssd.boxes import box_iou, dboxes300_coco, match
+from common.coco.data import load_split
+from common.coco.fixture import write_fixture
 from common.errors import UserError
 
 

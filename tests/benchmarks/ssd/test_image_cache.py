@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.coco.data import decode_image_chw, load_split
-from benchmarks.coco.fixture import write_fixture
 from benchmarks.ssd import data, image_cache
 from benchmarks.ssd.workload import SSDWorkload
+from common.coco.data import decode_image_chw, load_split
+from common.coco.fixture import write_fixture
 from common.dist import DistEnv
 from common.errors import UserError, one_line
 from common.precision import Precision

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from benchmarks.coco import cli
 from benchmarks.ssd.model import SSD300
 from benchmarks.ssd.workload import SSDWorkload, lr_at
+from common.coco import cli
 from common.errors import UserError
 
 

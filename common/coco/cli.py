@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.coco.evaluation import BACKENDS
+from common.coco.evaluation import BACKENDS
 from common.errors import UserError, one_line
 
 

@@ -26,7 +26,7 @@ from pycocotools import mask as mask_utils
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from benchmarks.coco.data import Categories
+from common.coco.data import Categories
 
 IOU_TYPES = ("bbox", "segm")
 BACKENDS = ("pycocotools", "faster-coco-eval")

@@ -1,6 +1,6 @@
 """A tiny synthetic detection dataset in COCO 2017's on-disk format (not COCO).
 
-    python -m benchmarks.coco.fixture OUTDIR [--train 300] [--val 60] [--image-size 128] ...
+    python -m common.coco.fixture OUTDIR [--train 300] [--val 60] [--image-size 128] ...
 
 Writes ``OUTDIR/annotations/instances_{train,val}2017.json`` and
 ``OUTDIR/{train,val}2017/<12-digit id>.jpg``. Each class is one shape in one colour
@@ -180,7 +180,7 @@ def _fractions(text: str) -> tuple[float, float]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.coco.fixture",
+    p = argparse.ArgumentParser(prog="python -m common.coco.fixture",
                                 description="Write the COCO-format detection fixture.")
     p.add_argument("outdir", type=Path)
     p.add_argument("--train", type=int, default=300, help="train images")

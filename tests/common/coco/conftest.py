@@ -2,7 +2,7 @@
 
 import pytest
 
-from benchmarks.coco.fixture import write_fixture
+from common.coco.fixture import write_fixture
 
 
 @pytest.fixture(scope="session")

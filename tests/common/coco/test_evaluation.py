@@ -5,8 +5,8 @@ import multiprocessing
 import numpy as np
 import pytest
 
-from benchmarks.coco import data, evaluation
-from benchmarks.coco.evaluation import BACKENDS, Detections, ScoreRequest, encode_masks, score
+from common.coco import data, evaluation
+from common.coco.evaluation import BACKENDS, Detections, ScoreRequest, encode_masks, score
 
 BOTH = ("bbox", "segm")
 

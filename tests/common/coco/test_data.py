@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from benchmarks.coco import data, fixture
+from common.coco import data, fixture
 from common.errors import UserError
 from common.fixture_cache import MARKER
 

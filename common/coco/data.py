@@ -57,7 +57,7 @@ def describe(root, n_train: int, n_val: int) -> str:
     """What a COCO-format folder holding ``n_train`` / ``n_val`` images is, for the log:
     the fixture, COCO 2017 itself, or another folder."""
     if (Path(root) / fixture_cache.MARKER).is_file():
-        return (f"fixture: synthetic COCO-format images from benchmarks.coco.fixture, not "
+        return (f"fixture: synthetic COCO-format images from common.coco.fixture, not "
                 f"COCO ({n_train} train / {n_val} eval images)")
     if (n_train, n_val) == (COCO_TRAIN_IMAGES, COCO_EVAL_IMAGES):
         return "coco 2017"
