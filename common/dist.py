@@ -235,13 +235,18 @@ def summed_over_group(t: torch.Tensor, group=None) -> torch.Tensor:
 def group_norm_layers(model: torch.nn.Module, env: DistEnv, group_size: int) -> torch.nn.Module:
     """Group batch norm: BN statistics reduced over ``group_size`` consecutive ranks.
 
-    1 keeps per-rank BN. MLPerf logs the span as ``model_bn_span``.
+    1 keeps per-rank BN. On CUDA the layers become ``nn.SyncBatchNorm`` (fused statistics
+    and normalisation kernels, capturable in a CUDA graph); elsewhere
+    ``common.group_bn.GroupBatchNorm2d``, the plain reference that also runs on gloo.
+    MLPerf logs the span as ``model_bn_span``.
     """
     if group_size == 1 or not env.distributed:
         return model
     if env.world_size % group_size:
         from common.errors import UserError
         raise UserError(f"--bn-group {group_size} does not divide the {env.world_size} ranks")
-    from common import group_bn
     group, _ = dist.new_subgroups(group_size=group_size)
+    if env.device.type == "cuda":
+        return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=group)
+    from common import group_bn
     return group_bn.convert(model, group)

@@ -1,6 +1,8 @@
 """Group batch norm: BN statistics over the batch of several ranks, on any backend.
 
-``torch.nn.SyncBatchNorm`` runs only on GPU-like devices; ``GroupBatchNorm2d`` combines its
+The reference path, and the CPU's: on CUDA ``common.dist.group_norm_layers`` uses
+``torch.nn.SyncBatchNorm`` (fused kernels, fp16 activations kept; docs/performance.md
+measures both), which runs only on GPU-like devices. ``GroupBatchNorm2d`` combines its
 ranks' per-channel count, mean and sum of squared deviations (fp32, or fp64 for fp64 inputs)
 with one differentiable all-reduce, so the same layer trains on gloo (CPU, tests) and NCCL
 (GPU). With a group of one rank it is ``nn.BatchNorm2d``. Ranks may hold different batch

@@ -9,6 +9,8 @@
 #   NEXP     number of runs (a positive integer), each with a fresh seed (default 1)
 #   SEED     seed of the first run (default: random); run i uses SEED+i
 #   RULESET  compliance ruleset (default 1.1.0)
+#   GPUS     processes (GPUs) per node instead of the config's NPROC, e.g. the 8xH200 config
+#            on the GPUs a machine has; per-GPU batch sizes stay, so the global batch changes
 #   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT  multi-node rendezvous for torchrun
 #   EXTRA_ARGS  more flags for the training program
 # SIGINT/SIGTERM stop the current run (still checked, its RESULT line printed), start no
@@ -32,6 +34,10 @@ FIXTURE_ARGS=()
 TRAIN_ARGS=()
 # shellcheck source=/dev/null
 source "$config_file"
+if [[ -n ${GPUS:-} ]]; then
+    [[ $GPUS =~ ^[1-9][0-9]*$ ]] || die "GPUS=$GPUS is not a positive integer: set GPUS to the GPUs per node, e.g. GPUS=2"
+    NPROC=$GPUS
+fi
 
 NEXP=${NEXP:-1}
 [[ $NEXP =~ ^[0-9]+$ ]] && ((10#$NEXP > 0)) \

@@ -114,6 +114,15 @@ def test_nexp_must_be_a_positive_integer(tmp_path, nexp):
     assert "== resnet run" not in proc.stdout
 
 
+@pytest.mark.parametrize("gpus", ["0", "two", "-2"])
+def test_gpus_must_be_a_positive_integer(tmp_path, gpus):
+    proc = run_script("resnet", {"GPUS": gpus, "LOGDIR": str(tmp_path)}, timeout=60)
+    assert proc.returncode == 2
+    lines = error_lines(proc)
+    assert len(lines) == 1 and f"GPUS={gpus}" in lines[0] and "positive integer" in lines[0]
+    assert "== resnet run" not in proc.stdout
+
+
 def unwritable_logdir(kind: str, tmp_path: Path) -> Path:
     if kind == "file":
         (tmp_path / "logs").write_text("")

@@ -1,7 +1,8 @@
-"""Group batch norm (``--bn-group 2``) over two gloo processes equals single-process batch
-norm on the concatenated batch: SSD300's outputs, its gradients and the running statistics,
-in fp64 (in fp32 both sides differ from the exact gradients by up to 1% of a tensor's largest
-element at this batch of 4, which would hide a real error)."""
+"""Group batch norm (``--bn-group 2``) over two processes (gloo on the CPU, NCCL and
+``nn.SyncBatchNorm`` on 2 GPUs) equals single-process batch norm on the concatenated
+batch: SSD300's outputs, its gradients and the running statistics, in fp64 (in fp32 both
+sides differ from the exact gradients by up to 1% of a tensor's largest element at this
+batch of 4, which would hide a real error)."""
 
 import os
 
@@ -32,29 +33,34 @@ def _loss(model, images):
     return (loc.pow(2).mean() + conf.sin().mean()), loc, conf
 
 
-def _worker(rank, world, port, out):
+def _worker(rank, world, port, device, out):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
-    env = dist.init_distributed("cpu")
-    model = dist.group_norm_layers(_model(), env, 2)
-    assert any(isinstance(m, GroupBatchNorm2d) for m in model.modules())
-    images = _inputs()[rank * PER_RANK:(rank + 1) * PER_RANK]
+    env = dist.init_distributed(device)
+    model = dist.group_norm_layers(_model().to(env.device), env, 2)
+    layer = torch.nn.SyncBatchNorm if device == "cuda" else GroupBatchNorm2d
+    assert any(isinstance(m, layer) for m in model.modules())
+    images = _inputs()[rank * PER_RANK:(rank + 1) * PER_RANK].to(env.device)
     loss, loc, conf = _loss(model, images)
     # each rank's loss is its half's mean: the sum over ranks / 2 is the whole batch's mean
     (loss / world).backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     for g in grads.values():
         torch.distributed.all_reduce(g)
-    bn = {n: b.clone() for n, b in model.named_buffers() if "running" in n}
-    out[rank] = (loc.detach(), conf.detach(), grads, bn)
+    bn = {n: b.cpu() for n, b in model.named_buffers() if "running" in n}
+    out[rank] = (loc.detach().cpu(), conf.detach().cpu(),
+                 {n: g.cpu() for n, g in grads.items()}, bn)
     dist.shutdown()
 
 
-@pytest.mark.slow
-def test_group_bn_over_two_gloo_ranks_matches_one_process_on_the_whole_batch():
+@pytest.mark.parametrize("device", [
+    pytest.param("cpu", marks=pytest.mark.slow),
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        torch.cuda.device_count() < 2, reason="needs 2 GPUs")])])
+def test_group_bn_over_two_ranks_matches_one_process_on_the_whole_batch(device):
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+        mp.spawn(_worker, args=(2, _free_port(), device, out), nprocs=2, join=True)
         results = dict(out)
     model = _model()
     loss, loc, conf = _loss(model, _inputs())
