@@ -8,7 +8,8 @@
 NPROC=1
 PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
-    --precision "$PRECISION" --workers 14 --channels-last --space-to-depth --compile default
+    --precision "$PRECISION" --workers 14 --channels-last --space-to-depth --fused-pool
+    --compile default
     --image-cache host --cache-side 384
     --batch-size 1024 --eval-batch-size 256 --max-samples 50
     --lr 0.025 --warmup-epochs 2.62 --warmup-factor 0 --lr-decay-epochs 40,50

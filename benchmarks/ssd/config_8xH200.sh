@@ -6,7 +6,8 @@
 NPROC=8
 PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
-    --precision "$PRECISION" --workers 12 --channels-last --space-to-depth --compile default
+    --precision "$PRECISION" --workers 12 --channels-last --space-to-depth --fused-pool
+    --compile default
     --image-cache device --cache-side 384
     --batch-size 128 --eval-batch-size 64 --max-samples 50 --bn-group 1
     --lr 0.025 --warmup-epochs 2.62 --warmup-factor 0 --lr-decay-epochs 40,50
