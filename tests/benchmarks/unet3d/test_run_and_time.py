@@ -1,9 +1,6 @@
 """The MLPerf entry point end to end on the CPU fixture, and its bad-input errors."""
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -113,18 +110,17 @@ def test_spatial_group_must_divide_the_ranks(tmp_path, kits_fixture):
 
 @pytest.mark.slow
 def test_spatial_parallel_training_over_two_processes(tmp_path, kits_fixture):
-    """The driver with --spatial-group 2: one sample split over 2 gloo ranks, sharded eval."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "benchmarks.unet3d", "--device", "cpu", "--precision", "fp32", "--data-dir",
-         str(kits_fixture), "--log-file", str(tmp_path / "log.txt"), "--seed", "5",
-         "--spatial-group", "2", "--lr", "0.1", *SMALL_FLAGS],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"})
+    """run_and_time.sh with GPUS=2 (torchrun, 2 gloo ranks) and --spatial-group 2: one sample
+    split over the ranks, sharded evaluation."""
+    proc = run({"CONFIG": "cpu_tiny", "GPUS": "2", "LOGDIR": str(tmp_path), "SEED": "5",
+                "FIXTURE_DIR": str(kits_fixture), "OMP_NUM_THREADS": "1",
+                "EXTRA_ARGS": " ".join(["--spatial-group", "2", "--lr", "0.1", *SMALL_FLAGS])},
+               timeout=600)
     out = proc.stdout
     assert "2 process(es) on cpu" in out and "global batch 4" in out, out + proc.stderr[-2000:]
     assert "training to epoch_num 1: 42 steps" in out and "eval at epoch_num 1: mean_dice" in out
     # 1 is the driver's 'aborted' (one epoch is far from the target), not a crash.
     assert proc.returncode in (0, 1) and "run failed" not in proc.stderr
-    summary = summarize(tmp_path / "log.txt")
+    assert "RESULT,unet3d,5," in out
+    summary = summarize(tmp_path / "result_0.txt")
     assert summary.status in ("success", "aborted") and summary.last_quality is not None
