@@ -1,4 +1,4 @@
-"""common/run_and_time.sh: stopping runs with SIGTERM/SIGINT, bad NEXP and LOGDIR, earlier logs.
+"""common/run_and_time.sh: stopping runs with SIGTERM/SIGINT, bad NEXP, GPUS and LOGDIR, old logs.
 
 The signal tests run the real ResNet-50 ``cpu_tiny`` config (the cheapest to reach
 ``run_start``: about 5 s on 2 CPU cores, the fixture cached under ``.fixtures/resnet``)
@@ -105,21 +105,14 @@ def test_ctrl_c_to_the_process_group_ends_the_run_and_starts_no_other(training, 
     assert_stopped_after_first_run(training, tmp_path, signal.SIGINT)
 
 
-@pytest.mark.parametrize("nexp", ["0", "abc", "-1", "2x"])
-def test_nexp_must_be_a_positive_integer(tmp_path, nexp):
-    proc = run_script("resnet", {"NEXP": nexp, "LOGDIR": str(tmp_path)}, timeout=60)
+@pytest.mark.parametrize("name, value", [("NEXP", "0"), ("NEXP", "abc"), ("NEXP", "-1"),
+                                         ("NEXP", "2x"), ("GPUS", "0"), ("GPUS", "two"),
+                                         ("GPUS", "-2")])
+def test_run_and_process_counts_must_be_positive_integers(tmp_path, name, value):
+    proc = run_script("resnet", {name: value, "LOGDIR": str(tmp_path)}, timeout=60)
     assert proc.returncode == 2
     lines = error_lines(proc)
-    assert len(lines) == 1 and f"NEXP={nexp}" in lines[0] and "positive integer" in lines[0]
-    assert "== resnet run" not in proc.stdout
-
-
-@pytest.mark.parametrize("gpus", ["0", "two", "-2"])
-def test_gpus_must_be_a_positive_integer(tmp_path, gpus):
-    proc = run_script("resnet", {"GPUS": gpus, "LOGDIR": str(tmp_path)}, timeout=60)
-    assert proc.returncode == 2
-    lines = error_lines(proc)
-    assert len(lines) == 1 and f"GPUS={gpus}" in lines[0] and "positive integer" in lines[0]
+    assert len(lines) == 1 and f"{name}={value}" in lines[0] and "positive integer" in lines[0]
     assert "== resnet run" not in proc.stdout
 
 
