@@ -3,7 +3,7 @@
 # 1600 samples. For CI and first contact, not an MLPerf result. The model is not
 # BERT-large, so the run is logged as an open-division run: closed_bert.yaml requires
 # weights_initialization events for BERT-large's 24 layers, which this model does not have.
-NPROC=${TINY_NPROC:-1}   # TINY_NPROC=2: the same run on 2 gloo processes
+NPROC=1   # GPUS=2: the same run on 2 gloo processes
 PRECISION=${PRECISION:-fp32}
 FIXTURE_ARGS=()
 TRAIN_ARGS=(

@@ -1,7 +1,7 @@
 # DLRM on the CPU fixture: the reference's layer structure (3 bottom, 5 top
 # layers, dot interaction) with small widths, 16-dim embeddings and tables of
 # at most 5000 rows; evaluation every 0.05 epoch. For CI, not an MLPerf result.
-NPROC=${TINY_NPROC:-1}   # TINY_NPROC=2: the same run on 2 gloo processes
+NPROC=1   # GPUS=2: the same run on 2 gloo processes
 PRECISION=${PRECISION:-fp32}
 FIXTURE_ARGS=(--train 300000 --eval 20000 --max-table 5000)
 TRAIN_ARGS=(

@@ -58,7 +58,7 @@ def test_tiny_config_reaches_target(tmp_path):
 def test_unpadded_bf16_weights_run_on_two_processes_reaches_target(tmp_path):
     """The whole run on 2 gloo processes (same global batch) with the bucketed unpadded path,
     the sharded LAMB and bf16 model weights over an fp32 master."""
-    proc = run({"CONFIG": "cpu_tiny", "TINY_NPROC": "2", "LOGDIR": str(tmp_path), "SEED": "1",
+    proc = run({"CONFIG": "cpu_tiny", "GPUS": "2", "LOGDIR": str(tmp_path), "SEED": "1",
                 "PRECISION": "amp-bf16",
                 "EXTRA_ARGS": "--batch-size 16 --attention unpad --unpad-bucket 128 "
                               "--bf16-weights"})

@@ -55,7 +55,7 @@ def test_tiny_config_reaches_target_and_passes_compliance(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_config_on_two_gloo_processes(tmp_path):
-    proc = run({"CONFIG": "cpu_tiny", "TINY_NPROC": "2", "LOGDIR": str(tmp_path), "SEED": "2",
+    proc = run({"CONFIG": "cpu_tiny", "GPUS": "2", "LOGDIR": str(tmp_path), "SEED": "2",
                 "OMP_NUM_THREADS": "1"})
     _check_success(proc, tmp_path / "result_0.txt", "2")
     assert "sharded over 2 rank(s)" in proc.stdout + proc.stderr
