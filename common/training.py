@@ -396,6 +396,8 @@ def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
                 scorer.close()
             log.end(constants.RUN_STOP, metadata={constants.STATUS: status})
             log.close()
+            if wl is not None:
+                wl.close()
             # keep what the closing lines need, and no reference to the process groups
             wl = (_Closing(", ".join(map(str, wl.targets)), wl.dataset,
                            wl.describe(outcome.metrics) if outcome.metrics else "none")

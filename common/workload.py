@@ -284,6 +284,11 @@ class Workload(abc.ABC):
         the clock starts; by default nothing."""
         return None
 
+    def close(self) -> None:
+        """Stop what runs beside the step (loader processes); the driver calls it once,
+        after ``run_stop``. By default nothing."""
+        return None
+
     # -- throughput harness (common.bench) --------------------------------------------------
     flops_per_sample: float | None = None  # training FLOPs per sample (forward + backward)
 

@@ -216,6 +216,12 @@ class Loader:
             len(indices) / self.batch_size)
         return _Epoch(n, lambda: self._decode(indices, epoch))
 
+    def close(self) -> None:
+        """Stop the decoder's loader processes, where it keeps them between passes."""
+        close = getattr(self._decode, "close", None)
+        if close is not None:
+            close()
+
 
 def _cpu_decoder(samples, size, train, seed, batch_size, workers, device):
     dataset = _PillowDataset(samples, size, train, seed)
@@ -299,7 +305,7 @@ def _dali_policy(train: bool):
 
 def _nvjpeg_decoder(*args, cpu_share: float = 0.0):
     from benchmarks.resnet import nvjpeg
-    return nvjpeg.batched_decoder(*args, cpu_share=cpu_share)
+    return nvjpeg.BatchedDecoder(*args, cpu_share=cpu_share)
 
 
 _DECODERS = {"cpu": _cpu_decoder, "nvjpeg": _nvjpeg_decoder, "dali": _dali_decoder}

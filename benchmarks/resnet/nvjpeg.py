@@ -39,6 +39,7 @@ import torch
 from PIL import Image
 
 from benchmarks.resnet import data
+from common import loaders
 from common.errors import UserError
 
 # Start-of-frame markers (baseline, extended, progressive, lossless; Huffman or arithmetic)
@@ -322,19 +323,24 @@ def ahead(batches, device: torch.device, assemble, depth: int = 2):
         thread.join()
 
 
-def batched_decoder(samples, size, train, seed, batch_size, workers, device,
-                    decode=nvjpeg_decode, cpu_share: float = 0.0):
+class BatchedDecoder:
     """``data.Loader``'s decode function for the ``nvjpeg`` backend (``decode``: the batch
     decoder, Pillow's in CPU tests; ``cpu_share``: the share of each batch the loader
     processes decode). One DataLoader serves every pass, so its workers start once, not at
-    each epoch or evaluation."""
-    assemble = BatchAssembler(samples, size, device, decode)
-    keys = Keys()
-    loader = planned_loader(samples, size, train, seed, workers, device.type == "cuda", keys,
-                            cpu_share)
+    each epoch or evaluation; ``close`` stops them."""
 
-    def decode_epoch(indices, epoch):
-        keys.keys = [(epoch, indices[i:i + batch_size])
-                     for i in range(0, len(indices), batch_size)]
-        return ahead(loader, device, assemble)
-    return decode_epoch
+    def __init__(self, samples, size, train, seed, batch_size, workers, device,
+                 decode=nvjpeg_decode, cpu_share: float = 0.0):
+        self.assemble = BatchAssembler(samples, size, device, decode)
+        self.keys = Keys()
+        self.loader = planned_loader(samples, size, train, seed, workers,
+                                     device.type == "cuda", self.keys, cpu_share)
+        self.batch_size, self.device = batch_size, device
+
+    def __call__(self, indices, epoch):
+        self.keys.keys = [(epoch, indices[i:i + self.batch_size])
+                          for i in range(0, len(indices), self.batch_size)]
+        return ahead(self.loader, self.device, self.assemble)
+
+    def close(self) -> None:
+        loaders.shut_down(self.loader)

@@ -39,6 +39,7 @@ import torch
 from PIL import Image
 
 from benchmarks.resnet import data, nvjpeg
+from common import loaders
 from common.errors import UserError, one_line
 
 WORKER_STAGES = ("read", "plan", "decode-pillow", "decode-pillow-draft", "cpu-train",
@@ -143,7 +144,11 @@ def run_stage(stage, index, args, device, workers: int | None) -> dict:
                         f"{batch}; lower --batch-size or write more images")
     if stage in ("read", "plan", "decode-pillow", "decode-pillow-draft"):
         loader = _worker_loader(stage, samples, batches, size, workers)
-        return _timed(lambda: loader, lambda item: _count(stage, item), args.seconds, device)
+        try:
+            return _timed(lambda: loader, lambda item: _count(stage, item), args.seconds,
+                          device)
+        finally:
+            loaders.shut_down(loader)
     if stage in ("cpu-train", "nvjpeg-train", "nvjpeg-eval"):
         backend = stage.split("-")[0]
         build = data.build_train_loader if train else data.build_eval_loader
@@ -153,8 +158,11 @@ def run_stage(stage, index, args, device, workers: int | None) -> dict:
         loader = build(index=index, backend=backend, image_size=size, batch_size=batch,
                        rank=0, world_size=1, workers=workers, device=device, **kw)
         epochs = iter(range(1, 1 << 30))
-        return _timed(lambda: loader.epoch(next(epochs)), lambda item: len(item[1]),
-                      args.seconds, device)
+        try:
+            return _timed(lambda: loader.epoch(next(epochs)), lambda item: len(item[1]),
+                          args.seconds, device)
+        finally:
+            loader.close()
     items = _in_memory(samples, batches, size)
     if stage == "h2d":
         def copy(item):

@@ -276,6 +276,11 @@ class ResNetWorkload(Workload):
             raise RuntimeError(f"evaluated {int(seen)} images, expected {self.eval_samples}")
         return {"top1": correct / seen}
 
+    def close(self) -> None:
+        for loader in (getattr(self, "train_loader", None), getattr(self, "eval_loader", None)):
+            if loader is not None:
+                loader.close()
+
 
 def _check_cudnn_fusion(a: argparse.Namespace, env) -> None:
     """``--cudnn-fusion`` keeps per-GPU statistics and, on a GPU, needs fp16 and cudnn-frontend."""

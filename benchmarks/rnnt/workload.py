@@ -45,7 +45,7 @@ from benchmarks.rnnt.model import (
 )
 from benchmarks.rnnt.tokenizer import VOCAB_SIZE, Tokenizer
 from benchmarks.rnnt.wer import error_counts
-from common import dist
+from common import dist, loaders
 from common.errors import UserError
 from common.fixture_cache import MARKER as FIXTURE_MARKER
 from common.kernel_profile import region
@@ -382,3 +382,8 @@ class RNNTWorkload(Workload):
         dist.all_reduce_sum(counts)
         errors, words = counts.tolist()
         return {"wer": errors / words if words else math.inf}
+
+    def close(self) -> None:
+        for loader in (getattr(self, "train_loader", None), getattr(self, "eval_loader", None)):
+            if loader is not None:
+                loaders.shut_down(loader)

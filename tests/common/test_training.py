@@ -61,6 +61,22 @@ def test_exception_still_logs_run_stop_aborted(tmp_path, capsys):
     assert "planted failure" in capsys.readouterr().err
 
 
+class ClosingToy(ToyWorkload):
+    """Records the log's last key each time the driver closes it."""
+    closed: list = []
+
+    def close(self):
+        ClosingToy.closed.append(read_events(self.args.log_file)[-1]["key"])
+
+
+@pytest.mark.parametrize("flags", [[], ["--fail-at-epoch", "2", "--target", "1.01"]])
+def test_the_workload_is_closed_once_after_run_stop(tmp_path, flags):
+    ClosingToy.closed = []
+    main(ClosingToy, ["--device", "cpu", "--precision", "fp32", "--seed", "3",
+                      "--log-file", str(tmp_path / "log.txt"), *flags])
+    assert ClosingToy.closed == ["run_stop"]
+
+
 def test_bad_precision_is_one_line_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(ToyWorkload, ["--precision", "fp64", "--log-file", str(tmp_path / "x")])

@@ -6,6 +6,7 @@ on the CPU. The GPU test at the end compares the real backend with that stand-in
 
 import itertools
 import math
+import multiprocessing
 import random
 import sys
 import threading
@@ -39,7 +40,7 @@ def _loaders(index, train, size=32, batch=6, workers=0):
     ref = data.Loader(samples, train, batch, 0, 1, 7,
                       data._cpu_decoder(samples, size, train, 7, batch, 0, CPU))
     new = data.Loader(samples, train, batch, 0, 1, 7,
-                      nvjpeg.batched_decoder(samples, size, train, 7, batch, workers, CPU,
+                      nvjpeg.BatchedDecoder(samples, size, train, 7, batch, workers, CPU,
                                              nvjpeg.pillow_decode))
     return ref, new
 
@@ -212,12 +213,24 @@ def test_a_cpu_decode_share_is_decoded_in_the_workers_and_changes_no_batch(index
     assert len(chosen) == round(share * len(batch)) and set(decoded_at) == chosen | cmyk
     assert all((n == 0) == (j in chosen | cmyk) for j, n in enumerate(sizes))
     samples = index.train
-    plain = data.Loader(samples, True, 6, 0, 1, 7, nvjpeg.batched_decoder(
+    plain = data.Loader(samples, True, 6, 0, 1, 7, nvjpeg.BatchedDecoder(
         samples, 32, True, 7, 6, 1, CPU, nvjpeg.pillow_decode))
-    split = data.Loader(samples, True, 6, 0, 1, 7, nvjpeg.batched_decoder(
+    split = data.Loader(samples, True, 6, 0, 1, 7, nvjpeg.BatchedDecoder(
         samples, 32, True, 7, 6, 1, CPU, nvjpeg.pillow_decode, cpu_share=share))
     for (a, la), (b, lb) in zip(plain.epoch(1), split.epoch(1), strict=True):
         assert torch.equal(la, lb) and torch.equal(a, b)
+
+
+def test_close_stops_the_loader_processes_kept_between_passes(index):
+    before = set(multiprocessing.active_children())
+    loader = data.Loader(index.train, True, 6, 0, 1, 7, nvjpeg.BatchedDecoder(
+        index.train, 32, True, 7, 6, 2, CPU, nvjpeg.pillow_decode))
+    for epoch in (1, 2):
+        assert sum(1 for _ in loader.epoch(epoch)) == len(loader)
+    workers = [p for p in multiprocessing.active_children() if p not in before]
+    assert len(workers) == 2 and all(p.is_alive() for p in workers)
+    loader.close()
+    assert not any(p.is_alive() for p in workers)
 
 
 def test_a_cpu_decode_share_is_checked(index):
@@ -250,7 +263,7 @@ def _bad_folder(tmp_path, content: bytes):
 @pytest.mark.parametrize("content", [b"", b"not a jpeg", b"\xff\xd8\xff\xdb\x00\x43"])
 def test_unreadable_files_are_named(tmp_path, content):
     index = _bad_folder(tmp_path, content)
-    decode = nvjpeg.batched_decoder(index.val, 32, False, 0, 2, 0, CPU, nvjpeg.pillow_decode)
+    decode = nvjpeg.BatchedDecoder(index.val, 32, False, 0, 2, 0, CPU, nvjpeg.pillow_decode)
     with pytest.raises(UserError, match=r"x\.JPEG: cannot decode JPEG"):
         list(decode([0, 1], 0))
 
@@ -294,7 +307,7 @@ def test_nvjpeg_backend_matches_its_pillow_stand_in_on_the_gpu(index, train, sha
     kw = dict(seed=7) if train else {}
     real = build(index=index, backend="nvjpeg", image_size=64, batch_size=6, rank=0,
                  world_size=1, workers=2, device=device, cpu_decode_share=share, **kw)
-    stand_in = data.Loader(samples, train, 6, 0, 1, 7 if train else 0, nvjpeg.batched_decoder(
+    stand_in = data.Loader(samples, train, 6, 0, 1, 7 if train else 0, nvjpeg.BatchedDecoder(
         samples, 64, train, 7 if train else 0, 6, 0, device, nvjpeg.pillow_decode))
     for (a, la), (b, lb) in zip(real.epoch(1), stand_in.epoch(1)):
         assert torch.equal(la, lb)

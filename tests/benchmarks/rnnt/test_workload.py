@@ -2,6 +2,8 @@
 to the reference loss's, the moving average that evaluation decodes, WER over all words, and
 one-line errors for bad flags."""
 
+import multiprocessing
+
 import pytest
 import torch
 
@@ -59,6 +61,17 @@ def _clean_loss(wl, batch) -> float:
         loss = wl.model(feats, feat_lens, labels, label_lens)
     wl.net.train()
     return float(loss)
+
+
+def test_close_stops_the_loader_processes(speech_fixture):
+    before = set(multiprocessing.active_children())
+    wl = build(speech_fixture, "--workers", "1")
+    next(iter(wl.epoch_batches(1)))
+    wl.evaluate()
+    workers = [p for p in multiprocessing.active_children() if p not in before]
+    assert len(workers) == 2 and all(p.is_alive() for p in workers)   # training's, evaluation's
+    wl.close()
+    assert not any(p.is_alive() for p in workers)
 
 
 def test_steps_reduce_the_loss_and_the_average_follows_the_weights(speech_fixture):
