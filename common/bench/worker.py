@@ -101,8 +101,9 @@ def count_flops(fn, batch, samples: int) -> float:
 
 def build_point(a, env: dist.DistEnv, precision: Precision):
     """(step, batches iterator, flops per sample or None, warm-up steps needed, samples per
-    step in this rank's batch, samples per step over all ranks) for the point. Ranks that
-    share samples (U-Net's spatial groups) count them once: the workload's global batch."""
+    step in this rank's batch, samples per step over all ranks, a function that closes the
+    workload) for the point. Ranks that share samples (U-Net's spatial groups) count them
+    once: the workload's global batch."""
     cls = workload_class(a.workload)
     argv = shlex.split(a.workload_args) + ["--precision", a.precision, "--seed", "0",
                                            "--device", env.device.type]
@@ -118,12 +119,12 @@ def build_point(a, env: dist.DistEnv, precision: Precision):
             batches = (b for epoch in itertools.count(1) for b in wl.epoch_batches(epoch))
         local, samples = wl.rank_batch_size, wl.global_batch_size
         if a.mode == "infer":
-            return wl.infer_step, batches, None, 0, local, samples
+            return wl.infer_step, batches, None, 0, local, samples, wl.close
         graphed = graphed_step(wl.train_step, wl.capture_policy(), a.cuda_graph, env.device,
                                a.precision, wl.name)
         flops = wl.flops_per_sample
         return (graphed, batches, flops, (graphed.warmup_steps + 1 if graphed.enabled else 0),
-                local, samples)
+                local, samples, wl.close)
     factories = baselines(a.workload)
     if a.implementation not in factories:
         raise UserError(f"{a.workload} has no baseline {a.implementation!r}; it has "
@@ -131,15 +132,24 @@ def build_point(a, env: dist.DistEnv, precision: Precision):
     if a.data != "synthetic":
         raise UserError("baselines run on synthetic data only")
     step, batch = factories[a.implementation](a.batch_size, precision, env.device, a.mode, args)
-    return step, itertools.repeat(batch), None, 0, a.batch_size, a.batch_size * env.world_size
+    return (step, itertools.repeat(batch), None, 0, a.batch_size, a.batch_size * env.world_size,
+            lambda: None)
 
 
 def measure(a, env: dist.DistEnv) -> dict:
     precision = Precision(a.precision, env.device.type)
     precision.apply_backend_flags()
     torch.backends.cudnn.benchmark = env.device.type == "cuda"
-    step, batches, flops, min_warmup, local, per_step = build_point(a, env, precision)
-    warmup = max(a.warmup, min_warmup)
+    step, batches, flops, min_warmup, local, per_step, close = build_point(a, env, precision)
+    try:
+        return _time_point(a, env, step, batches, flops, max(a.warmup, min_warmup), local,
+                           per_step)
+    finally:
+        close()   # the workload's loader processes, before this process exits
+
+
+def _time_point(a, env: dist.DistEnv, step, batches, flops, warmup: int, local: int,
+                per_step: int) -> dict:
     first = next(batches)
     if flops is None:  # counted on one real call (eager; compiled variants count the same ops)
         # this rank's share of a step, scaled to a sample of the global batch (spatial groups
