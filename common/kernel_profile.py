@@ -50,6 +50,17 @@ def region_times(events, steps: int) -> dict[str, float]:
     return dict(times)
 
 
+def kernel_times(events, steps: int) -> collections.Counter:
+    """Microseconds of device time per step of each kernel (and copy), by name. The GPU
+    spans of annotations (:func:`region`, ``Optimizer.step#...``) are not kernels: they
+    cover kernels already counted, so they are left out."""
+    times = collections.Counter()
+    for event in events:
+        if event.device_type.name == "CUDA" and not event.is_user_annotation:
+            times[event.name] += event.device_time / steps
+    return times
+
+
 def family(kernel_name: str) -> str:
     low = kernel_name.lower()
     for name, keys in FAMILIES:
@@ -67,12 +78,10 @@ def kernel_breakdown(step: Callable[..., torch.Tensor], batch: tuple[torch.Tenso
         for _ in range(steps):
             step(*batch)
         torch.cuda.synchronize()
-    families, kernels = collections.Counter(), collections.Counter()
-    for event in prof.events():
-        if event.device_type.name == "CUDA":
-            us = event.device_time / steps
-            families[family(event.name)] += us
-            kernels[event.name] += us
+    kernels = kernel_times(prof.events(), steps)
+    families = collections.Counter()
+    for name, us in kernels.items():
+        families[family(name)] += us
     total = sum(families.values()) or 1.0
     lines = [f"GPU kernel time per step: {total / 1e3:.2f} ms"]
     lines += [f"  {name:22s} {us / 1e3:7.2f} ms {100 * us / total:5.1f}%"

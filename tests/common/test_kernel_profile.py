@@ -2,7 +2,7 @@ import types
 
 import torch
 
-from common.kernel_profile import family, region, region_times
+from common.kernel_profile import family, kernel_times, region, region_times
 
 
 def test_kernel_names_fall_into_families():
@@ -44,3 +44,12 @@ def test_regions_are_profiler_ranges_and_sum_their_device_time_per_step():
               event("region:joint", 8.0), event("aten::add", 99.0),
               event("region:odd", 7.0, device="CUDA")]
     assert region_times(events, steps=2) == {"loss": 40.0, "joint": 4.0}
+
+
+def test_kernel_times_leave_out_the_gpu_spans_of_annotations():
+    def event(name, us, annotation=False, device="CUDA"):
+        return types.SimpleNamespace(name=name, device_time=us, is_user_annotation=annotation,
+                                     device_type=types.SimpleNamespace(name=device))
+    events = [event("gemm", 10.0), event("gemm", 6.0), event("region:proposals", 30.0, True),
+              event("Optimizer.step#SGD.step", 5.0, True), event("aten::mm", 4.0, device="CPU")]
+    assert kernel_times(events, steps=2) == {"gemm": 8.0}
