@@ -10,6 +10,7 @@ a box spans ``x2 - x1 + 1`` pixels (its ``TO_REMOVE = 1``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -17,6 +18,9 @@ TO_REMOVE = 1                               # the inclusive-pixel convention's e
 BBOX_XFORM_CLIP = math.log(1000.0 / 16)     # largest log-scale change decode lets through
 RPN_BOX_WEIGHTS = (1.0, 1.0, 1.0, 1.0)
 ROI_BOX_WEIGHTS = (10.0, 10.0, 5.0, 5.0)    # MODEL.ROI_HEADS.BBOX_REG_WEIGHTS
+# greedy NMS of padded rows of boxes: (boxes [G, W, 4], valid [G, W], IoU threshold) ->
+# survivors [G, W] (bool)
+Keep = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
 
 
 def _sizes_and_centres(boxes: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -112,15 +116,16 @@ def _greedy_keep(suppresses: torch.Tensor) -> torch.Tensor:
 
 
 def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, idxs: torch.Tensor,
-                iou_threshold: float) -> torch.Tensor:
+                iou_threshold: float, keep: Keep | None = None) -> torch.Tensor:
     """Indices of the boxes [K, 4] that greedy NMS keeps within each category ``idxs`` [K],
     by decreasing score. As the reference's CUDA kernel, a box is suppressed by a kept,
     higher-scoring box of its category whose IoU with it is strictly above the threshold.
     (The reference returns the kept indices in index order; its RPN passes boxes sorted by
     score, where the two orders agree.)
 
-    The categories are padded to a common length and processed together, so the IoU work is
-    (number of categories) x (largest category)^2."""
+    The categories are padded to a common length, best first, and ``keep`` (default
+    :func:`nms_keep`; on the GPU :func:`benchmarks.maskrcnn.nms_triton.nms_keep`) settles
+    them all in one call."""
     order = scores.argsort(descending=True, stable=True)
     order = order[idxs[order].argsort(stable=True)]         # by category, then by score
     _, group, counts = torch.unique_consecutive(idxs[order], return_inverse=True,
@@ -131,11 +136,19 @@ def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, idxs: torch.Tensor,
     padded[group, rank] = boxes[order]
     valid = torch.zeros(len(counts), width, dtype=torch.bool, device=boxes.device)
     valid[group, rank] = True
-    earlier = torch.ones(width, width, dtype=torch.bool, device=boxes.device).triu(1)
-    suppresses = (box_iou(padded, padded) > iou_threshold) & earlier & valid[:, :, None]
-    kept = order[_greedy_keep(suppresses)[group, rank]]
+    kept = order[(keep or nms_keep)(padded, valid, iou_threshold)[group, rank]]
     return kept[scores[kept].argsort(descending=True, stable=True)]
 
+
+def nms_keep(padded: torch.Tensor, valid: torch.Tensor, iou_threshold: float) -> torch.Tensor:
+    """Greedy NMS of each row of boxes [G, W, 4], best first, of which ``valid`` [G, W]
+    marks the real ones: which boxes survive [G, W] (bool; padding's entries are
+    meaningless). Pure PyTorch: the IoU of every pair, then :func:`_greedy_keep`, so the
+    work is G x W^2."""
+    width = padded.shape[1]
+    earlier = torch.ones(width, width, dtype=torch.bool, device=padded.device).triu(1)
+    suppresses = (box_iou(padded, padded) > iou_threshold) & earlier & valid[:, :, None]
+    return _greedy_keep(suppresses)
 
 class Matcher:
     """Assigns each prediction the ground truth it overlaps most, given an IoU matrix

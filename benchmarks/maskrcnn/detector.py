@@ -24,7 +24,8 @@ so ``--size-buckets`` keeps its graphs few.
 ``loss_streams`` computes the RPN's targets and loss, the box head's loss and the mask
 targets and loss each on a CUDA stream of its own (:class:`common.streams.SideStreams`),
 beside the proposal selection and the heads on the current stream, joined before the losses
-are returned; off CUDA it changes nothing.
+are returned; off CUDA it changes nothing. ``nms_keep`` is the greedy step of the NMS in
+evaluation's post-processing (the RPN holds its own).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import torch
 from torch import nn
 
 from benchmarks.maskrcnn.anchors import fpn_anchors
+from benchmarks.maskrcnn.boxes import Keep
 from benchmarks.maskrcnn.model import MaskRCNN
 from benchmarks.maskrcnn.roi_align import rois_from_boxes
 from benchmarks.maskrcnn.roi_heads import (
@@ -78,8 +80,9 @@ class Detector(nn.Module):
 
     def __init__(self, net: MaskRCNN, rpn: RPN, sampler: RoISampler,
                  detections_per_image: int = DETECTIONS_PER_IMG, compile_mode: str = "none",
-                 loss_streams: bool = False):
+                 loss_streams: bool = False, nms_keep: Keep | None = None):
         super().__init__()
+        self.nms_keep = nms_keep
         self.net, self.rpn, self.sampler = net, rpn, sampler
         self.detections_per_image = detections_per_image
         self._anchors: dict = {}
@@ -179,7 +182,8 @@ class Detector(nn.Module):
                 ) -> list[ImageDetections]:
         scores, box_deltas = self.box_head(levels, rois_from_boxes(proposals))
         detections = postprocess_boxes(scores, box_deltas, proposals, sizes,
-                                       detections_per_image=self.detections_per_image)
+                                       detections_per_image=self.detections_per_image,
+                                       nms_keep=self.nms_keep)
         mask_logits = self.mask_head(levels, rois_from_boxes([d.boxes for d in detections]))
         return postprocess_masks(mask_logits, detections, sizes,
                                  [tuple(s) for s in original_sizes.tolist()])

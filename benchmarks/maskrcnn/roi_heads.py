@@ -49,7 +49,6 @@ Test:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -59,6 +58,7 @@ import torch.nn.functional as F
 from benchmarks.maskrcnn.boxes import (
     ROI_BOX_WEIGHTS,
     BoxCoder,
+    Keep,
     Matcher,
     batched_nms,
     box_iou,
@@ -81,7 +81,6 @@ MASK_PADDING = 1
 TARGET_THRESHOLD = 0.5          # a mask-target cell is 1 where RoIAlign gives at least this
 
 Tensor = torch.Tensor
-NMS = Callable[[Tensor, Tensor, Tensor, float], Tensor]
 
 
 @dataclass
@@ -191,12 +190,11 @@ def postprocess_boxes(class_logits: Tensor, box_regression: Tensor, proposals: l
                       nms_threshold: float = NMS_THRESH,
                       detections_per_image: int = DETECTIONS_PER_IMG,
                       box_weights: tuple[float, float, float, float] = ROI_BOX_WEIGHTS,
-                      nms: NMS = batched_nms) -> list[ImageDetections]:
+                      nms_keep: Keep | None = None) -> list[ImageDetections]:
     """Detections of each image, in the resized image's pixels, from the box head's logits
     [K, C] and deltas [K, 4C] for the images' test proposals [K_i, 4] (concatenated in order),
-    clipped to the resized images' ``(height, width)``. ``nms(boxes, scores, categories,
-    threshold)`` returns the kept indices best first (:func:`boxes.batched_nms`, or
-    torchvision's on the GPU); one call covers every image and class."""
+    clipped to the resized images' ``(height, width)``. One :func:`boxes.batched_nms` covers
+    every image and class, ``nms_keep`` its greedy step (default: the pure-PyTorch one)."""
     counts = [len(p) for p in proposals]
     probs = F.softmax(class_logits.float(), dim=-1)
     num_classes = probs.shape[1]
@@ -210,7 +208,7 @@ def postprocess_boxes(class_logits: Tensor, box_regression: Tensor, proposals: l
     roi, label = torch.nonzero(probs[:, 1:] > score_threshold, as_tuple=True)
     label = label + 1
     boxes, scores, image = decoded[roi, label], probs[roi, label], image[roi]
-    keep = nms(boxes, scores, image * num_classes + label, nms_threshold)
+    keep = batched_nms(boxes, scores, image * num_classes + label, nms_threshold, nms_keep)
     keep = keep[image[keep].argsort(stable=True)]           # by image, each best first
     per_image = torch.bincount(image[keep], minlength=len(counts))
     starts = per_image.cumsum(0) - per_image

@@ -39,6 +39,7 @@ from benchmarks.maskrcnn.boxes import (
     RPN_BOX_WEIGHTS,
     TO_REMOVE,
     BoxCoder,
+    Keep,
     Matcher,
     batched_nms,
     box_iou,
@@ -103,7 +104,8 @@ class RPN(nn.Module):
 
     ``fpn_post_nms_per_image_train`` takes the training top-N over levels per image instead
     of per batch (NVIDIA's switch); ``topk_chunks`` > 1 selects the pre-NMS candidates with
-    :func:`benchmarks.maskrcnn.topk.split_topk` (NVIDIA: 4), which gives the same result."""
+    :func:`benchmarks.maskrcnn.topk.split_topk` (NVIDIA: 4), which gives the same result;
+    ``nms_keep`` is NMS's greedy step (:func:`benchmarks.maskrcnn.boxes.batched_nms`)."""
 
     def __init__(self, *, pre_nms_top_n_train: int = PRE_NMS_TOP_N_TRAIN,
                  pre_nms_top_n_test: int = PRE_NMS_TOP_N_TEST,
@@ -117,7 +119,8 @@ class RPN(nn.Module):
                  bg_iou_threshold: float = BG_IOU_THRESHOLD,
                  batch_size_per_image: int = BATCH_SIZE_PER_IMAGE,
                  positive_fraction: float = POSITIVE_FRACTION,
-                 straddle_thresh: float = STRADDLE_THRESH, topk_chunks: int = 1):
+                 straddle_thresh: float = STRADDLE_THRESH, topk_chunks: int = 1,
+                 nms_keep: Keep | None = None):
         super().__init__()
         counts = dict(pre_nms_top_n_train=pre_nms_top_n_train,
                       pre_nms_top_n_test=pre_nms_top_n_test,
@@ -151,6 +154,7 @@ class RPN(nn.Module):
         self.positive_fraction = positive_fraction
         self.straddle_thresh = straddle_thresh
         self.topk_chunks = topk_chunks
+        self.nms_keep = nms_keep
         self.box_coder = BoxCoder(RPN_BOX_WEIGHTS)
 
     def _topk(self, scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -231,7 +235,7 @@ class RPN(nn.Module):
         boxes = boxes.reshape(-1, 4)
         sizeable = min_size_mask(boxes, self.min_size).nonzero().squeeze(1)
         boxes, scores, group = boxes[sizeable], scores[sizeable], group[sizeable]
-        kept = batched_nms(boxes, scores, group, self.nms_thresh)
+        kept = batched_nms(boxes, scores, group, self.nms_thresh, self.nms_keep)
         kept = kept[group[kept].argsort(stable=True)]          # by image and level, best first
         post_nms = self.post_nms_top_n_train if self.training else self.post_nms_top_n_test
         kept = kept[_rank_in_group(group[kept]) < post_nms]

@@ -15,7 +15,8 @@ do, instead of the reference's 2000 per batch (``--fpn-post-nms-per-image``);
 memory (``--channels-last``), ``ours-compile`` also runs the networks through
 ``torch.compile`` (``--compile default``: backbone + FPN + RPN head, box head, mask head);
 ``ours-streams`` and ``ours-compile-streams`` add the losses on CUDA streams of their own
-(``--loss-streams``).
+(``--loss-streams``); ``ours-compile-streams-nms`` also runs NMS's greedy step as one
+Triton kernel (``--nms triton``).
 The baselines are torchvision's ``MaskRCNN`` on a ResNet-50 FPN, trained as torchvision's
 detection reference trains it: momentum SGD (weight decay 1e-4 on every trained weight),
 autocast, a ``GradScaler`` in amp-fp16; eager (``torchvision-eager``) or ``torch.compile``-d
@@ -53,7 +54,9 @@ OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-streams": ("--fold-frozen-bn", "--channels-last", "--loss-streams"),
         "ours-compile": ("--fold-frozen-bn", "--channels-last", "--compile", "default"),
         "ours-compile-streams": ("--fold-frozen-bn", "--channels-last", "--compile", "default",
-                                 "--loss-streams")}
+                                 "--loss-streams"),
+        "ours-compile-streams-nms": ("--fold-frozen-bn", "--channels-last", "--compile",
+                                     "default", "--loss-streams", "--nms", "triton")}
 # variant -> whether torchvision's model runs through torch.compile
 TORCHVISION = {"torchvision-eager": False, "torchvision-compile": True}
 VARIANTS = (*OURS, *TORCHVISION)
@@ -110,9 +113,11 @@ def torchvision_step(batch: data.TrainBatch, precision: Precision, device, compi
 
 
 def main(argv=None) -> int:
+    # 10 steps after 5 measured the same compiled step at 81.7 and 108.5 img/s in two calls;
+    # 40 after 25 is steadier (docs/performance.md, Mask R-CNN)
     p = tool_parser("python -m benchmarks.maskrcnn.throughput", __doc__,
-                    "ours,ours-fold-cl,torchvision-eager,torchvision-compile", warmup=5,
-                    iters=10)
+                    "ours,ours-fold-cl,torchvision-eager,torchvision-compile", warmup=25,
+                    iters=40)
     p.add_argument("--batch-size", type=int, default=8)
     a = p.parse_args(argv)
     variants = gpu_variants(p, a.variants, VARIANTS)

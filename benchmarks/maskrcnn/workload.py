@@ -142,6 +142,10 @@ class MaskRCNNWorkload(Workload):
                             "--min-size and --max-size (a few batch shapes, so --compile "
                             "builds a few backbone graphs; 0: to the batch's largest image, "
                             "as the reference)")
+        p.add_argument("--nms", choices=("reference", "triton"), default="reference",
+                       help="NMS's greedy step (RPN proposals, test detections): the "
+                            "pure-PyTorch reference, or one Triton kernel without host "
+                            "syncs (CUDA only; the same result)")
         p.add_argument("--loss-streams", action=argparse.BooleanOptionalAction, default=False,
                        help="compute the RPN, box and mask losses each on a CUDA stream of "
                             "its own beside the rest of the forward (CUDA only)")
@@ -163,6 +167,13 @@ class MaskRCNNWorkload(Workload):
         if a.loss_streams and env.device.type != "cuda":
             raise UserError("--loss-streams puts the losses on CUDA streams: run with "
                             "--device cuda, or leave it out on the CPU")
+        if a.nms == "triton" and env.device.type != "cuda":
+            raise UserError("--nms triton runs a CUDA kernel: run with --device cuda, or use "
+                            "--nms reference on the CPU")
+        nms_keep = None
+        if a.nms == "triton":
+            from benchmarks.maskrcnn import nms_triton  # Triton: GPU machines only
+            nms_keep = nms_triton.nms_keep
         if self.synthetic:
             self.num_classes = NUM_CLASSES
         else:
@@ -184,11 +195,13 @@ class MaskRCNNWorkload(Workload):
             fpn_post_nms_top_n_train=a.rpn_fpn_post_nms_top_n_train,
             fpn_post_nms_top_n_test=a.rpn_fpn_post_nms_top_n_test,
             fpn_post_nms_per_image_train=a.fpn_post_nms_per_image,
-            batch_size_per_image=a.rpn_batch_size_per_image, topk_chunks=a.topk_chunks)
+            batch_size_per_image=a.rpn_batch_size_per_image, topk_chunks=a.topk_chunks,
+            nms_keep=nms_keep)
         self.memory_format = torch.channels_last if a.channels_last else torch.contiguous_format
         self.net = net.to(env.device, memory_format=self.memory_format)
         self.detector = Detector(self.net, proposals, RoISampler(a.roi_batch_size_per_image),
-                                 compile_mode=a.compile, loss_streams=a.loss_streams)
+                                 compile_mode=a.compile, loss_streams=a.loss_streams,
+                                 nms_keep=nms_keep)
         self.model = dist.data_parallel(self.detector, env)
         self.lr = torch.zeros((), device=env.device)
         self.bias_lr = torch.zeros((), device=env.device)

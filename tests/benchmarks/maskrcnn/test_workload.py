@@ -145,6 +145,11 @@ def test_a_bad_backbone_checkpoint_is_one_line(tmp_path, content):
     assert str(path) in str(e.value) and "\n" not in str(e.value)
 
 
+def test_triton_nms_off_cuda_is_one_line():
+    with pytest.raises(UserError, match="--nms triton .* --device cuda"):
+        build([*TINY, "--nms", "triton"])
+
+
 def test_loss_streams_off_cuda_is_one_line():
     with pytest.raises(UserError, match="--loss-streams .* --device cuda"):
         build([*TINY, "--loss-streams"])
