@@ -44,7 +44,8 @@ def test_triton_nms_keeps_what_the_reference_keeps(n, categories, threshold):
 def test_strict_threshold_and_suppressed_boxes_that_do_not_suppress():
     from benchmarks.maskrcnn.nms_triton import nms_keep
 
-    # IoU 0.5 exactly does not suppress; box 1 is suppressed by 0 and then cannot remove 2
+    # IoUs: 0-1 0.5 exactly (does not suppress at 0.5), 0-2 0.82, 0-3 0.6, 2-3 0.74, 1-3
+    # 0.33. At 0.7 box 0 removes box 2, which then cannot remove box 3.
     boxes = torch.tensor([[0.0, 0.0, 9.0, 9.0], [0.0, 0.0, 9.0, 4.0],
                           [1.0, 0.0, 10.0, 9.0], [2.5, 0.0, 11.5, 9.0]], device="cuda")
     scores = torch.tensor([0.9, 0.7, 0.4, 0.3], device="cuda")
@@ -52,7 +53,8 @@ def test_strict_threshold_and_suppressed_boxes_that_do_not_suppress():
     for threshold in (0.5, 0.49, 0.7, 0.8):
         assert torch.equal(batched_nms(boxes, scores, one, threshold, nms_keep),
                            batched_nms(boxes, scores, one, threshold))
-    assert batched_nms(boxes, scores, one, 0.5, nms_keep).tolist() == [0, 1, 3]
+    assert batched_nms(boxes, scores, one, 0.5, nms_keep).tolist() == [0, 1]
+    assert batched_nms(boxes, scores, one, 0.7, nms_keep).tolist() == [0, 1, 3]
 
 
 @pytest.mark.parametrize("training", [True, False])
