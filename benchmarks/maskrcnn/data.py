@@ -295,6 +295,13 @@ class EvalBatch(NamedTuple):
     def to(self, device: torch.device | str) -> EvalBatch:
         return EvalBatch(*(t.to(device, non_blocking=True) for t in self))
 
+    def filled(self, size: int) -> EvalBatch:
+        """The batch grown to ``size`` images with copies of its last one (a compiled
+        backbone has a graph per batch size: short last batches would each build one)."""
+        extra = size - len(self.images)
+        return EvalBatch(*(torch.cat((t, t[-1:].expand(extra, *t.shape[1:])))
+                           for t in self)) if extra > 0 else self
+
 
 def size_buckets(count: int, min_size: int, max_size: int,
                  size_divisibility: int = SIZE_DIVISIBILITY) -> tuple[int, ...]:

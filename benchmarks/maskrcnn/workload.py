@@ -36,7 +36,7 @@ from benchmarks.maskrcnn.model import (
     mllog_tensor_names,
 )
 from benchmarks.maskrcnn.roi_align import rois_from_boxes
-from benchmarks.maskrcnn.roi_heads import BATCH_SIZE_PER_IMAGE, RoISampler
+from benchmarks.maskrcnn.roi_heads import BATCH_SIZE_PER_IMAGE, ImageDetections, RoISampler
 from benchmarks.maskrcnn.topk import SPLIT_TOPK_CHUNKS
 from common import dist
 from common.coco import cli, evaluation
@@ -337,15 +337,25 @@ class MaskRCNNWorkload(Workload):
         self.detector.train()
 
     # -- evaluation -----------------------------------------------------------------------
+    def detect(self, batch: data.EvalBatch) -> list[ImageDetections]:
+        """The detector (in evaluation mode) on an evaluation batch. Compiled, a short batch
+        runs filled up to ``--eval-batch-size`` (:meth:`data.EvalBatch.filled`, the copies'
+        detections dropped): the graphs :meth:`warm_up_eval` built, no new compile inside
+        the timed run."""
+        count = len(batch.images)
+        if self.detector.compiled:
+            batch = batch.filled(self.args.eval_batch_size)
+        with self.precision.autocast():
+            found = self.detector(batch.images.contiguous(memory_format=self.memory_format),
+                                  batch.image_sizes, batch.original_sizes)
+        return found[:count]
+
     def eval_outputs(self) -> ScoreRequest | None:
         """Every validation image's detections with RLE masks, gathered on rank 0."""
         self.detector.eval()
         mine = []
-        for images, image_sizes, image_ids, original_sizes in self.eval_loader.epoch(0):
-            images = images.contiguous(memory_format=self.memory_format)
-            with self.precision.autocast():
-                found = self.detector(images, image_sizes, original_sizes)
-            for image_id, d in zip(image_ids.tolist(), found):
+        for batch in self.eval_loader.epoch(0):
+            for image_id, d in zip(batch.image_ids.tolist(), self.detect(batch)):
                 masks = d.masks.cpu().numpy()
                 mine.append(Detections(image_id, d.boxes.float().cpu().numpy(),
                                        d.scores.float().cpu().numpy(), d.labels.cpu().numpy(),

@@ -46,3 +46,35 @@ def test_the_warm_up_builds_the_training_and_evaluation_graphs():
         batch = data.synthetic_batch(3, wl.num_classes, 96, 128)
         wl.detector(batch.images, batch.image_sizes, batch.image_sizes)
     assert counters["stats"]["unique_graphs"] == 8, dict(counters["stats"])
+
+
+def test_a_short_evaluation_batch_runs_the_warmed_up_graphs():
+    torch._dynamo.reset()
+    counters.clear()
+    plain, compiled = build(TINY), build([*TINY, "--compile", "default"])
+    compiled.net.load_state_dict(plain.net.state_dict())
+    warm_up(compiled, GraphedStep(compiled.train_step, enabled=False), 1, compiled.env)
+    graphs = counters["stats"]["unique_graphs"]
+    count = compiled.args.eval_batch_size - 1
+    t = data.synthetic_batch(count, compiled.num_classes, 64, 64)      # the warm-up's size
+    batch = data.EvalBatch(t.images, t.image_sizes, torch.arange(count), t.image_sizes)
+    with torch.no_grad():
+        for wl in (plain, compiled):
+            wl.detector.eval()
+        got, expected = compiled.detect(batch), plain.detect(batch)
+    assert counters["stats"]["unique_graphs"] == graphs, dict(counters["stats"])
+    assert len(got) == len(expected) == count
+    for g, e in zip(got, expected):
+        assert torch.equal(g.labels, e.labels)
+        torch.testing.assert_close(g.boxes, e.boxes, rtol=1e-4, atol=1e-3)
+
+
+def test_a_filled_evaluation_batch_repeats_its_last_image():
+    t = data.synthetic_batch(2, 5, 64, 64)
+    batch = data.EvalBatch(t.images, t.image_sizes, torch.tensor([7, 9]), t.image_sizes)
+    filled = batch.filled(4)
+    assert filled.image_ids.tolist() == [7, 9, 9, 9]
+    assert torch.equal(filled.images[:2], batch.images)
+    assert torch.equal(filled.images[3], batch.images[1])
+    assert filled.original_sizes.shape == (4, 2)
+    assert batch.filled(2) is batch
