@@ -41,9 +41,9 @@ from benchmarks.maskrcnn.boxes import (
     BoxCoder,
     Keep,
     Matcher,
-    batched_nms,
     box_iou,
     min_size_mask,
+    nms_keep,
 )
 from benchmarks.maskrcnn.sampler import balanced_sample
 from benchmarks.maskrcnn.topk import ordered_topk, split_topk
@@ -105,7 +105,7 @@ class RPN(nn.Module):
     ``fpn_post_nms_per_image_train`` takes the training top-N over levels per image instead
     of per batch (NVIDIA's switch); ``topk_chunks`` > 1 selects the pre-NMS candidates with
     :func:`benchmarks.maskrcnn.topk.split_topk` (NVIDIA: 4), which gives the same result;
-    ``nms_keep`` is NMS's greedy step (:func:`benchmarks.maskrcnn.boxes.batched_nms`)."""
+    ``nms_keep`` is NMS's greedy step (default :func:`benchmarks.maskrcnn.boxes.nms_keep`)."""
 
     def __init__(self, *, pre_nms_top_n_train: int = PRE_NMS_TOP_N_TRAIN,
                  pre_nms_top_n_test: int = PRE_NMS_TOP_N_TEST,
@@ -182,9 +182,8 @@ class RPN(nn.Module):
         """Proposals [K_i, 4] (float32) of each image from per-level ``objectness``
         [B, A, H, W], ``deltas`` [B, 4A, H, W] and ``anchors`` [H * W * A, 4]; in training
         mode the ``gt_boxes`` [M_i, 4], if given, are appended."""
-        boxes, image, _ = self._select(objectness, deltas, anchors, image_sizes)
-        counts = torch.bincount(image, minlength=len(image_sizes)).tolist()
-        proposals = list(boxes.split(counts))
+        boxes, valid = self._chosen(objectness, deltas, anchors, image_sizes)
+        proposals = list(boxes[valid].split(valid.sum(dim=1).tolist()))
         if self.training and gt_boxes is not None:
             proposals = [torch.cat((p, gt.to(p))) for p, gt in zip(proposals, gt_boxes,
                                                                     strict=True)]
@@ -198,65 +197,78 @@ class RPN(nn.Module):
         """:meth:`proposals` of a training batch without a host sync: each image's proposals
         in a row of [B, W, 4] (W bounds the count), then its padded ground truth [B, G, 4];
         and which entries are real [B, W + G] (``gt_valid`` [B, G] for the ground truth's)."""
-        boxes, image, width = self._select(objectness, deltas, anchors, image_sizes)
-        rank = _rank_in_group(image)
-        padded = boxes.new_zeros(len(image_sizes), width, 4).index_put((image, rank), boxes)
-        valid = torch.zeros(padded.shape[:2], dtype=torch.bool, device=boxes.device)
-        valid = valid.index_put((image, rank), torch.ones_like(image, dtype=torch.bool))
-        return (torch.cat((padded, gt_boxes.to(padded)), dim=1),
+        boxes, valid = self._chosen(objectness, deltas, anchors, image_sizes)
+        return (torch.cat((boxes, gt_boxes.to(boxes)), dim=1),
                 torch.cat((valid, gt_valid), dim=1))
 
-    def _select(self, objectness: list[torch.Tensor], deltas: list[torch.Tensor],
-                anchors: list[torch.Tensor], image_sizes: list[tuple[int, int]] | torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """The proposals of the batch [K, 4] by image (as :meth:`proposals` orders them),
-        their images [K] and the most any image can have."""
+    def _candidates(self, objectness: list[torch.Tensor], deltas: list[torch.Tensor],
+                    anchors: list[torch.Tensor],
+                    image_sizes: list[tuple[int, int]] | torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The NMS survivors of each image and level, padded: boxes [B, L, W, 4] and scores
+        [B, L, W] in each level's pre-NMS top-K order (best first), the score -1 where there
+        is no survivor. W is the largest level's top-K: shapes alone fix it, no host sync."""
         self._check(objectness, anchors, image_sizes)
-        batch, levels = len(image_sizes), len(anchors)
+        batch = len(image_sizes)
         pre_nms = self.pre_nms_top_n_train if self.training else self.pre_nms_top_n_test
-        scores, codes, cells, level_ids = [], [], [], []
-        per_level = zip(objectness, deltas, anchors, strict=True)
-        for level, (obj, delta, level_anchors) in enumerate(per_level):
-            logits, level_codes = flatten_levels([obj], [delta])
-            top, index = self._topk(logits.float().sigmoid(), min(pre_nms, logits.shape[1]))
-            scores.append(top)
-            codes.append(level_codes.gather(1, index[..., None].expand(-1, -1, 4)))
-            cells.append(level_anchors[index])
-            level_ids.append(torch.full_like(index[0], level))
-        device = scores[0].device
-        scores = torch.cat(scores, dim=1).flatten()
-        boxes = self.box_coder.decode(torch.cat(codes, dim=1).float().reshape(-1, 4),
-                                      torch.cat(cells, dim=1).float().reshape(-1, 4))
-        bounds = _image_bounds(image_sizes, device)
-        boxes = torch.minimum(boxes.view(batch, -1, 4).clamp(min=0), bounds[:, None])
-        # one NMS group per image and level, numbered in the reference's order
-        group = (torch.arange(batch, device=device)[:, None] * levels
-                 + torch.cat(level_ids)[None]).flatten()
-        boxes = boxes.reshape(-1, 4)
-        sizeable = min_size_mask(boxes, self.min_size).nonzero().squeeze(1)
-        boxes, scores, group = boxes[sizeable], scores[sizeable], group[sizeable]
-        kept = batched_nms(boxes, scores, group, self.nms_thresh, self.nms_keep)
-        kept = kept[group[kept].argsort(stable=True)]          # by image and level, best first
+        width = max(min(pre_nms, len(cells)) for cells in anchors)
+        bounds = _image_bounds(image_sizes, objectness[0].device)[:, None]
+        scores, boxes = [], []
+        for obj, delta, level_anchors in zip(objectness, deltas, anchors, strict=True):
+            logits, codes = flatten_levels([obj], [delta])
+            k = min(pre_nms, logits.shape[1])
+            top, index = self._topk(logits.float().sigmoid(), k)
+            codes = codes.gather(1, index[..., None].expand(-1, -1, 4)).float()
+            decoded = self.box_coder.decode(codes.reshape(-1, 4),
+                                            level_anchors[index].float().reshape(-1, 4))
+            decoded = torch.minimum(decoded.view(batch, k, 4).clamp(min=0), bounds)
+            scores.append(F.pad(top, (0, width - k), value=-1.0))
+            boxes.append(F.pad(decoded, (0, 0, 0, width - k)))
+        scores, boxes = torch.stack(scores, dim=1), torch.stack(boxes, dim=1)
+        valid = (scores >= 0) & min_size_mask(boxes, self.min_size)
+        rows = (-1, width)
+        kept = (self.nms_keep or nms_keep)(boxes.view(*rows, 4), valid.view(rows),
+                                           self.nms_thresh).view_as(valid) & valid
         post_nms = self.post_nms_top_n_train if self.training else self.post_nms_top_n_test
-        kept = kept[_rank_in_group(group[kept]) < post_nms]
-        boxes, scores, image = boxes[kept], scores[kept], group[kept] // levels
-        chosen = self._select_over_levels(scores, image)
-        top_n = self.fpn_post_nms_top_n_train if self.training else self.fpn_post_nms_top_n_test
-        most = sum(min(len(c), pre_nms, post_nms) for c in anchors)
-        return boxes[chosen], image[chosen], min(top_n, most)
+        kept &= kept.cumsum(dim=-1) <= post_nms
+        return boxes, torch.where(kept, scores, -1.0)
 
-    def _select_over_levels(self, scores: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
-        """Indices of the candidates (sorted by image, level and score) that
-        ``select_over_all_levels`` keeps: in training in their order, in test per image by
-        decreasing score."""
-        if self.training and not self.fpn_post_nms_per_image_train:
-            k = min(self.fpn_post_nms_top_n_train, len(scores))
-            return ordered_topk(scores[None], k)[1][0].sort().values
+    def _chosen(self, objectness: list[torch.Tensor], deltas: list[torch.Tensor],
+                anchors: list[torch.Tensor], image_sizes: list[tuple[int, int]] | torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The proposals that ``select_over_all_levels`` keeps, a row per image [B, K, 4] and
+        which are real [B, K]: in training in level order (per batch, or per image with
+        ``fpn_post_nms_per_image_train``), in test per image by decreasing score. Equal
+        scores rank by position (level, then rank within the level)."""
+        boxes, scores = self._candidates(objectness, deltas, anchors, image_sizes)
+        batch, levels, width = scores.shape
+        per_image = not self.training or self.fpn_post_nms_per_image_train
         top_n = self.fpn_post_nms_top_n_train if self.training else self.fpn_post_nms_top_n_test
-        order = scores.argsort(descending=True, stable=True)
-        order = order[image[order].argsort(stable=True)]
-        order = order[_rank_in_group(image[order]) < top_n]
-        return order.sort().values if self.training else order
+        flat = scores.view(batch if per_image else 1, -1)
+        top, index = ordered_topk(flat, min(top_n, flat.shape[1]))
+        real = top >= 0
+        if self.training:   # level order, the real ones first
+            index = torch.where(real, index, index + flat.shape[1]).sort(dim=1).values
+            real = index < flat.shape[1]
+            index = index.remainder(flat.shape[1])
+        if per_image:
+            image = torch.arange(batch, device=index.device)[:, None].expand_as(index)
+            position = torch.arange(index.shape[1], device=index.device).expand_as(index)
+            index = index + image * flat.shape[1]
+        else:   # the batch's choice, dealt into rows: its index order is by image
+            image = torch.where(real, index // (levels * width), batch)
+            position = _rank_in_group(image[0])[None]
+        pre_nms = self.pre_nms_top_n_train if self.training else self.pre_nms_top_n_test
+        post_nms = self.post_nms_top_n_train if self.training else self.post_nms_top_n_test
+        most = min(top_n, sum(min(len(c), pre_nms, post_nms) for c in anchors))
+        fits = real & (position < most)
+        picked = boxes.view(-1, 4)[index.flatten()]
+        out = boxes.new_zeros(batch + 1, most, 4)
+        valid = torch.zeros(batch + 1, most, dtype=torch.bool, device=boxes.device)
+        rows, cols = torch.where(fits, image, batch).flatten(), (position * fits).flatten()
+        out = out.index_put((rows, cols), picked)
+        valid = valid.index_put((rows, cols), fits.flatten())
+        return out[:batch], valid[:batch]
 
     @torch.no_grad()
     def targets(self, anchors: list[torch.Tensor],

@@ -45,7 +45,7 @@ def test_a_failing_variant_is_reported_and_the_others_still_run(monkeypatch, cap
     monkeypatch.setattr(common_throughput, "time_steps", time_steps)
     report = tmp_path / "report.json"
     assert throughput.main(["--variants", "torchvision-compile,torchvision-eager",
-                            "--batch-size", "2", "--json", str(report)]) == 1
+                            "--batch-size", "2", "--iters", "10", "--json", str(report)]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[0].split() == ["torchvision-compile", "failed:", "RuntimeError:", "Dynamo",
                               "failed", "to", "run", "FX", "node"]
