@@ -229,7 +229,9 @@ def jitter_params(g: torch.Generator) -> tuple[tuple[float, ...], tuple[int, ...
     return factors, tuple(torch.randperm(4, generator=g).tolist())
 
 
-def _jitter_op(op: int, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+def jitter_op(op: int, x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """One colour-jitter op on float [..., 3, H, W] in 0..1: 0 brightness, 1 contrast,
+    2 saturation (``factor`` broadcasting, e.g. [B, 1, 1, 1]), 3 hue (``factor`` a shift)."""
     if op == 0:
         return _blend(x, 0.0, factor)
     if op == 1:
@@ -250,7 +252,7 @@ def apply_color_jitter(x: torch.Tensor, factors: torch.Tensor, order: torch.Tens
     f = factors.to(x.device, x.dtype, non_blocking=True).view(-1, 4, 1, 1, 1)
     if len(x) == 1:                            # the CPU path: no gathering
         for op in order[0].tolist():
-            x = _jitter_op(op, x, f[:, op])
+            x = jitter_op(op, x, f[:, op])
         return x
     for k in range(4):
         out = torch.empty_like(x)
@@ -258,7 +260,7 @@ def apply_color_jitter(x: torch.Tensor, factors: torch.Tensor, order: torch.Tens
             rows = (order[:, k] == op).nonzero()[:, 0]
             if len(rows):
                 rows = rows.to(x.device, non_blocking=True)
-                out.index_copy_(0, rows, _jitter_op(op, x.index_select(0, rows),
+                out.index_copy_(0, rows, jitter_op(op, x.index_select(0, rows),
                                                     f.index_select(0, rows)[:, op]))
         x = out
     return x

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.ssd import data
+from benchmarks.ssd import fused_jitter as fused_jitter_module
 from common.coco.data import CocoSplit, decode_image_chw
 from common.errors import UserError
 
@@ -104,7 +105,7 @@ class ImageCache:
     batches are augmented on ``device`` either way."""
 
     def __init__(self, split: CocoSplit, device: torch.device | str, max_side: int = MAX_SIDE,
-                 num_workers: int = 0, storage: str = "device"):
+                 num_workers: int = 0, storage: str = "device", fused_jitter: bool = False):
         if max_side < 1:
             raise UserError(f"--cache-side {max_side}: must be at least 1 pixel")
         if storage not in STORAGES:
@@ -112,6 +113,8 @@ class ImageCache:
         self.split, self.device = split, torch.device(device)
         self.holder = self.device if storage == "device" else torch.device("cpu")
         self.max_side, self.num_workers = max_side, num_workers
+        self.jitter = (fused_jitter_module.apply_color_jitter if fused_jitter
+                       else data.apply_color_jitter)
         self.sizes = torch.tensor([cached_size(r.height, r.width, max_side)
                                    for r in split.records], dtype=torch.int64).view(-1, 2)
         original = torch.tensor([(r.width, r.height) for r in split.records],
@@ -163,7 +166,7 @@ class ImageCache:
         images = self.images.index_select(0, index.to(self.holder, non_blocking=True))
         images = images.to(self.device, non_blocking=True)
         x = crop_flip_resize(images, windows * self.scales[index].repeat(1, 2), flips, size)
-        return data.normalize(data.apply_color_jitter(x, factors, order))
+        return data.normalize(self.jitter(x, factors, order))
 
 
 class PlanDataset(data.TrainDataset):
@@ -205,9 +208,12 @@ class CachedLoader:
 def build_train_loader(split: CocoSplit, batch_size: int, rank: int = 0, world_size: int = 1,
                        seed: int = 0, num_workers: int = 0, device: torch.device | str = "cpu",
                        max_boxes: int = data.MAX_BOXES, max_samples: int = data.MAX_SAMPLES,
-                       max_side: int = MAX_SIDE, storage: str = "device") -> CachedLoader:
+                       max_side: int = MAX_SIDE, storage: str = "device",
+                       fused_jitter: bool = False) -> CachedLoader:
     """``data.build_train_loader``'s batches with the pixels from a device cache of
-    ``split`` (filled on the first batch); ``num_workers`` decode it and compute plans."""
+    ``split`` (filled on the first batch); ``num_workers`` decode it and compute plans;
+    ``fused_jitter``: the colour jitter of :mod:`benchmarks.ssd.fused_jitter`."""
     plans = data.Loader(PlanDataset(split, seed, max_boxes, max_samples), True, batch_size,
                         rank, world_size, seed, num_workers)
-    return CachedLoader(ImageCache(split, device, max_side, num_workers, storage), plans)
+    return CachedLoader(ImageCache(split, device, max_side, num_workers, storage, fused_jitter),
+                        plans)

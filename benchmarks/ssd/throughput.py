@@ -19,7 +19,8 @@ image, padded to ``--max-boxes``); ``--profile`` adds kernel time by family.
 With ``--coco-dir DIR`` (a COCO 2017 layout, such as the fixture at a real image size) the
 training input pipeline is timed too: the CPU path (decode and augment in ``--workers``
 processes) and the image cache in device or host memory (``--image-cache device|host``: its
-one-off fill, then batches), as images/s delivered on the GPU.
+one-off fill, then batches; on the device also with ``--fused-jitter``), as images/s
+delivered on the GPU.
 """
 
 from __future__ import annotations
@@ -117,13 +118,14 @@ def input_pipeline(coco_dir: Path, batch_size: int, workers: int, cache_side: in
     (new workers, the first batches), which a small fixture's short epochs magnify."""
     split = load_split(coco_dir, "train")
     rows = []
-    for name in ("cpu-decode", "device-cache", "host-cache"):
+    for name in ("cpu-decode", "device-cache", "device-cache-fused-jitter", "host-cache"):
         common = dict(seed=0, num_workers=workers, device=device, max_boxes=200)
         if name == "cpu-decode":
             loader, fill = data.build_train_loader(split, batch_size, **common), 0.0
         else:
-            loader = image_cache.build_train_loader(split, batch_size, max_side=cache_side,
-                                                    storage=name.split("-")[0], **common)
+            loader = image_cache.build_train_loader(
+                split, batch_size, max_side=cache_side, storage=name.split("-")[0],
+                fused_jitter=name.endswith("fused-jitter"), **common)
             t0 = time.perf_counter()
             loader.cache.fill()
             torch.cuda.synchronize()
@@ -152,7 +154,7 @@ def input_pipeline(coco_dir: Path, batch_size: int, workers: int, cache_side: in
                "epoch_images_per_second": whole_images / whole_seconds,
                "fill_seconds": fill, "train_images": len(split)}
         rows.append(row)
-        print(f"{name:12s} {workers} workers, batch {batch_size}: "
+        print(f"{name:25s} {workers} workers, batch {batch_size}: "
               f"{row['steady_images_per_second']:8.1f} img/s within an epoch, "
               f"{row['epoch_images_per_second']:8.1f} img/s over whole epochs of "
               f"{len(loader)} batches" + (f" (fill {fill:.1f} s, {len(split)} images, "

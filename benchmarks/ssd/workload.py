@@ -26,6 +26,7 @@ from common import dist
 from common.coco import cli
 from common.coco import data as coco
 from common.coco.evaluation import Detections, ScoreRequest, score
+from common.errors import UserError
 from common.mllog import constants
 from common.precision import grad_scaler_state
 from common.sgd import DeviceLRSGD
@@ -107,11 +108,17 @@ class SSDWorkload(Workload):
         p.add_argument("--cache-side", type=int, default=image_cache.MAX_SIDE,
                        help="longer side of cached images in pixels; memory: images x 3 x "
                             "side^2 bytes (COCO at 384: 51.9 GB per rank)")
+        p.add_argument("--fused-jitter", action=argparse.BooleanOptionalAction, default=False,
+                       help="with --image-cache: the colour jitter as four compiled passes "
+                            "over the batch (benchmarks/ssd/fused_jitter.py; the same result)")
         cli.add_args(p, "resnet34")
 
     # -- set-up ---------------------------------------------------------------------------
     def build(self) -> None:
         a, env = self.args, self.env
+        if a.fused_jitter and a.image_cache == "none":
+            raise UserError("--fused-jitter is the image cache's colour jitter: add "
+                            "--image-cache device or host, or leave it out")
         if not self.synthetic:
             self.train_split = coco.load_split(a.data_dir, "train")
             self.val_split = coco.load_split(a.data_dir, "val")
@@ -145,7 +152,7 @@ class SSDWorkload(Workload):
             if a.image_cache != "none":
                 self.train_loader = image_cache.build_train_loader(
                     self.train_split, a.batch_size, max_side=a.cache_side,
-                    storage=a.image_cache, **train)
+                    storage=a.image_cache, fused_jitter=a.fused_jitter, **train)
             else:
                 self.train_loader = data.build_train_loader(self.train_split, a.batch_size,
                                                             **train)

@@ -28,11 +28,12 @@ def train(root):
     return load_split(root, "train")
 
 
-@pytest.mark.parametrize("storage", image_cache.STORAGES)
-def test_cache_loader_matches_the_cpu_loader(train, storage):
+@pytest.mark.parametrize("storage, fused_jitter", [(s, False) for s in image_cache.STORAGES]
+                         + [("device", True)])
+def test_cache_loader_matches_the_cpu_loader(train, storage, fused_jitter):
     cpu = data.build_train_loader(train, **LOADER)
     cached = image_cache.build_train_loader(train, max_side=144, storage=storage,
-                                            **LOADER)   # no shrinking
+                                            fused_jitter=fused_jitter, **LOADER)  # no shrinking
     assert len(cached) == len(cpu) == len(train) // 4
     for epoch in (0, 1):
         assert cached.batches(epoch) == cpu.batches(epoch)
@@ -158,3 +159,26 @@ def test_the_workload_switch_trains_from_the_cache(root):
     assert isinstance(wl.eval_loader, data.Loader) and not wl.eval_loader.train
     batch = next(iter(wl.epoch_batches(1)))
     assert torch.isfinite(wl.train_step(*batch))
+
+
+def test_fused_color_jitter_equals_the_batched_reference():
+    from benchmarks.ssd import fused_jitter
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(8, 3, 12, 10, generator=g)
+    factors = torch.tensor([data.jitter_params(data.sample_generator(1, 0, i))[0]
+                            for i in range(8)])
+    order = [[(k + j) % 4 for j in range(4)] for k in range(4)]
+    order = torch.tensor(order + [list(reversed(o)) for o in order])
+    expected = data.apply_color_jitter(x, factors, order)
+    f = factors.view(-1, 4, 1, 1, 1)
+    torch.testing.assert_close(fused_jitter.jitter_steps(x, f, order), expected, atol=0, rtol=0)
+    torch.testing.assert_close(fused_jitter.apply_color_jitter(x, factors, order), expected,
+                               atol=1e-5, rtol=0)      # compiled: fused arithmetic
+
+
+def test_fused_jitter_without_an_image_cache_is_one_line():
+    args = build_parser(SSDWorkload).parse_args(["--synthetic-data", "--fused-jitter"])
+    wl = SSDWorkload(args, DistEnv(), Precision("fp32", "cpu"))
+    with pytest.raises(UserError, match="--fused-jitter .* --image-cache"):
+        wl.build()
