@@ -18,6 +18,8 @@ for the GPU, where torchaudio imports). ``impl="fused"`` (packed only) fuses the
 into the loss, as NVIDIA's MLPerf RNN-T does: the two log-probabilities per row come from a
 row log-sum-exp taken in chunks of rows, and the backward pass writes the softmax gradient
 chunk by chunk in the logits' dtype, so no fp32 ``[N, V]`` tensor is ever held.
+``impl="compiled"`` (packed only) computes the same through ``torch.compile``: one reduction
+and one elementwise kernel (:mod:`benchmarks.rnnt.compiled_loss`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 from benchmarks.rnnt.model import packed_index
 
 IMPLS = ("reference", "torchaudio")
-PACKED_IMPLS = ("reference", "fused")
+PACKED_IMPLS = ("reference", "fused", "compiled")
 CHUNK_ELEMENTS = 2**26   # fp32 elements per chunk of the fused path: 256 MiB, 64k rows of 1024
 REDUCTIONS = ("mean", "sum", "none")
 NEG_INF = float("-inf")
@@ -237,6 +239,10 @@ def packed_transducer_loss(logits: torch.Tensor, enc_lens: torch.Tensor, labels:
     if impl == "fused":
         chunk_rows = chunk_rows or max(1, CHUNK_ELEMENTS // logits.shape[-1])
         blank_row, label_row = _FusedLogProbs.apply(logits, ids, has_label, blank, chunk_rows)
+    elif impl == "compiled":
+        from benchmarks.rnnt.compiled_loss import CompiledLogProbs
+
+        blank_row, label_row = CompiledLogProbs.apply(logits, ids, has_label, blank)
     else:
         logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
         norm = torch.logsumexp(logits, -1)

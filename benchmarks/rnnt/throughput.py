@@ -7,7 +7,8 @@
 and SpecAugment, the MLPerf RNN-T at full size, vocabulary 1023, LAMB, the weights' moving
 average) with the joint and the pure-PyTorch loss over the valid (t, u) pairs only (``--joint
 packed``); ``ours-fused`` is that step with the log-softmax fused into the loss (``--loss
-fused``, the GPU configs': no fp32 copy of the packed logits); ``ours-padded`` is the same step
+fused``, the GPU configs': no fp32 copy of the packed logits); ``ours-compiled-loss`` computes
+that log-softmax as two compiled kernels (``--loss compiled``); ``ours-padded`` is the same step
 with the joint on the padded ``[B, T, U+1, V]`` grid and ``torchaudio``'s loss (``--joint padded
 --loss torchaudio``), ``ours-padded-reference`` the padded grid with the pure-PyTorch loss. The
 tool times one micro-batch per step (``--grad-accum 1``; the 1xH100 config runs 8 micro-batches
@@ -56,6 +57,7 @@ from common.training import build_parser
 # variant -> workload flags of the workload's step
 OURS = {"ours": ("--joint", "packed"),
         "ours-fused": ("--joint", "packed", "--loss", "fused"),
+        "ours-compiled-loss": ("--joint", "packed", "--loss", "compiled"),
         "ours-padded": ("--joint", "padded", "--loss", "torchaudio"),
         "ours-padded-reference": ("--joint", "padded", "--loss", "reference")}
 # variant -> whether the plain network runs through torch.compile

@@ -14,7 +14,8 @@ SpecAugment run on the workload's device (``features.AudioFeatures``) inside the
 joint runs over the valid (t, u) pairs only (``--joint packed``, the default) or over the
 padded grid (``--joint padded``, the reference's), the loss is the pure-PyTorch transducer
 loss, ``torchaudio``'s (``--loss torchaudio``, padded grid, GPU only) or the packed loss with
-the log-softmax fused into it (``--loss fused``, packed joint: no fp32 ``[N, V]`` tensor).
+the log-softmax fused into it (``--loss fused``, packed joint: no fp32 ``[N, V]`` tensor), or
+that log-softmax as two compiled kernels (``--loss compiled``).
 """
 
 from __future__ import annotations
@@ -168,10 +169,12 @@ class RNNTWorkload(Workload):
                        help="packed: the joint and the loss over the valid (t, u) pairs only; "
                             "padded: over the [B, T, U+1] grid (the reference)")
         p.add_argument("--loss", default="reference", choices=("reference", "torchaudio",
-                                                                "fused"),
+                                                                "fused", "compiled"),
                        help="transducer loss: pure PyTorch; torchaudio.functional.rnnt_loss "
                             "(--joint padded, GPU); fused: the log-softmax fused into the "
-                            "loss, chunked, no fp32 copy of the logits (--joint packed)")
+                            "loss, chunked, no fp32 copy of the logits (--joint packed); "
+                            "compiled: that log-softmax as two compiled kernels "
+                            "(--joint packed)")
         p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
 
     # -- set-up ---------------------------------------------------------------------------
@@ -201,8 +204,8 @@ class RNNTWorkload(Workload):
                             "scaler): use --precision amp-bf16")
         if a.loss == "torchaudio" and a.joint != "padded":
             raise UserError("--loss torchaudio takes the padded grid: add --joint padded")
-        if a.loss == "fused" and a.joint != "packed":
-            raise UserError("--loss fused takes the packed joint: use --joint packed")
+        if a.loss in ("fused", "compiled") and a.joint != "packed":
+            raise UserError(f"--loss {a.loss} takes the packed joint: use --joint packed")
 
     def build(self) -> None:
         a, env = self.args, self.env

@@ -136,7 +136,8 @@ def test_padding_does_not_matter_and_gets_no_gradient():
     assert grad[valid].abs().max() > 0
 
 
-@pytest.mark.parametrize("impl", [{}, {"impl": "fused", "chunk_rows": 7}])   # N = 30 rows
+@pytest.mark.parametrize("impl", [{}, {"impl": "fused", "chunk_rows": 7},    # N = 30 rows
+                                  {"impl": "compiled"}])
 def test_packed_matches_brute_force_values_and_gradients(impl):
     logits, enc_lens, labels, label_lens = _batch(3, [3, 4, 1, 2], [2, 3, 2, 0], vocab=6)
     packed = _pack(logits.detach(), enc_lens, label_lens).requires_grad_()
@@ -289,3 +290,40 @@ def test_torchaudio_matches_reference_on_gpu():
     (ref_loss, ref_grad), (ta_loss, ta_grad) = results
     torch.testing.assert_close(ta_loss, ref_loss, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(ta_grad, ref_grad, rtol=1e-3, atol=2e-4)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, dict(rtol=1e-5, atol=1e-6)),
+                                        (torch.bfloat16, dict(rtol=1.6e-2, atol=1e-5))])
+def test_compiled_packed_matches_the_fused_path(dtype, tol):
+    batch = _packed_batch(8, dtype)
+    loss, grad = _loss_and_grad(*batch, impl="compiled")
+    fused_loss, fused_grad = _loss_and_grad(*batch, impl="fused")
+    assert loss.dtype == torch.float32 and grad.dtype == dtype
+    torch.testing.assert_close(loss, fused_loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad, fused_grad, **tol)
+    # another number of rows runs the same compiled kernels (dynamic), and stays right
+    shorter = (batch[0][:-1], torch.tensor([5, 3, 7, 1]), batch[2], torch.tensor([3, 0, 4, 1]))
+    torch.testing.assert_close(_loss_and_grad(*shorter, impl="compiled")[0],
+                               _loss_and_grad(*shorter, impl="fused")[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("impl", ["fused", "compiled"])
+def test_fast_paths_on_gpu_hold_no_fp32_copy_and_match_the_reference(impl):
+    g = torch.Generator().manual_seed(14)
+    enc_lens, label_lens = torch.tensor([200, 180, 150, 90]), torch.tensor([60, 40, 75, 0])
+    n = int((enc_lens * (label_lens + 1)).sum())            # 41,790 rows
+    logits = (torch.randn(n, 1024, generator=g) * 3).to(torch.bfloat16).cuda()
+    labels = torch.randint(0, 1023, (4, 75), generator=g).cuda()
+    batch = (logits, enc_lens.cuda(), labels, label_lens.cuda())
+    ref_loss, ref_grad = _loss_and_grad(*batch)
+    _loss_and_grad(*batch, impl=impl)                       # compiled: built once
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    loss, grad = _loss_and_grad(*batch, impl=impl)
+    extra = torch.cuda.max_memory_allocated() - before
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(grad, ref_grad, rtol=1.6e-2, atol=1e-5)
+    assert extra < logits.numel() * 4, extra / 2**20        # less than one fp32 copy

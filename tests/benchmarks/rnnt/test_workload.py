@@ -88,11 +88,13 @@ def test_steps_reduce_the_loss_and_the_average_follows_the_weights(speech_fixtur
     assert all(avg.grad_fn is None and not avg.requires_grad for avg in wl.ema_params)
 
 
-def test_the_fused_loss_takes_the_reference_losss_step(speech_fixture):
-    """``--loss fused`` on the packed joint: the same loss and the same weights after a step
-    (features, SpecAugment and dropout drawn alike)."""
+# compiled, exp and the sums round differently: a weight moves up to 4e-6 apart (of 30720)
+@pytest.mark.parametrize("fast, atol", [("fused", 1e-6), ("compiled", 1e-5)])
+def test_the_fused_loss_takes_the_reference_losss_step(speech_fixture, fast, atol):
+    """``--loss fused`` or ``compiled`` on the packed joint: the same loss and the same
+    weights after a step (features, SpecAugment and dropout drawn alike)."""
     results = []
-    for loss in ("reference", "fused"):
+    for loss in ("reference", fast):
         wl = build(speech_fixture, "--loss", loss, "--lr", "0.02", "--warmup-epochs", "0")
         batch = next(iter(wl.epoch_batches(1)))
         torch.manual_seed(1)
@@ -100,7 +102,7 @@ def test_the_fused_loss_takes_the_reference_losss_step(speech_fixture):
     (ref_loss, ref_params), (loss, params) = results
     assert torch.isfinite(loss) and loss.item() == pytest.approx(ref_loss.item(), rel=1e-5)
     for p, ref in zip(params, ref_params):
-        torch.testing.assert_close(p, ref, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(p, ref, rtol=1e-4, atol=atol)
 
 
 def test_evaluation_decodes_with_the_average_and_counts_every_word(speech_fixture,
@@ -126,6 +128,7 @@ def test_evaluation_decodes_with_the_average_and_counts_every_word(speech_fixtur
     (["--batch-size", "6", "--grad-accum", "4"], "not divisible by --grad-accum"),
     (["--loss", "torchaudio"], "add --joint padded"),
     (["--joint", "padded", "--loss", "fused"], "use --joint packed"),
+    (["--joint", "padded", "--loss", "compiled"], "use --joint packed"),
     (["--ema", "1.0"], "--ema must be in [0, 1)"),
     (["--clip-norm", "0"], "--clip-norm must be a positive norm or inf"),
     (["--clip-norm", "nan"], "--clip-norm must be a positive norm or inf"),

@@ -1,0 +1,59 @@
+"""The packed transducer loss's log-softmax as two compiled kernels (``--loss compiled``).
+
+``--loss fused`` (``loss._FusedLogProbs``, the reference for this one) keeps the fp32 work in
+chunks of rows but still runs several passes over each chunk: in the forward the max, a
+subtraction written in fp32, ``exp`` and the sum; in the backward a subtraction written in
+fp32, ``exp``, the scaling, two scatters and the copy into the logits' dtype. At batch 64
+of 24 s utterances the logits hold about 3e9 elements, and the profile of that step showed
+91 ms of its 258 ms in elementwise kernels, the largest an fp32 add (PyTorch's subtraction)
+of 23 ms (docs/performance.md, RNN-T). Here ``torch.compile`` turns the forward's row
+log-sum-exp into one reduction that reads the logits once, and the whole backward, the
+blank's and the label's columns included (compared against a column index, no scatter), into
+one elementwise kernel that reads the logits and writes the gradient in their dtype: no fp32
+``[N, V]`` tensor, no chunks. Both are compiled for any number of rows (``dynamic=True``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+@torch.compile(dynamic=True)
+def _row_logsumexp(logits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    x = logits.to(dtype)
+    m = x.amax(-1, keepdim=True)
+    m = torch.where(m.isinf(), 0.0, m)
+    return (x - m).exp().sum(-1).log() + m[:, 0]
+
+
+@torch.compile(dynamic=True)
+def _log_softmax_grad(logits: torch.Tensor, norm: torch.Tensor, g_blank: torch.Tensor,
+                      g_label: torch.Tensor, ids: torch.Tensor, blank: int) -> torch.Tensor:
+    g = (logits.to(norm.dtype) - norm[:, None]).exp() * -(g_blank + g_label)[:, None]
+    column = torch.arange(logits.shape[1], device=logits.device)
+    g = g + torch.where(column == blank, g_blank[:, None], 0.0)
+    g = g + torch.where(column == ids[:, None], g_label[:, None], 0.0)
+    return g.to(logits.dtype)
+
+
+class CompiledLogProbs(torch.autograd.Function):
+    """``loss._FusedLogProbs``'s contract: ``(logits [N, V], ids [N], has_label [N], blank)``
+    -> ``(blank_lp [N], label_lp [N])``, the log-softmax at the blank's and at ``ids``'
+    columns (fp32 or wider; -inf where ``has_label`` is false)."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, ids: torch.Tensor, has_label: torch.Tensor,
+                blank: int):
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        norm = _row_logsumexp(logits, dtype)
+        blank_lp = logits[:, blank].to(dtype) - norm
+        label_lp = logits.gather(1, ids[:, None])[:, 0].to(dtype) - norm
+        ctx.save_for_backward(logits, norm, ids, has_label)
+        ctx.blank = blank
+        return blank_lp, label_lp.masked_fill_(~has_label, float("-inf"))
+
+    @staticmethod
+    def backward(ctx, g_blank: torch.Tensor, g_label: torch.Tensor):
+        logits, norm, ids, has_label = ctx.saved_tensors
+        g_label = torch.where(has_label, g_label, 0.0)   # the -inf rows are constants
+        return _log_softmax_grad(logits, norm, g_blank, g_label, ids, ctx.blank), None, None, None
