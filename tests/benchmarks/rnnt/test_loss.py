@@ -309,7 +309,7 @@ def test_compiled_packed_matches_the_fused_path(dtype, tol):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("impl", ["fused", "compiled"])
+@pytest.mark.parametrize("impl", [{"impl": "fused", "chunk_rows": 4096}, {"impl": "compiled"}])
 def test_fast_paths_on_gpu_hold_no_fp32_copy_and_match_the_reference(impl):
     g = torch.Generator().manual_seed(14)
     enc_lens, label_lens = torch.tensor([200, 180, 150, 90]), torch.tensor([60, 40, 75, 0])
@@ -318,11 +318,11 @@ def test_fast_paths_on_gpu_hold_no_fp32_copy_and_match_the_reference(impl):
     labels = torch.randint(0, 1023, (4, 75), generator=g).cuda()
     batch = (logits, enc_lens.cuda(), labels, label_lens.cuda())
     ref_loss, ref_grad = _loss_and_grad(*batch)
-    _loss_and_grad(*batch, impl=impl)                       # compiled: built once
+    _loss_and_grad(*batch, **impl)                          # compiled: built once
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    loss, grad = _loss_and_grad(*batch, impl=impl)
+    loss, grad = _loss_and_grad(*batch, **impl)
     extra = torch.cuda.max_memory_allocated() - before
     torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-3)
     torch.testing.assert_close(grad, ref_grad, rtol=1.6e-2, atol=1e-5)
