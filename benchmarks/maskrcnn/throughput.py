@@ -12,8 +12,10 @@ pre-NMS candidates in NVIDIA's two stages over 4 chunks (``--topk-chunks 4``);
 do, instead of the reference's 2000 per batch (``--fpn-post-nms-per-image``);
 ``ours-fold`` runs each backbone convolution and its frozen batch norm as one convolution
 (``--fold-frozen-bn``), ``ours-fold-cl`` also keeps images and networks in channels-last
-memory (``--channels-last``), ``ours-compile`` also runs the networks through
-``torch.compile`` (``--compile default``: backbone + FPN + RPN head, box head, mask head);
+memory (``--channels-last``), ``ours-nms`` also runs NMS's greedy step as one Triton kernel
+(``--nms triton``: the GPU configs' step), ``ours-compile`` (without it) also runs the
+networks through ``torch.compile`` (``--compile default``: backbone + FPN + RPN head, box
+head, mask head);
 ``ours-streams`` and ``ours-compile-streams`` add the losses on CUDA streams of their own
 (``--loss-streams``); ``ours-compile-streams-nms`` also runs NMS's greedy step as one
 Triton kernel (``--nms triton``).
@@ -51,6 +53,7 @@ from common.training import build_parser
 OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-per-image": ("--fpn-post-nms-per-image",), "ours-fold": ("--fold-frozen-bn",),
         "ours-fold-cl": ("--fold-frozen-bn", "--channels-last"),
+        "ours-nms": ("--fold-frozen-bn", "--channels-last", "--nms", "triton"),
         "ours-streams": ("--fold-frozen-bn", "--channels-last", "--loss-streams"),
         "ours-compile": ("--fold-frozen-bn", "--channels-last", "--compile", "default"),
         "ours-compile-streams": ("--fold-frozen-bn", "--channels-last", "--compile", "default",
