@@ -150,6 +150,7 @@ def nms_keep(padded: torch.Tensor, valid: torch.Tensor, iou_threshold: float) ->
     suppresses = (box_iou(padded, padded) > iou_threshold) & earlier & valid[:, :, None]
     return _greedy_keep(suppresses)
 
+
 class Matcher:
     """Assigns each prediction the ground truth it overlaps most, given an IoU matrix
     [M ground truths, N predictions]: the ground truth's index when the IoU is at least
