@@ -157,6 +157,13 @@ class RPN(nn.Module):
         self.nms_keep = nms_keep
         self.box_coder = BoxCoder(RPN_BOX_WEIGHTS)
 
+    def _top_ns(self) -> tuple[int, int, int]:
+        """The pre-NMS, post-NMS and over-levels top-N of the current mode."""
+        if self.training:
+            return (self.pre_nms_top_n_train, self.post_nms_top_n_train,
+                    self.fpn_post_nms_top_n_train)
+        return self.pre_nms_top_n_test, self.post_nms_top_n_test, self.fpn_post_nms_top_n_test
+
     def _topk(self, scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.topk_chunks == 1:
             return ordered_topk(scores, k)
@@ -210,7 +217,7 @@ class RPN(nn.Module):
         is no survivor. W is the largest level's top-K: shapes alone fix it, no host sync."""
         self._check(objectness, anchors, image_sizes)
         batch = len(image_sizes)
-        pre_nms = self.pre_nms_top_n_train if self.training else self.pre_nms_top_n_test
+        pre_nms, post_nms, _ = self._top_ns()
         width = max(min(pre_nms, len(cells)) for cells in anchors)
         bounds = _image_bounds(image_sizes, objectness[0].device)[:, None]
         scores, boxes = [], []
@@ -229,7 +236,6 @@ class RPN(nn.Module):
         rows = (-1, width)
         kept = (self.nms_keep or nms_keep)(boxes.view(*rows, 4), valid.view(rows),
                                            self.nms_thresh).view_as(valid) & valid
-        post_nms = self.post_nms_top_n_train if self.training else self.post_nms_top_n_test
         kept &= kept.cumsum(dim=-1) <= post_nms
         return boxes, torch.where(kept, scores, -1.0)
 
@@ -243,7 +249,7 @@ class RPN(nn.Module):
         boxes, scores = self._candidates(objectness, deltas, anchors, image_sizes)
         batch, levels, width = scores.shape
         per_image = not self.training or self.fpn_post_nms_per_image_train
-        top_n = self.fpn_post_nms_top_n_train if self.training else self.fpn_post_nms_top_n_test
+        pre_nms, post_nms, top_n = self._top_ns()
         flat = scores.view(batch if per_image else 1, -1)
         top, index = ordered_topk(flat, min(top_n, flat.shape[1]))
         real = top >= 0
@@ -258,8 +264,6 @@ class RPN(nn.Module):
         else:   # the batch's choice, dealt into rows: its index order is by image
             image = torch.where(real, index // (levels * width), batch)
             position = _rank_in_group(image[0])[None]
-        pre_nms = self.pre_nms_top_n_train if self.training else self.pre_nms_top_n_test
-        post_nms = self.post_nms_top_n_train if self.training else self.post_nms_top_n_test
         most = min(top_n, sum(min(len(c), pre_nms, post_nms) for c in anchors))
         fits = real & (position < most)
         picked = boxes.view(-1, 4)[index.flatten()]

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from benchmarks.rnnt.loss import log_probs_at
+
 
 @torch.compile(dynamic=True)
 def _row_logsumexp(logits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -46,11 +48,9 @@ class CompiledLogProbs(torch.autograd.Function):
                 blank: int):
         dtype = torch.promote_types(logits.dtype, torch.float32)
         norm = _row_logsumexp(logits, dtype)
-        blank_lp = logits[:, blank].to(dtype) - norm
-        label_lp = logits.gather(1, ids[:, None])[:, 0].to(dtype) - norm
         ctx.save_for_backward(logits, norm, ids, has_label)
         ctx.blank = blank
-        return blank_lp, label_lp.masked_fill_(~has_label, float("-inf"))
+        return log_probs_at(logits, norm, ids, has_label, blank)
 
     @staticmethod
     def backward(ctx, g_blank: torch.Tensor, g_label: torch.Tensor):

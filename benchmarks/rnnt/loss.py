@@ -188,6 +188,15 @@ def _chunk_norm(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (x - m).exp_().sum(-1).log_().add_(m[:, 0])
 
 
+def log_probs_at(logits: torch.Tensor, norm: torch.Tensor, ids: torch.Tensor,
+                 has_label: torch.Tensor, blank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The log-softmax [N] at the blank's and at ``ids``' columns of logits [N, V] whose row
+    log-sum-exp is ``norm`` [N] (its dtype); -inf where ``has_label`` is false."""
+    blank_lp = logits[:, blank].to(norm.dtype) - norm
+    label_lp = logits.gather(1, ids[:, None])[:, 0].to(norm.dtype) - norm
+    return blank_lp, label_lp.masked_fill_(~has_label, NEG_INF)
+
+
 class _FusedLogProbs(torch.autograd.Function):
     """``(logits [N, V], ids [N], has_label [N], blank, chunk_rows)`` -> ``(blank_lp [N],
     label_lp [N])``, the log-softmax at the blank's and at ``ids``' columns (fp32 or wider;
@@ -199,11 +208,9 @@ class _FusedLogProbs(torch.autograd.Function):
                 blank: int, chunk_rows: int):
         dtype = torch.promote_types(logits.dtype, torch.float32)
         norm = torch.cat([_chunk_norm(x, dtype) for x in logits.split(chunk_rows)])
-        blank_lp = logits[:, blank].to(dtype) - norm
-        label_lp = logits.gather(1, ids[:, None])[:, 0].to(dtype) - norm
         ctx.save_for_backward(logits, norm, ids, has_label)
         ctx.blank, ctx.chunk_rows = blank, chunk_rows
-        return blank_lp, label_lp.masked_fill_(~has_label, NEG_INF)
+        return log_probs_at(logits, norm, ids, has_label, blank)
 
     @staticmethod
     def backward(ctx, g_blank: torch.Tensor, g_label: torch.Tensor):
