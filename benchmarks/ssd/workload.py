@@ -153,6 +153,7 @@ class SSDWorkload(Workload):
                 self.train_loader = image_cache.build_train_loader(
                     self.train_split, a.batch_size, max_side=a.cache_side,
                     storage=a.image_cache, fused_jitter=a.fused_jitter, **train)
+                self.train_loader.warm_up()
             else:
                 self.train_loader = data.build_train_loader(self.train_split, a.batch_size,
                                                             **train)

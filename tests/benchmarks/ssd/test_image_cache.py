@@ -177,6 +177,17 @@ def test_fused_color_jitter_equals_the_batched_reference():
                                atol=1e-5, rtol=0)      # compiled: fused arithmetic
 
 
+def test_fused_jitter_warm_up_builds_the_batches_compiled_code():
+    from benchmarks.ssd import fused_jitter
+
+    fused_jitter.warm_up(8, 12, torch.device("cpu"))
+    x = torch.rand(8, 3, 12, 12, generator=torch.Generator().manual_seed(2))
+    order = torch.tensor([[(k + j) % 4 for j in range(4)] for k in range(8)])
+    with torch.compiler.set_stance("fail_on_recompile"):     # raises if it would compile
+        out = fused_jitter.apply_color_jitter(x, torch.full((8, 4), 1.2), order)
+    assert out.shape == x.shape and not torch.equal(out, x)
+
+
 def test_fused_jitter_without_an_image_cache_is_one_line():
     args = build_parser(SSDWorkload).parse_args(["--synthetic-data", "--fused-jitter"])
     wl = SSDWorkload(args, DistEnv(), Precision("fp32", "cpu"))
