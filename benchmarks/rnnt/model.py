@@ -165,19 +165,26 @@ def row_sums(x: torch.Tensor, rows: torch.Tensor, n: int, segments: bool | None 
     return x.new_zeros(n, x.shape[1]).index_add_(0, rows, x)
 
 
+def gather_add_relu_dropout(f: torch.Tensor, g: torch.Tensor, rows_f: torch.Tensor,
+                            rows_g: torch.Tensor, p: float) -> torch.Tensor:
+    """``dropout(relu(f[rows_f] + g[rows_g]), p)`` with the gather and the add as one
+    ``embedding_bag`` (a sum of two rows of ``[f; g]``), so neither gathered ``[N, H]`` tensor
+    is made; the reference of ``compiled_joint``'s."""
+    pairs = torch.stack((rows_f, rows_g + len(f)), 1)
+    out = F.embedding_bag(pairs, torch.cat((f, g)), mode="sum").relu_()
+    return F.dropout(out, p, training=True) if p > 0 else out   # one fused kernel on the GPU
+
+
 class _AddReluDropout(torch.autograd.Function):
-    """``dropout(relu(f[rows_f] + g[rows_g]))`` that saves only its output: the output is
-    positive exactly where the gradient passes (scaled by ``1 / (1 - p)``). The gather and the
-    add are one ``embedding_bag`` (a sum of two rows of ``[f; g]``), so neither gathered
-    ``[N, H]`` tensor is made; the backward sums the gradient's rows with :func:`row_sums`."""
+    """``dropout(relu(f[rows_f] + g[rows_g]))`` by ``gather`` (a function of
+    ``(f, g, rows_f, rows_g, p)``), saving only its output: the output is positive exactly
+    where the gradient passes (scaled by ``1 / (1 - p)``); the backward sums the gradient's
+    rows with :func:`row_sums`."""
 
     @staticmethod
     def forward(ctx, f: torch.Tensor, g: torch.Tensor, rows_f: torch.Tensor,
-                rows_g: torch.Tensor, p: float) -> torch.Tensor:
-        pairs = torch.stack((rows_f, rows_g + len(f)), 1)
-        out = F.embedding_bag(pairs, torch.cat((f, g)), mode="sum").relu_()
-        if p > 0:
-            out = F.dropout(out, p, training=True)   # one fused kernel on the GPU
+                rows_g: torch.Tensor, p: float, gather) -> torch.Tensor:
+        out = gather(f, g, rows_f, rows_g, p)
         ctx.save_for_backward(out, rows_f, rows_g)
         ctx.scale = 1.0 / (1.0 - p)
         ctx.sizes = len(f), len(g)
@@ -191,13 +198,15 @@ class _AddReluDropout(torch.autograd.Function):
                                                                     ctx.sizes))
         if ctx.scale != 1.0:
             grad_f, grad_g = grad_f.mul_(ctx.scale), grad_g.mul_(ctx.scale)
-        return grad_f, grad_g, None, None, None
+        return grad_f, grad_g, None, None, None, None
 
 
 def add_relu_dropout(f: torch.Tensor, g: torch.Tensor, rows_f: torch.Tensor,
-                     rows_g: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """``dropout(relu(f[rows_f] + g[rows_g]), p)``: ``f [Nf, H]``, ``g [Ng, H]`` -> ``[N, H]``."""
-    return _AddReluDropout.apply(f, g, rows_f, rows_g, p if training else 0.0)
+                     rows_g: torch.Tensor, p: float, training: bool,
+                     gather=gather_add_relu_dropout) -> torch.Tensor:
+    """``dropout(relu(f[rows_f] + g[rows_g]), p)``: ``f [Nf, H]``, ``g [Ng, H]`` -> ``[N, H]``,
+    the forward by ``gather`` (:func:`gather_add_relu_dropout`'s contract)."""
+    return _AddReluDropout.apply(f, g, rows_f, rows_g, p if training else 0.0, gather)
 
 
 class RNNT(nn.Module):
@@ -258,14 +267,16 @@ class RNNT(nn.Module):
         return self._output(self.joint_enc(enc) + self.joint_pred(pred))
 
     def joint_packed(self, enc: torch.Tensor, pred: torch.Tensor, enc_lens: torch.Tensor,
-                     label_lens: torch.Tensor, total: int | None = None) -> torch.Tensor:
+                     label_lens: torch.Tensor, total: int | None = None,
+                     gather=gather_add_relu_dropout) -> torch.Tensor:
         """The joint on the valid pairs only: ``[N, vocab_size+1]``, rows in
-        :func:`packed_index` order (``N = sum(enc_lens * (label_lens + 1))``, or ``total``)."""
+        :func:`packed_index` order (``N = sum(enc_lens * (label_lens + 1))``, or ``total``);
+        ``gather``: the hidden layer's forward (:func:`add_relu_dropout`)."""
         b, t, u = packed_index(enc_lens, label_lens + 1, total)
         f = self.joint_enc(enc).flatten(0, 1)
         g = self.joint_pred(pred).flatten(0, 1)
         h = add_relu_dropout(f, g, b * enc.shape[1] + t, b * pred.shape[1] + u,
-                             self.joint_dropout, self.training)
+                             self.joint_dropout, self.training, gather)
         return self.joint_net(h)
 
     def forward(self, feats: torch.Tensor, feat_lens: torch.Tensor, labels: torch.Tensor

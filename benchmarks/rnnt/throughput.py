@@ -8,7 +8,8 @@ and SpecAugment, the MLPerf RNN-T at full size, vocabulary 1023, LAMB, the weigh
 average) with the joint and the pure-PyTorch loss over the valid (t, u) pairs only (``--joint
 packed``); ``ours-fused`` is that step with the log-softmax fused into the loss (``--loss
 fused``, the GPU configs': no fp32 copy of the packed logits); ``ours-compiled-loss`` computes
-that log-softmax as two compiled kernels (``--loss compiled``); ``ours-padded`` is the same step
+that log-softmax as two compiled kernels (``--loss compiled``), ``ours-compiled`` also the
+joint's gather, add, ReLU and dropout as one (``--joint packed-compiled``); ``ours-padded`` is the same step
 with the joint on the padded ``[B, T, U+1, V]`` grid and ``torchaudio``'s loss (``--joint padded
 --loss torchaudio``), ``ours-padded-reference`` the padded grid with the pure-PyTorch loss. The
 tool times one micro-batch per step (``--grad-accum 1``; the 1xH100 config runs 8 micro-batches
@@ -58,6 +59,7 @@ from common.training import build_parser
 OURS = {"ours": ("--joint", "packed"),
         "ours-fused": ("--joint", "packed", "--loss", "fused"),
         "ours-compiled-loss": ("--joint", "packed", "--loss", "compiled"),
+        "ours-compiled": ("--joint", "packed-compiled", "--loss", "compiled"),
         "ours-padded": ("--joint", "padded", "--loss", "torchaudio"),
         "ours-padded-reference": ("--joint", "padded", "--loss", "reference")}
 # variant -> whether the plain network runs through torch.compile

@@ -11,8 +11,9 @@ epochs. Training utterances over 16.7 s are dropped and batched in 6 duration bu
 
 A training step takes raw audio: speed perturbation, silence trimming, log-mel features and
 SpecAugment run on the workload's device (``features.AudioFeatures``) inside the step; the
-joint runs over the valid (t, u) pairs only (``--joint packed``, the default) or over the
-padded grid (``--joint padded``, the reference's), the loss is the pure-PyTorch transducer
+joint runs over the valid (t, u) pairs only (``--joint packed``, the default; with its
+gather, add, ReLU and dropout compiled: ``--joint packed-compiled``) or over the padded grid
+(``--joint padded``, the reference's), the loss is the pure-PyTorch transducer
 loss, ``torchaudio``'s (``--loss torchaudio``, padded grid, GPU only) or the packed loss with
 the log-softmax fused into it (``--loss fused``, packed joint: no fp32 ``[N, V]`` tensor), or
 that log-softmax as two compiled kernels (``--loss compiled``).
@@ -29,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from benchmarks.rnnt import data, features
+from benchmarks.rnnt import compiled_joint, data, features
 from benchmarks.rnnt.decoding import MAX_SYMBOLS, greedy_decode
 from benchmarks.rnnt.loss import packed_transducer_loss, transducer_loss
 from benchmarks.rnnt.model import (
@@ -41,6 +42,7 @@ from benchmarks.rnnt.model import (
     PRED_RNN_LAYERS,
     RNNT,
     WEIGHTS_INIT_SCALE,
+    gather_add_relu_dropout,
     mllog_tensor_names,
     stacked_lengths,
 )
@@ -56,6 +58,10 @@ from common.workload import CapturePolicy, EvalPoint, Target, Workload, epoch_po
 
 LIBRISPEECH_TRAIN, LIBRISPEECH_EVAL = 281_241, 2_703   # 960 h of training, dev-clean
 VOCAB_SIZE_KEY = "vocab_size"   # not an MLPerf key: the SentencePiece pieces the run used
+# --joint's packed choices -> the forward of the joint's hidden layer
+GATHERS = {"packed": gather_add_relu_dropout,
+           "packed-compiled": compiled_joint.gather_add_relu_dropout}
+JOINTS = (*GATHERS, "padded")
 SYNTHETIC_SECONDS = (2.0, 8.0)   # utterance lengths of synthetic batches
 SYNTHETIC_WORDS_PER_SECOND = 3
 
@@ -87,7 +93,7 @@ class TransducerLoss(nn.Module):
     def forward(self, feats: torch.Tensor, feat_lens: torch.Tensor, labels: torch.Tensor,
                 label_lens: torch.Tensor) -> torch.Tensor:
         m = self.model
-        packed = self.joint == "packed"
+        packed = self.joint != "padded"
         if packed:   # read before the encoder's work is queued: a short wait, the only one
             total, longest = self._packed_sizes(feat_lens, label_lens)
         with region("encoder"):
@@ -95,8 +101,8 @@ class TransducerLoss(nn.Module):
         with region("prediction"):
             pred, _ = m.predict(labels)
         with region("joint"):
-            logits = (m.joint_packed(enc, pred, enc_lens, label_lens, total) if packed
-                      else m.joint(enc, pred))
+            logits = (m.joint_packed(enc, pred, enc_lens, label_lens, total,
+                                     GATHERS[self.joint]) if packed else m.joint(enc, pred))
         with region("loss"):
             if packed:
                 return packed_transducer_loss(logits, enc_lens, labels, label_lens, m.blank,
@@ -165,9 +171,11 @@ class RNNTWorkload(Workload):
         p.add_argument("--pred-hidden", type=int, default=PRED_HIDDEN)
         p.add_argument("--pred-rnn-layers", type=int, default=PRED_RNN_LAYERS)
         p.add_argument("--joint-hidden", type=int, default=JOINT_HIDDEN)
-        p.add_argument("--joint", default="packed", choices=("packed", "padded"),
+        p.add_argument("--joint", default="packed", choices=JOINTS,
                        help="packed: the joint and the loss over the valid (t, u) pairs only; "
-                            "padded: over the [B, T, U+1] grid (the reference)")
+                            "packed-compiled: that joint's gather, add, ReLU and dropout as "
+                            "one compiled kernel (benchmarks/rnnt/compiled_joint.py); padded: "
+                            "over the [B, T, U+1] grid (the reference)")
         p.add_argument("--loss", default="reference", choices=("reference", "torchaudio",
                                                                 "fused", "compiled"),
                        help="transducer loss: pure PyTorch; torchaudio.functional.rnnt_loss "
@@ -204,7 +212,7 @@ class RNNTWorkload(Workload):
                             "scaler): use --precision amp-bf16")
         if a.loss == "torchaudio" and a.joint != "padded":
             raise UserError("--loss torchaudio takes the padded grid: add --joint padded")
-        if a.loss in ("fused", "compiled") and a.joint != "packed":
+        if a.loss in ("fused", "compiled") and a.joint == "padded":
             raise UserError(f"--loss {a.loss} takes the packed joint: use --joint packed")
 
     def build(self) -> None:

@@ -1,5 +1,5 @@
 """RNN-T sizes, initialisation, mllog names, shapes on a tiny config, the packed joint
-against the padded one, and the row sums of its backward."""
+against the padded one (its hidden layer also compiled), and the row sums of its backward."""
 
 import math
 import re
@@ -9,9 +9,11 @@ import mlperf_logging
 import pytest
 import torch
 
+from benchmarks.rnnt import compiled_joint
 from benchmarks.rnnt.model import (
     RNNT,
     add_relu_dropout,
+    gather_add_relu_dropout,
     mllog_tensor_modules,
     mllog_tensor_names,
     packed_index,
@@ -20,6 +22,9 @@ from benchmarks.rnnt.model import (
 )
 
 RULES = Path(mlperf_logging.__file__).parent / "compliance_checker/training_1.1.0/closed_rnnt.yaml"
+# the packed joint's hidden layer: embedding_bag (the reference) and compiled
+GATHERS = (gather_add_relu_dropout, compiled_joint.gather_add_relu_dropout)
+GATHER_IDS = ("embedding-bag", "compiled")
 TINY = dict(vocab_size=11, in_feats=12, enc_hidden=16, pred_hidden=8, joint_hidden=10)
 
 
@@ -173,14 +178,15 @@ def test_packed_joint_equals_padded_on_valid_pairs(mode):
         torch.testing.assert_close(c, a)
 
 
-def test_packed_joint_dropout_rate_and_scale():
+@pytest.mark.parametrize("gather", GATHERS, ids=GATHER_IDS)
+def test_packed_joint_dropout_rate_and_scale(gather):
     f = torch.randn(400, 64, generator=torch.Generator().manual_seed(2))
     g = torch.randn(300, 64, generator=torch.Generator().manual_seed(3))
     rows_f = torch.randint(0, 400, (4000,), generator=torch.Generator().manual_seed(4))
     rows_g = torch.randint(0, 300, (4000,), generator=torch.Generator().manual_seed(5))
-    clean = add_relu_dropout(f, g, rows_f, rows_g, 0.3, training=False)
+    clean = add_relu_dropout(f, g, rows_f, rows_g, 0.3, training=False, gather=gather)
     torch.manual_seed(6)
-    dropped = add_relu_dropout(f, g, rows_f, rows_g, 0.3, training=True)
+    dropped = add_relu_dropout(f, g, rows_f, rows_g, 0.3, training=True, gather=gather)
     positive = clean > 0
     zeroed = (dropped[positive] == 0).double().mean().item()
     assert zeroed == pytest.approx(0.3, abs=0.006)          # about 6 standard deviations
@@ -189,14 +195,16 @@ def test_packed_joint_dropout_rate_and_scale():
     assert torch.all(dropped[~positive] == 0)
 
 
-def test_add_relu_dropout_gradient():
+@pytest.mark.parametrize("gather", GATHERS, ids=GATHER_IDS)
+def test_add_relu_dropout_gradient(gather):
     f = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
     g = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
     rows_f, rows_g = torch.tensor([0, 1, 1, 5, 2, 0, 3]), torch.tensor([3, 0, 2, 2, 1, 0, 3])
     assert torch.autograd.gradcheck(
-        lambda a, c: add_relu_dropout(a, c, rows_f, rows_g, 0.3, training=False), (f, g))
+        lambda a, c: add_relu_dropout(a, c, rows_f, rows_g, 0.3, training=False,
+                                      gather=gather), (f, g))
     torch.manual_seed(7)
-    out = add_relu_dropout(f, g, rows_f, rows_g, 0.5, training=True)
+    out = add_relu_dropout(f, g, rows_f, rows_g, 0.5, training=True, gather=gather)
     grad_f, = torch.autograd.grad(out.sum(), f)
     pre = f[rows_f] + g[rows_g]
     expected = torch.zeros_like(f).index_add_(0, rows_f, (out > 0).double() * 2.0)
@@ -222,12 +230,45 @@ def test_row_sums_accumulate_bf16_in_float32_on_the_cpu():
     assert total[0, 0].item() == pytest.approx(10.0, rel=1e-2)
 
 
-def test_add_relu_dropout_keeps_its_inputs_dtype_under_autocast():
+@pytest.mark.parametrize("gather", GATHERS, ids=GATHER_IDS)
+def test_add_relu_dropout_keeps_its_inputs_dtype_under_autocast(gather):
     """``embedding_bag`` is on no autocast list: the sum stays in the Linear outputs' dtype."""
     gen = torch.Generator().manual_seed(9)
     f, g = (torch.randn(n, 5, generator=gen).bfloat16() for n in (6, 4))
     rows_f, rows_g = torch.tensor([0, 1, 5, 2]), torch.tensor([3, 0, 2, 2])
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = add_relu_dropout(f, g, rows_f, rows_g, 0.3, training=False)
+        out = add_relu_dropout(f, g, rows_f, rows_g, 0.3, training=False, gather=gather)
     assert out.dtype == torch.bfloat16           # CPU embedding_bag may round a tie up
     torch.testing.assert_close(out, (f[rows_f] + g[rows_g]).relu())
+
+
+def test_compiled_joint_equals_the_embedding_bag_joint_without_dropout():
+    gen = torch.Generator().manual_seed(10)
+    f, g = torch.randn(70, 16, generator=gen), torch.randn(30, 16, generator=gen)
+    rows_f, rows_g = (torch.randint(0, n, (500,), generator=gen) for n in (70, 30))
+    expected = gather_add_relu_dropout(f, g, rows_f, rows_g, 0.0)
+    out = compiled_joint.gather_add_relu_dropout(f, g, rows_f, rows_g, 0.0)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    # another number of rows runs the same compiled kernel (dynamic), and stays right
+    torch.testing.assert_close(compiled_joint.gather_add_relu_dropout(f, g, rows_f[:77],
+                                                                      rows_g[:77], 0.0),
+                               expected[:77], rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_joint_on_the_gpu_equals_the_reference_and_drops_at_the_rate():
+    gen = torch.Generator().manual_seed(11)
+    f, g = (torch.randn(n, 512, generator=gen).bfloat16().cuda() for n in (2000, 800))
+    rows_f, rows_g = (torch.randint(0, n, (100_000,), generator=gen).cuda() for n in (2000, 800))
+    clean = gather_add_relu_dropout(f, g, rows_f, rows_g, 0.0)
+    out = compiled_joint.gather_add_relu_dropout(f, g, rows_f, rows_g, 0.0)
+    torch.testing.assert_close(out, clean, rtol=0, atol=0)
+    dropped = compiled_joint.gather_add_relu_dropout(f, g, rows_f, rows_g, 0.3)
+    positive = clean > 0
+    assert (dropped[positive] == 0).float().mean().item() == pytest.approx(0.3, abs=0.001)
+    kept = dropped > 0
+    assert torch.all(dropped[~positive] == 0)
+    # one rounding to bf16 of the scaled sum, against two (the sum, then the scaling)
+    torch.testing.assert_close(dropped[kept].float(), clean[kept].float() / 0.7, rtol=8e-3,
+                               atol=0)

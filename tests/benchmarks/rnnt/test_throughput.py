@@ -56,7 +56,8 @@ def test_frames_give_60_ms_encoder_steps():
 
 @pytest.mark.parametrize("variant, joint, loss", [
     ("ours", "packed", "reference"), ("ours-fused", "packed", "fused"),
-    ("ours-compiled-loss", "packed", "compiled"), ("ours-padded", "padded", "torchaudio"),
+    ("ours-compiled-loss", "packed", "compiled"), ("ours-compiled", "packed-compiled", "compiled"),
+    ("ours-padded", "padded", "torchaudio"),
     ("ours-padded-reference", "padded", "reference")])
 def test_ours_builds_the_workload_with_its_flags(variant, joint, loss):
     step = throughput.ours(variant, 4, Precision("fp32", "cpu"), torch.device("cpu"))

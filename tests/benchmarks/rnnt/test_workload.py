@@ -105,6 +105,22 @@ def test_the_fused_loss_takes_the_reference_losss_step(speech_fixture, fast, ato
         torch.testing.assert_close(p, ref, rtol=1e-4, atol=atol)
 
 
+def test_the_compiled_joint_takes_the_packed_joints_step(speech_fixture):
+    """``--joint packed-compiled``: the same loss and weights after a step as ``--joint
+    packed``, with the joint's dropout off (the compiled kernel draws its own masks)."""
+    results = []
+    for joint in ("packed", "packed-compiled"):
+        wl = build(speech_fixture, "--joint", joint, "--lr", "0.02", "--warmup-epochs", "0")
+        wl.net.joint_dropout = 0.0
+        batch = next(iter(wl.epoch_batches(1)))
+        torch.manual_seed(1)
+        results.append((wl.train_step(*batch), [p.detach().clone() for p in wl.params]))
+    (ref_loss, ref_params), (loss, params) = results
+    assert torch.isfinite(loss) and loss.item() == pytest.approx(ref_loss.item(), rel=1e-6)
+    for p, ref in zip(params, ref_params):
+        torch.testing.assert_close(p, ref, rtol=1e-5, atol=1e-6)
+
+
 def test_evaluation_decodes_with_the_average_and_counts_every_word(speech_fixture,
                                                                    monkeypatch):
     wl = build(speech_fixture)
