@@ -9,9 +9,10 @@ average) with the joint and the pure-PyTorch loss over the valid (t, u) pairs on
 packed``); ``ours-fused`` is that step with the log-softmax fused into the loss (``--loss
 fused``, the GPU configs': no fp32 copy of the packed logits); ``ours-compiled-loss`` computes
 that log-softmax as two compiled kernels (``--loss compiled``), ``ours-compiled`` also the
-joint's gather, add, ReLU and dropout as one (``--joint packed-compiled``); ``ours-padded`` is the same step
-with the joint on the padded ``[B, T, U+1, V]`` grid and ``torchaudio``'s loss (``--joint padded
---loss torchaudio``), ``ours-padded-reference`` the padded grid with the pure-PyTorch loss. The
+joint's gather, add, ReLU and dropout as one (``--joint packed-compiled``); ``ours-padded`` is
+the same step with the joint on the padded ``[B, T, U+1, V]`` grid and ``torchaudio``'s loss
+(``--joint padded --loss torchaudio``), ``ours-padded-reference`` the padded grid with the
+pure-PyTorch loss. The
 tool times one micro-batch per step (``--grad-accum 1``; the 1xH100 config runs 8 micro-batches
 of 128 per step). The baselines: ``plain`` is the same network as a user writes it
 (``torch.nn.LSTM``s, the joint on the whole padded grid, ``torchaudio.functional.rnnt_loss`` on
