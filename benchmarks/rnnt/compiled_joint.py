@@ -8,7 +8,7 @@ but its kernel was the largest of the step, 19.2 ms of 148.6 ms of kernels at ba
 2.7 GB that the GPU writes in about 1 ms. Here ``torch.compile`` makes the gather, add, ReLU
 and dropout (inductor's own random numbers) one elementwise kernel: each output element reads
 its two inputs, which stay in cache, and is written once. Compiled for any number of rows
-(``dynamic=True``); the backward stays ``model._AddReluDropout``'s.
+(``compiled_loss.rows_dynamic``); the backward stays ``model._AddReluDropout``'s.
 """
 
 from __future__ import annotations
@@ -16,10 +16,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from benchmarks.rnnt.compiled_loss import rows_dynamic
 
-@torch.compile(dynamic=True)
+
+@torch.compile
+def _gather_add_relu_dropout(f: torch.Tensor, g: torch.Tensor, rows_f: torch.Tensor,
+                             rows_g: torch.Tensor, p: float) -> torch.Tensor:
+    out = (f[rows_f] + g[rows_g]).relu()
+    return F.dropout(out, p, training=True) if p > 0 else out
+
+
 def gather_add_relu_dropout(f: torch.Tensor, g: torch.Tensor, rows_f: torch.Tensor,
                             rows_g: torch.Tensor, p: float) -> torch.Tensor:
     """``model.gather_add_relu_dropout``'s contract."""
-    out = (f[rows_f] + g[rows_g]).relu()
-    return F.dropout(out, p, training=True) if p > 0 else out
+    rows_dynamic(f, g, rows_f, rows_g)
+    return _gather_add_relu_dropout(f, g, rows_f, rows_g, p)

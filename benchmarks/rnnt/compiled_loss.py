@@ -10,7 +10,9 @@ of 23 ms (docs/performance.md, RNN-T). Here ``torch.compile`` turns the forward'
 log-sum-exp into one reduction that reads the logits once, and the whole backward, the
 blank's and the label's columns included (compared against a column index, no scatter), into
 one elementwise kernel that reads the logits and writes the gradient in their dtype: no fp32
-``[N, V]`` tensor, no chunks. Both are compiled for any number of rows (``dynamic=True``).
+``[N, V]`` tensor, no chunks. Both are compiled for any number of rows (:func:`rows_dynamic`:
+the row count symbolic, the vocabulary a constant, so rows are indexed by shifts and the
+reduction's width is known).
 """
 
 from __future__ import annotations
@@ -20,7 +22,15 @@ import torch
 from benchmarks.rnnt.loss import log_probs_at
 
 
-@torch.compile(dynamic=True)
+def rows_dynamic(*tensors: torch.Tensor) -> None:
+    """Mark the first dimension (rows) of ``tensors`` symbolic for ``torch.compile`` and leave
+    the others constants: compiled once for any number of rows. ``dynamic=True`` would make
+    the widths symbolic too, and every element's row a 64-bit division."""
+    for t in tensors:
+        torch._dynamo.maybe_mark_dynamic(t, 0)
+
+
+@torch.compile
 def _row_logsumexp(logits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     x = logits.to(dtype)
     m = x.amax(-1, keepdim=True)
@@ -28,7 +38,7 @@ def _row_logsumexp(logits: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return (x - m).exp().sum(-1).log() + m[:, 0]
 
 
-@torch.compile(dynamic=True)
+@torch.compile
 def _log_softmax_grad(logits: torch.Tensor, norm: torch.Tensor, g_blank: torch.Tensor,
                       g_label: torch.Tensor, ids: torch.Tensor, blank: int) -> torch.Tensor:
     g = (logits.to(norm.dtype) - norm[:, None]).exp() * -(g_blank + g_label)[:, None]
@@ -47,6 +57,7 @@ class CompiledLogProbs(torch.autograd.Function):
     def forward(ctx, logits: torch.Tensor, ids: torch.Tensor, has_label: torch.Tensor,
                 blank: int):
         dtype = torch.promote_types(logits.dtype, torch.float32)
+        rows_dynamic(logits)
         norm = _row_logsumexp(logits, dtype)
         ctx.save_for_backward(logits, norm, ids, has_label)
         ctx.blank = blank
@@ -56,4 +67,5 @@ class CompiledLogProbs(torch.autograd.Function):
     def backward(ctx, g_blank: torch.Tensor, g_label: torch.Tensor):
         logits, norm, ids, has_label = ctx.saved_tensors
         g_label = torch.where(has_label, g_label, 0.0)   # the -inf rows are constants
+        rows_dynamic(logits, norm, g_blank, g_label, ids)
         return _log_softmax_grad(logits, norm, g_blank, g_label, ids, ctx.blank), None, None, None
