@@ -127,6 +127,7 @@ def input_pipeline(coco_dir: Path, batch_size: int, workers: int, cache_side: in
             loader = image_cache.build_train_loader(
                 split, batch_size, max_side=cache_side, storage=name.split("-")[0],
                 fused_jitter=name.endswith("fused-jitter"), **common)
+            loader.warm_up()        # as the workload does, before its clock
             t0 = time.perf_counter()
             loader.cache.fill()
             torch.cuda.synchronize()
