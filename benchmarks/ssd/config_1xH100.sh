@@ -4,8 +4,8 @@
 # 5e-4, max_samples 50). The step at batch 1024 peaks at 64.2 GiB (docs/performance.md), so
 # COCO's decoded images (51.9 GB at side 384) are cached in host memory instead of on the
 # GPU (--image-cache host): each batch's images are copied over, then cropped, flipped,
-# resized and jittered on the GPU; the jitter as compiled passes (--fused-jitter) took the
-# device cache from 3134.3 to 5919.2 img/s within an epoch on the 640-pixel fixture.
+# resized and jittered on the GPU; the jitter as compiled passes (--fused-jitter) took this
+# pipeline from 2065.2 to 3425.2 img/s within an epoch on the 640-pixel fixture.
 NPROC=1
 PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
