@@ -24,6 +24,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from benchmarks.ssd import heads
 from common import pool
 from common.stem import space_to_depth_conv
 
@@ -105,12 +106,15 @@ class SSD300(nn.Module):
     """``forward(images [B, 3, 300, 300])`` -> ``(locs [B, 4, 8732], confs [B, C, 8732])``,
     the reference's layout: box index = feature map offset + (default box * H + y) * W + x,
     the order of :func:`benchmarks.ssd.boxes.dboxes300_coco`. ``width`` scales every channel
-    count (64: the reference's); a smaller one keeps the code path for CPU fixtures."""
+    count (64: the reference's); a smaller one keeps the code path for CPU fixtures.
+    ``class_last_heads``: the same scores with the classes at stride 1 (:mod:`.heads`)."""
 
     def __init__(self, num_classes: int = NUM_CLASSES, width: int = WIDTH,
-                 space_to_depth: bool = False, fused_pool: bool = False):
+                 space_to_depth: bool = False, fused_pool: bool = False,
+                 class_last_heads: bool = False):
         super().__init__()
         self.num_classes = num_classes
+        self.class_last_heads = class_last_heads
         self.backbone = ResNet34Backbone(width, space_to_depth, fused_pool)
         chans = out_channels(width)
         # 38 -> 19 -> 10 -> 5 by stride 2, then 5 -> 3 -> 1 by unpadded 3x3 convolutions
@@ -140,6 +144,8 @@ class SSD300(nn.Module):
             features.append(x)
         b = x.shape[0]
         locs = torch.cat([loc(f).reshape(b, 4, -1) for f, loc in zip(features, self.loc)], 2)
+        if self.class_last_heads:
+            return locs, heads.class_last_scores(features, self.conf, self.num_classes)
         confs = torch.cat([conf(f).reshape(b, self.num_classes, -1)
                            for f, conf in zip(features, self.conf)], 2)
         return locs, confs

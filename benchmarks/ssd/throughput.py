@@ -8,7 +8,9 @@ channels-last, matching and the loss batched on the device, momentum SGD) captur
 CUDA graph; ``ours-compile`` also runs the model and the matching + loss through
 ``torch.compile`` inside that graph (``ours-compile-s2d``, the GPU configs' step: with the
 stem convolution over 2x2 pixel blocks, ``--space-to-depth``; ``ours-compile-s2d-pool``
-adds the stem's ReLU + max-pool with a gather-free backward, ``--fused-pool``);
+adds the stem's ReLU + max-pool with a gather-free backward, ``--fused-pool``, and
+``ours-compile-s2d-pool-heads`` the confidence scores with the classes innermost,
+``--class-last-heads``);
 ``ours-eager`` is the step without graph or compile.
 The baselines: ``plain-compile`` is the same model trained as a user would write it,
 ``torch.compile(model)`` (channels-last, autocast) with the same matching and loss run
@@ -50,7 +52,9 @@ from common.training import build_parser
 OURS = {"ours": (True, "none", ()), "ours-compile": (True, "default", ()),
         "ours-eager": (False, "none", ()),
         "ours-compile-s2d": (True, "default", ("--space-to-depth",)),
-        "ours-compile-s2d-pool": (True, "default", ("--space-to-depth", "--fused-pool"))}
+        "ours-compile-s2d-pool": (True, "default", ("--space-to-depth", "--fused-pool")),
+        "ours-compile-s2d-pool-heads": (True, "default", ("--space-to-depth", "--fused-pool",
+                                                          "--class-last-heads"))}
 VARIANTS = (*OURS, "plain-compile", "torchvision-vgg16")
 NUM_CLASSES = 81
 LR = 2.5e-3 * 4   # any small LR: throughput only

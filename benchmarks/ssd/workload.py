@@ -97,6 +97,10 @@ class SSDWorkload(Workload):
         p.add_argument("--space-to-depth", action=argparse.BooleanOptionalAction, default=False,
                        help="the stem convolution over 2x2 pixel blocks (same result; cuDNN "
                             "is slow on 3 input channels)")
+        p.add_argument("--class-last-heads", action=argparse.BooleanOptionalAction,
+                       default=False, help="confidence heads with their output channels "
+                       "reordered so each box's class scores are contiguous (benchmarks/ssd/"
+                       "heads.py; the same scores)")
         p.add_argument("--fused-pool", action=argparse.BooleanOptionalAction, default=False,
                        help="the stem's ReLU + max-pool as one op with a gather-free backward "
                             "(common.pool; the same result)")
@@ -126,7 +130,8 @@ class SSDWorkload(Workload):
         else:
             num_classes = 81
         self.num_classes = num_classes
-        model = SSD300(num_classes, a.width, a.space_to_depth, a.fused_pool)
+        model = SSD300(num_classes, a.width, a.space_to_depth, a.fused_pool,
+                       a.class_last_heads)
         if a.backbone_checkpoint:
             cli.load_backbone(a.backbone_checkpoint, "resnet34",
                               model.backbone.load_torchvision)

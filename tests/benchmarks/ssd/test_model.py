@@ -175,3 +175,23 @@ def test_fused_pool_gives_the_same_outputs_and_gradients():
         (locs.square().sum() + confs.sin().sum()).backward()
     for (name, p), q in zip(plain.named_parameters(), fused.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-9, atol=1e-9, msg=name)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_class_last_heads_give_the_same_scores_and_gradients(channels_last):
+    torch.manual_seed(0)
+    plain = SSD300(5, width=8).double()         # fp64: no rounding to tell apart
+    last = SSD300(5, width=8, class_last_heads=True).double()
+    last.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 3, 300, 300, dtype=torch.float64)
+    if channels_last:
+        plain, last = (m.to(memory_format=torch.channels_last) for m in (plain, last))
+        x = x.contiguous(memory_format=torch.channels_last)
+    outs = [model(x) for model in (plain, last)]
+    for a, b in zip(*outs):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-10)
+    assert outs[1][1].stride(1) == 1                # classes innermost
+    for locs, confs in outs:
+        (locs.square().sum() + confs.sin().sum()).backward()
+    for (name, p), q in zip(plain.named_parameters(), last.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-9, atol=1e-9, msg=name)
