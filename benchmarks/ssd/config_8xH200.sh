@@ -4,11 +4,15 @@
 # side 384) beside the step (8.2 GiB at batch 128). Not yet run: no machine of several GPUs
 # was lent. The colour jitter as compiled passes (--fused-jitter): 5029.9-5919.2 img/s from
 # the device cache within an epoch on the 640-pixel fixture, against 3134.3-3254.1 without.
+# Compiling and the CUDA graph's capture happen before run_start (--init-steps 12: the graph
+# is captured at the 12th call); with these flags the fixture ran 13.8 s on one H100 after
+# 91 s of initialization, against 66.9 s without --init-steps (docs/performance.md, SSD).
 NPROC=8
 PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
     --precision "$PRECISION" --workers 12 --channels-last --space-to-depth --fused-pool
-    --compile default
+    --class-last-heads
+    --compile default --init-steps 12
     --image-cache device --cache-side 384 --fused-jitter
     --batch-size 128 --eval-batch-size 64 --max-samples 50 --bn-group 1
     --lr 0.025 --warmup-epochs 2.62 --warmup-factor 0 --lr-decay-epochs 40,50

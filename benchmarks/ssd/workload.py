@@ -248,6 +248,11 @@ class SSDWorkload(Workload):
         return data.synthetic_batch(batch_size, self.num_classes, self.env.device,
                                     self.args.max_boxes)
 
+    def warm_up_eval(self) -> None:
+        """The model's evaluation forward at ``--eval-batch-size``, compiled before the clock
+        with ``--compile``."""
+        self.infer_step(*self.synthetic_batch(self.args.eval_batch_size))
+
     def infer_step(self, images, *targets) -> torch.Tensor:
         self.model.eval()
         with torch.no_grad(), self.precision.autocast():
