@@ -5,7 +5,8 @@
 # COCO's decoded images (51.9 GB at side 384) are cached in host memory instead of on the
 # GPU (--image-cache host): each batch's images are copied over, then cropped, flipped,
 # resized and jittered on the GPU; the jitter as compiled passes (--fused-jitter) took this
-# pipeline from 2065.2 to 3425.2 img/s within an epoch on the 640-pixel fixture.
+# pipeline from 2065.2-2256.6 to 2941.5-3425.2 img/s within an epoch on the 640-pixel
+# fixture (two calls).
 # Compiling and the CUDA graph's capture happen before run_start (--init-steps 12: the graph
 # is captured at the 12th call); with these flags the fixture ran 13.8 s on one H100 after
 # 91 s of initialization, against 66.9 s without --init-steps (docs/performance.md, SSD).

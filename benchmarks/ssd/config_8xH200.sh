@@ -2,8 +2,8 @@
 # reference convergence point "ssd_ref_1024_s128" (batch norm over each GPU's 128 images,
 # model_bn_span 128). Each GPU keeps COCO's training images decoded in its memory (51.9 GB at
 # side 384) beside the step (8.2 GiB at batch 128). Not yet run: no machine of several GPUs
-# was lent. The colour jitter as compiled passes (--fused-jitter): 5029.9-5919.2 img/s from
-# the device cache within an epoch on the 640-pixel fixture, against 3134.3-3254.1 without.
+# was lent. The colour jitter as compiled passes (--fused-jitter): 4444.7-5919.2 img/s from
+# the device cache within an epoch on the 640-pixel fixture, against 3069.2-3254.1 without.
 # Compiling and the CUDA graph's capture happen before run_start (--init-steps 12: the graph
 # is captured at the 12th call); with these flags the fixture ran 13.8 s on one H100 after
 # 91 s of initialization, against 66.9 s without --init-steps (docs/performance.md, SSD).
