@@ -88,37 +88,38 @@ def test_steps_reduce_the_loss_and_the_average_follows_the_weights(speech_fixtur
     assert all(avg.grad_fn is None and not avg.requires_grad for avg in wl.ema_params)
 
 
+def _first_step(speech_fixture, *flags, joint_dropout: float | None = None):
+    """The loss of one training step from the same start and the weights after it."""
+    wl = build(speech_fixture, *flags, "--lr", "0.02", "--warmup-epochs", "0")
+    if joint_dropout is not None:
+        wl.net.joint_dropout = joint_dropout
+    batch = next(iter(wl.epoch_batches(1)))
+    torch.manual_seed(1)
+    return wl.train_step(*batch), [p.detach().clone() for p in wl.params]
+
+
+def _assert_same_step(ref, other, rel, rtol, atol):
+    (ref_loss, ref_params), (loss, params) = ref, other
+    assert torch.isfinite(loss) and loss.item() == pytest.approx(ref_loss.item(), rel=rel)
+    for p, r in zip(params, ref_params):
+        torch.testing.assert_close(p, r, rtol=rtol, atol=atol)
+
+
 # compiled, exp and the sums round differently: a weight moves up to 4e-6 apart (of 30720)
 @pytest.mark.parametrize("fast, atol", [("fused", 1e-6), ("compiled", 1e-5)])
 def test_the_fused_loss_takes_the_reference_losss_step(speech_fixture, fast, atol):
     """``--loss fused`` or ``compiled`` on the packed joint: the same loss and the same
     weights after a step (features, SpecAugment and dropout drawn alike)."""
-    results = []
-    for loss in ("reference", fast):
-        wl = build(speech_fixture, "--loss", loss, "--lr", "0.02", "--warmup-epochs", "0")
-        batch = next(iter(wl.epoch_batches(1)))
-        torch.manual_seed(1)
-        results.append((wl.train_step(*batch), [p.detach().clone() for p in wl.params]))
-    (ref_loss, ref_params), (loss, params) = results
-    assert torch.isfinite(loss) and loss.item() == pytest.approx(ref_loss.item(), rel=1e-5)
-    for p, ref in zip(params, ref_params):
-        torch.testing.assert_close(p, ref, rtol=1e-4, atol=atol)
+    _assert_same_step(_first_step(speech_fixture, "--loss", "reference"),
+                      _first_step(speech_fixture, "--loss", fast), 1e-5, 1e-4, atol)
 
 
 def test_the_compiled_joint_takes_the_packed_joints_step(speech_fixture):
     """``--joint packed-compiled``: the same loss and weights after a step as ``--joint
     packed``, with the joint's dropout off (the compiled kernel draws its own masks)."""
-    results = []
-    for joint in ("packed", "packed-compiled"):
-        wl = build(speech_fixture, "--joint", joint, "--lr", "0.02", "--warmup-epochs", "0")
-        wl.net.joint_dropout = 0.0
-        batch = next(iter(wl.epoch_batches(1)))
-        torch.manual_seed(1)
-        results.append((wl.train_step(*batch), [p.detach().clone() for p in wl.params]))
-    (ref_loss, ref_params), (loss, params) = results
-    assert torch.isfinite(loss) and loss.item() == pytest.approx(ref_loss.item(), rel=1e-6)
-    for p, ref in zip(params, ref_params):
-        torch.testing.assert_close(p, ref, rtol=1e-5, atol=1e-6)
+    _assert_same_step(_first_step(speech_fixture, "--joint", "packed", joint_dropout=0.0),
+                      _first_step(speech_fixture, "--joint", "packed-compiled",
+                                  joint_dropout=0.0), 1e-6, 1e-5, 1e-6)
 
 
 def test_evaluation_decodes_with_the_average_and_counts_every_word(speech_fixture,
