@@ -1,7 +1,7 @@
 # SSD300 on one H100 with the hyper-parameters of the 1.1.0 reference convergence point for
 # global batch 1024 (rcps_ssd.json "ssd_ref_1024_s128": base LR 0.8 = 0.025 x 1024/32, 300
 # warm-up steps = 2.62 epochs of 117266 images, decay after epochs 40 and 50, weight decay
-# 5e-4, max_samples 50). The step at batch 1024 peaks at 64.2 GiB (docs/performance.md), so
+# 5e-4, max_samples 50). The step at batch 1024 peaks at 61.4 GiB (docs/performance.md), so
 # COCO's decoded images (51.9 GB at side 384) are cached in host memory instead of on the
 # GPU (--image-cache host): each batch's images are copied over, then cropped, flipped,
 # resized and jittered on the GPU; the jitter as compiled passes (--fused-jitter) took this
