@@ -13,12 +13,12 @@ do, instead of the reference's 2000 per batch (``--fpn-post-nms-per-image``);
 ``ours-fold`` runs each backbone convolution and its frozen batch norm as one convolution
 (``--fold-frozen-bn``), ``ours-fold-cl`` also keeps images and networks in channels-last
 memory (``--channels-last``), ``ours-nms`` also runs NMS's greedy step as one Triton kernel
-(``--nms triton``: the GPU configs' step), ``ours-compile`` (without it) also runs the
+(``--nms triton``), ``ours-compile`` (without it) also runs the
 networks through ``torch.compile`` (``--compile default``: backbone + FPN + RPN head, box
 head, mask head);
 ``ours-streams`` and ``ours-compile-streams`` add the losses on CUDA streams of their own
-(``--loss-streams``); ``ours-compile-streams-nms`` also runs NMS's greedy step as one
-Triton kernel (``--nms triton``).
+(``--loss-streams``); ``ours-compile-streams-nms`` (the GPU configs' step) also runs NMS's
+greedy step as one Triton kernel (``--nms triton``).
 The baselines are torchvision's ``MaskRCNN`` on a ResNet-50 FPN, trained as torchvision's
 detection reference trains it: momentum SGD (weight decay 1e-4 on every trained weight),
 autocast, a ``GradScaler`` in amp-fp16; eager (``torchvision-eager``) or ``torch.compile``-d

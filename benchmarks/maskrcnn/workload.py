@@ -167,11 +167,11 @@ class MaskRCNNWorkload(Workload):
         if a.loss_streams and env.device.type != "cuda":
             raise UserError("--loss-streams puts the losses on CUDA streams: run with "
                             "--device cuda, or leave it out on the CPU")
-        if a.nms == "triton" and env.device.type != "cuda":
-            raise UserError("--nms triton runs a CUDA kernel: run with --device cuda, or use "
-                            "--nms reference on the CPU")
         nms_keep = None
         if a.nms == "triton":
+            if env.device.type != "cuda":
+                raise UserError("--nms triton runs a CUDA kernel: run with --device cuda, or "
+                                "use --nms reference on the CPU")
             from benchmarks.maskrcnn import nms_triton  # Triton: GPU machines only
             nms_keep = nms_triton.nms_keep
         if self.synthetic:

@@ -7,23 +7,23 @@
 and SpecAugment, the MLPerf RNN-T at full size, vocabulary 1023, LAMB, the weights' moving
 average) with the joint and the pure-PyTorch loss over the valid (t, u) pairs only (``--joint
 packed``); ``ours-fused`` is that step with the log-softmax fused into the loss (``--loss
-fused``, the GPU configs': no fp32 copy of the packed logits); ``ours-compiled-loss`` computes
-that log-softmax as two compiled kernels (``--loss compiled``), ``ours-compiled`` also the
+fused``: no fp32 copy of the packed logits); ``ours-compiled-loss`` computes that log-softmax as
+two compiled kernels (``--loss compiled``), ``ours-compiled`` (the GPU configs' step) also the
 joint's gather, add, ReLU and dropout as one (``--joint packed-compiled``); ``ours-padded`` is
 the same step with the joint on the padded ``[B, T, U+1, V]`` grid and ``torchaudio``'s loss
 (``--joint padded --loss torchaudio``), ``ours-padded-reference`` the padded grid with the
-pure-PyTorch loss. The
-tool times one micro-batch per step (``--grad-accum 1``; the 1xH100 config runs 8 micro-batches
-of 128 per step). The baselines: ``plain`` is the same network as a user writes it
-(``torch.nn.LSTM``s, the joint on the whole padded grid, ``torchaudio.functional.rnnt_loss`` on
-fp32 logits, the same LAMB and moving average), fed by the same feature front end; ``plain-
-compile`` runs its network through ``torch.compile`` (the loss outside). A variant that fails
-(out of memory, a kernel's size limit: the padded grids pass cuBLAS's at batch 64 with these
-lengths, a compile error) is reported with its error while the others run, and the exit status
-is 1. Every variant gets the same batch: noise of one length, so that the encoder has
-``--frames`` steps (60 ms each: 10 ms frames, stacked x3, then x2 in the encoder; speed
-perturbation then varies it by up to 15%), or ``--seconds`` of audio, and ``--label-len`` labels
-per utterance. amp-fp16 is refused: the workload runs LAMB without a loss scaler.
+pure-PyTorch loss. The tool times one micro-batch per step (``--grad-accum 1``; the 1xH100
+config runs 8 micro-batches of 128 per step). The baselines: ``plain`` is the same network as a
+user writes it (``torch.nn.LSTM``s, the joint on the whole padded grid,
+``torchaudio.functional.rnnt_loss`` on fp32 logits, the same LAMB and moving average), fed by
+the same feature front end; ``plain-compile`` runs its network through ``torch.compile`` (the
+loss outside). A variant that fails (out of memory, a kernel's size limit: the padded grids pass
+cuBLAS's at batch 64 with these lengths, a compile error) is reported with its error while the
+others run, and the exit status is 1. Every variant gets the same batch: noise of one length, so
+that the encoder has ``--frames`` steps (60 ms each: 10 ms frames, stacked x3, then x2 in the
+encoder; speed perturbation then varies it by up to 15%), or ``--seconds`` of audio, and
+``--label-len`` labels per utterance. amp-fp16 is refused: the workload runs LAMB without a loss
+scaler.
 """
 
 from __future__ import annotations

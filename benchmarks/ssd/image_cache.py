@@ -114,8 +114,6 @@ class ImageCache:
         self.holder = self.device if storage == "device" else torch.device("cpu")
         self.max_side, self.num_workers = max_side, num_workers
         self.fused_jitter = fused_jitter
-        self.jitter = (fused_jitter_module.apply_color_jitter if fused_jitter
-                       else data.apply_color_jitter)
         self.sizes = torch.tensor([cached_size(r.height, r.width, max_side)
                                    for r in split.records], dtype=torch.int64).view(-1, 2)
         original = torch.tensor([(r.width, r.height) for r in split.records],
@@ -167,7 +165,9 @@ class ImageCache:
         images = self.images.index_select(0, index.to(self.holder, non_blocking=True))
         images = images.to(self.device, non_blocking=True)
         x = crop_flip_resize(images, windows * self.scales[index].repeat(1, 2), flips, size)
-        return data.normalize(self.jitter(x, factors, order))
+        jitter = (fused_jitter_module.apply_color_jitter if self.fused_jitter
+                  else data.apply_color_jitter)
+        return data.normalize(jitter(x, factors, order))
 
 
 class PlanDataset(data.TrainDataset):

@@ -6,10 +6,10 @@
 ``ours`` is the workload's real training step (SSD300 with the ResNet-34 backbone,
 channels-last, matching and the loss batched on the device, momentum SGD) captured as one
 CUDA graph; ``ours-compile`` also runs the model and the matching + loss through
-``torch.compile`` inside that graph (``ours-compile-s2d``, the GPU configs' step: with the
-stem convolution over 2x2 pixel blocks, ``--space-to-depth``; ``ours-compile-s2d-pool``
-adds the stem's ReLU + max-pool with a gather-free backward, ``--fused-pool``, and
-``ours-compile-s2d-pool-heads`` the confidence scores with the classes innermost,
+``torch.compile`` inside that graph (``ours-compile-s2d``: with the stem convolution over
+2x2 pixel blocks, ``--space-to-depth``; ``ours-compile-s2d-pool`` adds the stem's ReLU +
+max-pool with a gather-free backward, ``--fused-pool``, and ``ours-compile-s2d-pool-heads``,
+the GPU configs' step, the confidence scores with the classes innermost,
 ``--class-last-heads``);
 ``ours-eager`` is the step without graph or compile.
 The baselines: ``plain-compile`` is the same model trained as a user would write it,
