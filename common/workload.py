@@ -15,14 +15,18 @@ from common.dist import DistEnv
 from common.errors import UserError
 from common.precision import Precision
 
-COMPILE_MODES = ("none", "default", "max-autotune-no-cudagraphs")
+COMPILE_MODES = ("none", "default", "tuned", "max-autotune-no-cudagraphs")
+# compile modes of ours that are Inductor options over one of torch.compile's modes
+_OPTION_MODES = {"tuned": ("default", {"coordinate_descent_tuning": True})}
 
 
 def maybe_compile(fn: Callable, mode: str, dynamic: bool | None = None,
                   **inductor_options) -> Callable:
     """``torch.compile`` (Inductor-fused kernels) of a module or function unless ``mode``
     is ``none``; ``dynamic`` as ``torch.compile``'s; ``inductor_options`` (Inductor config
-    names) are added to the mode's.
+    names) are added to the mode's. ``tuned`` is ``default`` plus Inductor's coordinate-descent
+    tuning: each generated kernel's block sizes are searched by timing it on its first call
+    (a longer first step, no convolution autotuning).
 
     The compiled code still runs inside the whole-step CUDA graph; modes
     that add their own CUDA graphs are left out for that reason.
@@ -40,6 +44,8 @@ def maybe_compile(fn: Callable, mode: str, dynamic: bool | None = None,
     import torch._functorch.config as functorch_config
 
     functorch_config.enable_autograd_cache = False
+    mode, options = _OPTION_MODES.get(mode, (mode, {}))
+    inductor_options = {**options, **inductor_options}
     if not inductor_options:
         return torch.compile(fn, mode=mode, dynamic=dynamic)
     from torch._inductor import list_mode_options

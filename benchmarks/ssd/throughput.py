@@ -10,11 +10,13 @@ CUDA graph; ``ours-compile`` also runs the model and the matching + loss through
 2x2 pixel blocks, ``--space-to-depth``; ``ours-compile-s2d-pool`` adds the stem's ReLU +
 max-pool with a gather-free backward, ``--fused-pool``, and ``ours-compile-s2d-pool-heads``,
 the GPU configs' step, the confidence scores with the classes innermost,
-``--class-last-heads``);
+``--class-last-heads``; ``ours-tuned-s2d-pool-heads``, that step under ``--compile tuned``,
+Inductor's coordinate-descent tuning of each fused kernel);
 ``ours-eager`` is the step without graph or compile.
 The baselines: ``plain-compile`` is the same model trained as a user would write it,
 ``torch.compile(model)`` (channels-last, autocast) with the same matching and loss run
-eagerly and ``torch.optim.SGD``; ``torchvision-vgg16`` is torchvision's ``ssd300_vgg16``
+eagerly and ``torch.optim.SGD`` (``plain-compile-tuned``: compiled with the same tuning as
+``ours-tuned-*``); ``torchvision-vgg16`` is torchvision's ``ssd300_vgg16``
 (its own matching and loss, eager). Every variant gets the same images and boxes (4 per
 image, padded to ``--max-boxes``); ``--profile`` adds kernel time by family.
 
@@ -47,6 +49,7 @@ from common.kernel_profile import kernel_breakdown
 from common.precision import Precision
 from common.throughput import gpu_variants, time_steps, tool_parser
 from common.training import build_parser
+from common.workload import maybe_compile
 
 # variant -> (CUDA graph, compile mode, other workload flags) for the workload's step
 OURS = {"ours": (True, "none", ()), "ours-compile": (True, "default", ()),
@@ -54,8 +57,10 @@ OURS = {"ours": (True, "none", ()), "ours-compile": (True, "default", ()),
         "ours-compile-s2d": (True, "default", ("--space-to-depth",)),
         "ours-compile-s2d-pool": (True, "default", ("--space-to-depth", "--fused-pool")),
         "ours-compile-s2d-pool-heads": (True, "default", ("--space-to-depth", "--fused-pool",
-                                                          "--class-last-heads"))}
-VARIANTS = (*OURS, "plain-compile", "torchvision-vgg16")
+                                                          "--class-last-heads")),
+        "ours-tuned-s2d-pool-heads": (True, "tuned", ("--space-to-depth", "--fused-pool",
+                                                      "--class-last-heads"))}
+VARIANTS = (*OURS, "plain-compile", "plain-compile-tuned", "torchvision-vgg16")
 NUM_CLASSES = 81
 LR = 2.5e-3 * 4   # any small LR: throughput only
 
@@ -72,13 +77,13 @@ def ours(variant: str, batch_size: int, max_boxes: int, precision: Precision, de
     return GraphedStep(wl.train_step, enabled=graph), wl.synthetic_batch(batch_size)
 
 
-def plain_compile(precision: Precision, device):
+def plain_compile(precision: Precision, device, mode: str = "default"):
     """The same model, loss and matching, a user's step: compiled model, eager rest."""
     model = SSD300(NUM_CLASSES).to(device, memory_format=torch.channels_last)
     dboxes = dboxes300_coco().to(device)
     loss_fn = Loss(dboxes).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, weight_decay=5e-4)
-    fwd = torch.compile(model)
+    fwd = maybe_compile(model, mode)
 
     def step(images, boxes, labels, valid):
         gloc, glabel = match(boxes, labels, valid, dboxes)
@@ -192,8 +197,9 @@ def main(argv=None) -> int:
             step, batch = ours(v, a.batch_size, a.max_boxes, precision, device)
         else:
             batch = data.synthetic_batch(a.batch_size, NUM_CLASSES, device, a.max_boxes)
-            step = plain_compile(precision, device) if v == "plain-compile" \
-                else torchvision_vgg16(precision, device)
+            mode = "tuned" if v.endswith("-tuned") else "default"
+            step = torchvision_vgg16(precision, device) if v == "torchvision-vgg16" \
+                else plain_compile(precision, device, mode)
         m = time_steps(v, step, batch, device, a.warmup, a.iters)
         rows.append({"variant": v, "batch_size": a.batch_size, "precision": a.precision,
                      "samples_per_second": m.samples_per_second,
