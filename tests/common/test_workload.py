@@ -1,3 +1,5 @@
+import logging
+
 import pytest
 import torch
 
@@ -65,3 +67,14 @@ def test_maybe_compile_passes_inductor_options_and_rejects_unknown_ones():
                                      loop_ordering_after_fusion=False)(x), x * 2 + 1)
     with pytest.raises(RuntimeError, match="no_such_option"):
         maybe_compile(lambda t: t, "default", no_such_option=1)
+
+
+def test_tuned_mode_compiles_and_quiets_only_the_tuners_failed_candidates():
+    x = torch.arange(4.0)
+    assert torch.equal(maybe_compile(lambda t: t * 3 - 1, "tuned")(x), x * 3 - 1)
+    log = logging.getLogger("torch._inductor.runtime.triton_heuristics")
+
+    def record(msg):
+        return log.makeRecord(log.name, logging.ERROR, __file__, 0, msg, ("k", "src", {}), None)
+    assert not log.filter(record("Triton compilation failed: %s\n%s\nmetadata: %s"))
+    assert log.filter(record("Triton autotuning failed: %s %s %s"))

@@ -11,6 +11,7 @@ import torch
 import yaml
 from torch import nn
 
+from benchmarks.ssd.heads import box_major
 from benchmarks.ssd.model import (
     NUM_DEFAULTS,
     SSD300,
@@ -191,6 +192,7 @@ def test_class_last_heads_give_the_same_scores_and_gradients(channels_last):
     for a, b in zip(*outs):
         torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-10)
     assert outs[1][1].stride(1) == 1                # classes innermost
+    assert {box_major(conv, 5)[0].shape[0] % 8 for conv in last.conf} == {0}   # 20, 30 padded
     for locs, confs in outs:
         (locs.square().sum() + confs.sin().sum()).backward()
     for (name, p), q in zip(plain.named_parameters(), last.parameters()):
