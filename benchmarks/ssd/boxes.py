@@ -60,10 +60,14 @@ def ltrb_to_xywh(b: torch.Tensor) -> torch.Tensor:
 
 
 def box_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """IoU of ltrb boxes ``a`` [..., N, 4] and ``b`` [..., M, 4] -> [..., N, M]."""
+    """IoU of ltrb boxes ``a`` [..., N, 4] and ``b`` [..., M, 4] -> [..., N, M]. Elementwise
+    only (the overlap's width times its height, not a ``prod`` over a pair), so that under
+    ``torch.compile`` the matching's reductions compute it inline instead of reading an
+    ``[..., N, M, 2]`` intermediate from memory."""
     a, b = a.unsqueeze(-2), b.unsqueeze(-3)
     wh = (torch.minimum(a[..., 2:], b[..., 2:]) - torch.maximum(a[..., :2], b[..., :2]))
-    inter = wh.clamp(min=0).prod(-1)
+    wh = wh.clamp(min=0)
+    inter = wh[..., 0] * wh[..., 1]
     area_a = (a[..., 2] - a[..., 0]) * (a[..., 3] - a[..., 1])
     area_b = (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])
     return inter / (area_a + area_b - inter)

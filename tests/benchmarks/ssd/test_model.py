@@ -11,7 +11,7 @@ import torch
 import yaml
 from torch import nn
 
-from benchmarks.ssd.heads import box_major
+from benchmarks.ssd.heads import _ChannelsLastGrad, box_major
 from benchmarks.ssd.model import (
     NUM_DEFAULTS,
     SSD300,
@@ -197,3 +197,13 @@ def test_class_last_heads_give_the_same_scores_and_gradients(channels_last):
         (locs.square().sum() + confs.sin().sum()).backward()
     for (name, p), q in zip(plain.named_parameters(), last.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-9, atol=1e-9, msg=name)
+
+
+def test_channels_last_grad_is_an_identity_with_a_channels_last_gradient():
+    y = torch.randn(2, 8, 3, 3, requires_grad=True)
+    out = _ChannelsLastGrad.apply(y)
+    g = torch.randn(2, 8, 3, 3)
+    (grad,) = torch.autograd.grad(out, y, g)
+    assert torch.equal(out, y) and torch.equal(grad, g)
+    assert grad.is_contiguous(memory_format=torch.channels_last) and not g.is_contiguous(
+        memory_format=torch.channels_last)
