@@ -99,14 +99,17 @@ def match(gt_boxes: torch.Tensor, gt_labels: torch.Tensor, gt_valid: torch.Tenso
     box as target. Returns (boxes [B, A, 4] xywh, labels [B, A] int64).
     """
     dboxes_ltrb = xywh_to_ltrb(dboxes)
-    # The IoUs twice, each laid out along its reduction (the same values: the formula is
-    # symmetric), so that compiled, each reduction computes them inline and the [B, M, A]
-    # matrix is never written. Padding scores -1, below any real ground truth, so it never
-    # wins a default box.
-    per_dbox = box_iou(dboxes_ltrb, gt_boxes).masked_fill(~gt_valid.unsqueeze(-2), -1.0)
-    best_dbox_ious, best_dbox_idx = per_dbox.max(dim=2)     # per default box [B, A]
-    per_gt = box_iou(gt_boxes, dboxes_ltrb).masked_fill(~gt_valid.unsqueeze(-1), -1.0)
-    best_bbox_idx = per_gt.argmax(dim=2)                    # per ground truth [B, M]
+    # padding scores -1, below any real ground truth, so it never wins a default box
+    ious = box_iou(gt_boxes, dboxes_ltrb).masked_fill(~gt_valid.unsqueeze(-1), -1.0)
+    per_dbox = ious
+    if torch.compiler.is_compiling():
+        # the IoUs a second time, with the operands swapped (the same values: the formula
+        # is symmetric), so that each reduction computes its own inline and the [B, M, A]
+        # matrix is never written; eagerly that would only cost a second matrix
+        per_dbox = box_iou(dboxes_ltrb, gt_boxes).masked_fill(
+            ~gt_valid.unsqueeze(-2), -1.0).transpose(1, 2)
+    best_dbox_ious, best_dbox_idx = per_dbox.max(dim=1)     # per default box [B, A]
+    best_bbox_idx = ious.argmax(dim=2)                      # per ground truth [B, M]
     gt_index = torch.arange(gt_boxes.shape[1], device=gt_boxes.device).expand_as(gt_labels)
     # "amax" makes the later ground truth win deterministically (a plain scatter would not)
     forced = torch.full_like(best_dbox_idx, -1).scatter_reduce(

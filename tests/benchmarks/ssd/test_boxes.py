@@ -148,7 +148,8 @@ def random_ground_truths(n: int, generator: torch.Generator) -> torch.Tensor:
     return torch.cat((lt, (lt + wh).clamp(max=1)), -1)
 
 
-def test_match_equals_the_reference_encode_per_image():
+@pytest.mark.parametrize("compiled", [False, True])   # compiled: each reduction's own IoUs
+def test_match_equals_the_reference_encode_per_image(compiled):
     g = torch.Generator().manual_seed(1)
     counts, m = [3, 1, 12, 7], 12
     gt, labels = torch.zeros(len(counts), m, 4), torch.zeros(len(counts), m, dtype=torch.long)
@@ -158,7 +159,7 @@ def test_match_equals_the_reference_encode_per_image():
         labels[i, :n] = torch.randint(1, 81, (n,), generator=g)
         valid[i, :n] = True
         gt[i, n:] = torch.rand(m - n, 4, generator=g)   # padding garbage, masked out
-    boxes, labels_out = match(gt, labels, valid, DBOXES)
+    boxes, labels_out = (torch.compile(match) if compiled else match)(gt, labels, valid, DBOXES)
     for i, n in enumerate(counts):
         ref_boxes, ref_labels = reference_encode(gt[i, :n], labels[i, :n], DBOXES)
         assert torch.equal(labels_out[i], ref_labels)
