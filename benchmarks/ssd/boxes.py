@@ -61,8 +61,8 @@ def ltrb_to_xywh(b: torch.Tensor) -> torch.Tensor:
 
 def box_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """IoU of ltrb boxes ``a`` [..., N, 4] and ``b`` [..., M, 4] -> [..., N, M]. Elementwise
-    only (the overlap's width times its height, not a ``prod`` over a pair), so that under
-    ``torch.compile`` a reduction over it computes it inline."""
+    only: the overlap's width times its height, not a ``prod`` over the pair, which eagerly
+    is a reduction kernel over an ``[..., N, M, 2]`` intermediate."""
     a, b = a.unsqueeze(-2), b.unsqueeze(-3)
     wh = (torch.minimum(a[..., 2:], b[..., 2:]) - torch.maximum(a[..., :2], b[..., :2]))
     wh = wh.clamp(min=0)
@@ -101,14 +101,7 @@ def match(gt_boxes: torch.Tensor, gt_labels: torch.Tensor, gt_valid: torch.Tenso
     dboxes_ltrb = xywh_to_ltrb(dboxes)
     # padding scores -1, below any real ground truth, so it never wins a default box
     ious = box_iou(gt_boxes, dboxes_ltrb).masked_fill(~gt_valid.unsqueeze(-1), -1.0)
-    per_dbox = ious
-    if torch.compiler.is_compiling():
-        # the IoUs a second time, with the operands swapped (the same values: the formula
-        # is symmetric), so that each reduction computes its own inline and the [B, M, A]
-        # matrix is never written; eagerly that would only cost a second matrix
-        per_dbox = box_iou(dboxes_ltrb, gt_boxes).masked_fill(
-            ~gt_valid.unsqueeze(-2), -1.0).transpose(1, 2)
-    best_dbox_ious, best_dbox_idx = per_dbox.max(dim=1)     # per default box [B, A]
+    best_dbox_ious, best_dbox_idx = ious.max(dim=1)         # per default box [B, A]
     best_bbox_idx = ious.argmax(dim=2)                      # per ground truth [B, M]
     gt_index = torch.arange(gt_boxes.shape[1], device=gt_boxes.device).expand_as(gt_labels)
     # "amax" makes the later ground truth win deterministically (a plain scatter would not)

@@ -148,7 +148,7 @@ def random_ground_truths(n: int, generator: torch.Generator) -> torch.Tensor:
     return torch.cat((lt, (lt + wh).clamp(max=1)), -1)
 
 
-@pytest.mark.parametrize("compiled", [False, True])   # compiled: each reduction's own IoUs
+@pytest.mark.parametrize("compiled", [False, True])   # compiled: as the GPU configs run it
 def test_match_equals_the_reference_encode_per_image(compiled):
     g = torch.Generator().manual_seed(1)
     counts, m = [3, 1, 12, 7], 12
