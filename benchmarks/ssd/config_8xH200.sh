@@ -7,12 +7,17 @@
 # Compiling and the CUDA graph's capture happen before run_start (--init-steps 12: the graph
 # is captured at the 12th call); with these flags the fixture ran 13.8 s on one H100 after
 # 91 s of initialization, against 66.9 s without --init-steps (docs/performance.md, SSD).
+# --compile tuned: Inductor's coordinate-descent tuning of each fused kernel, 1.48x plain
+# compiled at batch 1024 against 1.44x with --compile default (one process on one H100);
+# it lengthens initialization (the fixture: 253 s instead of 91 s, then success in 9.2
+# s). While tuning, Triton may print an MLIR "error: operand ... does not dominate"
+# with a kernel's IR to stderr: a candidate block size it failed to compile, skipped.
 NPROC=8
 PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
     --precision "$PRECISION" --workers 12 --channels-last --space-to-depth --fused-pool
     --class-last-heads
-    --compile default --init-steps 12
+    --compile tuned --init-steps 12
     --image-cache device --cache-side 384 --fused-jitter
     --batch-size 128 --eval-batch-size 64 --max-samples 50 --bn-group 1
     --lr 0.025 --warmup-epochs 2.62 --warmup-factor 0 --lr-decay-epochs 40,50

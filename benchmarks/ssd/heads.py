@@ -15,7 +15,7 @@ The reordered weight also gets zero filters up to a multiple of 8 output channel
 and 81 x 6 are not), whose outputs are dropped: cuDNN otherwise pads these heads' channels
 itself (``nhwcAddPaddingKernel``, 1.6 ms of a 79.5 ms step at batch 256, ibid.). The
 gradient that reaches a channels-last head is made channels-last in the compiled backward:
-the slice's backward would hand cuDNN an NCHW gradient, which it copies (2.5 ms of a 145
+the slice's backward would hand cuDNN an NCHW gradient, which it copies (2.7 ms of a 144
 ms step at batch 512).
 """
 
