@@ -45,11 +45,11 @@ def maybe_compile(fn: Callable, mode: str, dynamic: bool | None = None,
     import torch._functorch.config as functorch_config
 
     functorch_config.enable_autograd_cache = False
-    if mode == "tuned":
-        logging.getLogger("torch._inductor.runtime.triton_heuristics").addFilter(
-            _skipped_tuning_config)
     mode, options = _OPTION_MODES.get(mode, (mode, {}))
     inductor_options = {**options, **inductor_options}
+    if inductor_options.get("coordinate_descent_tuning"):
+        logging.getLogger("torch._inductor.runtime.triton_heuristics").addFilter(
+            _skipped_tuning_config)
     if not inductor_options:
         return torch.compile(fn, mode=mode, dynamic=dynamic)
     from torch._inductor import list_mode_options

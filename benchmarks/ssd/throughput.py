@@ -8,9 +8,9 @@ channels-last, matching and the loss batched on the device, momentum SGD) captur
 CUDA graph; ``ours-compile`` also runs the model and the matching + loss through
 ``torch.compile`` inside that graph (``ours-compile-s2d``: with the stem convolution over
 2x2 pixel blocks, ``--space-to-depth``; ``ours-compile-s2d-pool`` adds the stem's ReLU +
-max-pool with a gather-free backward, ``--fused-pool``, and ``ours-compile-s2d-pool-heads``,
-the GPU configs' step, the confidence scores with the classes innermost,
-``--class-last-heads``; ``ours-tuned-s2d-pool-heads``, that step under ``--compile tuned``,
+max-pool with a gather-free backward, ``--fused-pool``, and ``ours-compile-s2d-pool-heads``
+the confidence scores with the classes innermost, ``--class-last-heads``;
+``ours-tuned-s2d-pool-heads``, the GPU configs' step, is that step under ``--compile tuned``,
 Inductor's coordinate-descent tuning of each fused kernel);
 ``ours-eager`` is the step without graph or compile.
 The baselines: ``plain-compile`` is the same model trained as a user would write it,
