@@ -86,8 +86,20 @@ def decode(offsets: torch.Tensor, dboxes: torch.Tensor) -> torch.Tensor:
     return torch.cat((xy, wh), -1)
 
 
+def dense_overlaps(gt_boxes: torch.Tensor, gt_valid: torch.Tensor, dboxes_ltrb: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What matching needs of the IoUs, from the full [B, M, A] matrix: each default box's
+    best IoU [B, A] and its ground truth [B, A] (padding scores -1, below any real ground
+    truth, so it never wins one), and each ground truth's best default box [B, M] (0 for
+    padding); the first of equal maxima in each."""
+    ious = box_iou(gt_boxes, dboxes_ltrb).masked_fill(~gt_valid.unsqueeze(-1), -1.0)
+    best_dbox_ious, best_dbox_idx = ious.max(dim=1)
+    return best_dbox_ious, best_dbox_idx, ious.argmax(dim=2)
+
+
 def match(gt_boxes: torch.Tensor, gt_labels: torch.Tensor, gt_valid: torch.Tensor,
-          dboxes: torch.Tensor, criteria: float = MATCH_IOU) -> tuple[torch.Tensor, torch.Tensor]:
+          dboxes: torch.Tensor, criteria: float = MATCH_IOU, overlaps=dense_overlaps
+          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Training targets for a batch, as ``Encoder.encode`` gives them for each image.
 
     ``gt_boxes`` [B, M, 4] ltrb, ``gt_labels`` [B, M] (1..C-1), ``gt_valid`` [B, M] marks
@@ -96,13 +108,12 @@ def match(gt_boxes: torch.Tensor, gt_labels: torch.Tensor, gt_valid: torch.Tenso
     each ground truth also takes its own best default box whatever the overlap (the later
     ground truth wins when two share one, as the reference's sequential assignment does).
     Default boxes left with IoU <= ``criteria`` are background (label 0) and get their own
-    box as target. Returns (boxes [B, A, 4] xywh, labels [B, A] int64).
+    box as target. ``overlaps`` computes the IoUs' maxima: :func:`dense_overlaps`, or
+    ``benchmarks.ssd.match_triton.fused_overlaps`` on the GPU. Returns (boxes [B, A, 4]
+    xywh, labels [B, A] int64).
     """
     dboxes_ltrb = xywh_to_ltrb(dboxes)
-    # padding scores -1, below any real ground truth, so it never wins a default box
-    ious = box_iou(gt_boxes, dboxes_ltrb).masked_fill(~gt_valid.unsqueeze(-1), -1.0)
-    best_dbox_ious, best_dbox_idx = ious.max(dim=1)         # per default box [B, A]
-    best_bbox_idx = ious.argmax(dim=2)                      # per ground truth [B, M]
+    best_dbox_ious, best_dbox_idx, best_bbox_idx = overlaps(gt_boxes, gt_valid, dboxes_ltrb)
     gt_index = torch.arange(gt_boxes.shape[1], device=gt_boxes.device).expand_as(gt_labels)
     # "amax" makes the later ground truth win deterministically (a plain scatter would not)
     forced = torch.full_like(best_dbox_idx, -1).scatter_reduce(

@@ -11,7 +11,8 @@ CUDA graph; ``ours-compile`` also runs the model and the matching + loss through
 max-pool with a gather-free backward, ``--fused-pool``, and ``ours-compile-s2d-pool-heads``
 the confidence scores with the classes innermost, ``--class-last-heads``;
 ``ours-tuned-s2d-pool-heads``, the GPU configs' step, is that step under ``--compile tuned``,
-Inductor's coordinate-descent tuning of each fused kernel);
+Inductor's coordinate-descent tuning of each fused kernel; ``ours-tuned-match`` adds the
+matching's IoU maxima in one Triton kernel, ``--fused-match``);
 ``ours-eager`` is the step without graph or compile.
 The baselines: ``plain-compile`` is the same model trained as a user would write it,
 ``torch.compile(model)`` (channels-last, autocast) with the same matching and loss run
@@ -59,7 +60,9 @@ OURS = {"ours": (True, "none", ()), "ours-compile": (True, "default", ()),
         "ours-compile-s2d-pool-heads": (True, "default", ("--space-to-depth", "--fused-pool",
                                                           "--class-last-heads")),
         "ours-tuned-s2d-pool-heads": (True, "tuned", ("--space-to-depth", "--fused-pool",
-                                                      "--class-last-heads"))}
+                                                      "--class-last-heads")),
+        "ours-tuned-match": (True, "tuned", ("--space-to-depth", "--fused-pool",
+                                             "--class-last-heads", "--fused-match"))}
 VARIANTS = (*OURS, "plain-compile", "plain-compile-tuned", "torchvision-vgg16")
 NUM_CLASSES = 81
 LR = 2.5e-3 * 4   # any small LR: throughput only

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from benchmarks.ssd import data, image_cache
-from benchmarks.ssd.boxes import dboxes300_coco, decode_batch, match
+from benchmarks.ssd.boxes import dboxes300_coco, decode_batch, dense_overlaps, match
 from benchmarks.ssd.loss import Loss
 from benchmarks.ssd.model import SSD300, WIDTH, mllog_tensor_names
 from common import dist
@@ -104,6 +104,10 @@ class SSDWorkload(Workload):
         p.add_argument("--fused-pool", action=argparse.BooleanOptionalAction, default=False,
                        help="the stem's ReLU + max-pool as one op with a gather-free backward "
                             "(common.pool; the same result)")
+        p.add_argument("--fused-match", action=argparse.BooleanOptionalAction, default=False,
+                       help="matching's IoU maxima in one Triton kernel, without the "
+                            "[batch, boxes, 8732] IoU matrix (benchmarks/ssd/match_triton.py; "
+                            "the same targets; CUDA only)")
         p.add_argument("--image-cache", default="none", choices=("none", *image_cache.STORAGES),
                        help="device: decode every training image once (on the first batch) "
                             "and keep it on the device, where crop, flip, resize and colour "
@@ -123,6 +127,13 @@ class SSDWorkload(Workload):
         if a.fused_jitter and a.image_cache == "none":
             raise UserError("--fused-jitter is the image cache's colour jitter: add "
                             "--image-cache device or host, or leave it out")
+        self.overlaps = dense_overlaps
+        if a.fused_match:
+            if env.device.type != "cuda":
+                raise UserError("--fused-match runs a Triton kernel: run with --device cuda, "
+                                "or leave it out")
+            from benchmarks.ssd.match_triton import fused_overlaps
+            self.overlaps = fused_overlaps
         if not self.synthetic:
             self.train_split = coco.load_split(a.data_dir, "train")
             self.val_split = coco.load_split(a.data_dir, "val")
@@ -236,7 +247,7 @@ class SSDWorkload(Workload):
         return loss.detach()
 
     def _match_loss(self, ploc, plabel, boxes, labels, valid) -> torch.Tensor:
-        gloc, glabel = match(boxes, labels, valid, self.dboxes)
+        gloc, glabel = match(boxes, labels, valid, self.dboxes, overlaps=self.overlaps)
         return self.loss(ploc.float(), plabel.float(), gloc, glabel)
 
     def training_state(self) -> list[torch.Tensor]:

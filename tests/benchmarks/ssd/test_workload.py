@@ -43,3 +43,16 @@ def test_a_backbone_checkpoint_of_another_format_is_one_line(tmp_path):
     with pytest.raises(UserError, match="not a torchvision resnet34 state dict") as e:
         cli.load_backbone(path, "resnet34", SSD300(6, 8).backbone.load_torchvision)
     assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_fused_match_off_the_gpu_is_one_line():
+    from common.dist import DistEnv
+    from common.precision import Precision
+    from common.training import build_parser
+
+    args = SSDWorkload.parse_bench_args(build_parser(SSDWorkload),
+                                        ["--fused-match", "--width", "8"], "synthetic", 2)
+    wl = SSDWorkload(args, DistEnv(device=torch.device("cpu")), Precision("fp32", "cpu"))
+    with pytest.raises(UserError, match="--fused-match runs a Triton kernel") as e:
+        wl.build()
+    assert "\n" not in str(e.value)
