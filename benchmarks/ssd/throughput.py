@@ -10,9 +10,9 @@ CUDA graph; ``ours-compile`` also runs the model and the matching + loss through
 2x2 pixel blocks, ``--space-to-depth``; ``ours-compile-s2d-pool`` adds the stem's ReLU +
 max-pool with a gather-free backward, ``--fused-pool``, and ``ours-compile-s2d-pool-heads``
 the confidence scores with the classes innermost, ``--class-last-heads``;
-``ours-tuned-s2d-pool-heads``, the GPU configs' step, is that step under ``--compile tuned``,
-Inductor's coordinate-descent tuning of each fused kernel; ``ours-tuned-match`` adds the
-matching's IoU maxima in one Triton kernel, ``--fused-match``);
+``ours-tuned-s2d-pool-heads`` is that step under ``--compile tuned``, Inductor's
+coordinate-descent tuning of each fused kernel; ``ours-tuned-match``, the GPU configs' step,
+adds the matching's IoU maxima in one Triton kernel, ``--fused-match``);
 ``ours-eager`` is the step without graph or compile.
 The baselines: ``plain-compile`` is the same model trained as a user would write it,
 ``torch.compile(model)`` (channels-last, autocast) with the same matching and loss run
