@@ -11,7 +11,8 @@ gathered from the logits (through one log-sum-exp over the vocabulary) and the l
 them in log space, one anti-diagonal ``t + u`` per step (no cancellation, ``T + U`` steps, two
 kernels each). Its backward pass uses the beta variables, the same recursion on each
 utterance's reversed lattice, run with the forward one as a single lattice of twice the batch;
-autograd keeps no per-step graph. It takes padded logits
+autograd keeps no per-step graph; ``lattice_impl="triton"`` runs that recursion as one GPU
+kernel (:mod:`benchmarks.rnnt.lattice_triton`). It takes padded logits
 ``[B, T, U+1, V]`` or packed ones ``[N, V]`` (:func:`benchmarks.rnnt.model.packed_index`
 order). ``impl="torchaudio"`` calls ``torchaudio.functional.rnnt_loss`` instead (padded only;
 for the GPU, where torchaudio imports). ``impl="fused"`` (packed only) fuses the log-softmax
@@ -29,13 +30,14 @@ import torch
 from benchmarks.rnnt.model import packed_index
 
 IMPLS = ("reference", "torchaudio")
+LATTICES = ("torch", "triton")
 PACKED_IMPLS = ("reference", "fused", "compiled")
 CHUNK_ELEMENTS = 2**26   # fp32 elements per chunk of the fused path: 256 MiB, 64k rows of 1024
 REDUCTIONS = ("mean", "sum", "none")
 NEG_INF = float("-inf")
 
 
-def _lattice(wt: torch.Tensor, wu: torch.Tensor, init: torch.Tensor) -> torch.Tensor:
+def lattice(wt: torch.Tensor, wu: torch.Tensor, init: torch.Tensor) -> torch.Tensor:
     """``V [B, T, U1]`` with ``V[:, 0, 0] = init`` and ``V[t, u] = logaddexp(V[t-1, u] +
     wt[t, u], V[t, u-1] + wu[t, u])`` (missing neighbours are -inf), computed diagonal by
     diagonal: cell ``(t, u)`` lives at ``[t + u, u]`` of the skewed grids, two kernels a
@@ -82,8 +84,20 @@ def _flip(x: torch.Tensor, enc_lens: torch.Tensor, label_lens: torch.Tensor) -> 
     return x[rows, t.clamp(min=0), u.clamp(min=0)].masked_fill((t < 0) | (u < 0), NEG_INF)
 
 
+def _walker(impl: str):
+    """The lattice recursion of ``impl``: :func:`lattice` (``torch``) or its one-kernel GPU
+    counterpart (``triton``, :mod:`benchmarks.rnnt.lattice_triton`)."""
+    if impl == "torch":
+        return lattice
+    if impl == "triton":
+        from benchmarks.rnnt.lattice_triton import lattice as fused
+
+        return fused
+    raise ValueError(f"lattice {impl!r} is not one of {LATTICES}")
+
+
 def _alpha_beta(blank: torch.Tensor, label: torch.Tensor, enc_lens: torch.Tensor,
-                label_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                label_lens: torch.Tensor, walk=lattice) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward variables ``alpha[t, u]`` (log-probability of reaching ``(t, u)``) and backward
     ones ``beta[t, u]`` (of finishing from ``(t, u)``, its own transition included; -inf
     outside each utterance). Beta is the forward recursion on the reversed lattice, so both
@@ -91,21 +105,21 @@ def _alpha_beta(blank: torch.Tensor, label: torch.Tensor, enc_lens: torch.Tensor
     B = len(blank)
     wt = torch.cat((torch.full_like(blank[:, :1], NEG_INF), blank[:, :-1]), 1)
     wu = torch.cat((torch.full_like(label[:, :, :1], NEG_INF), label[:, :, :-1]), 2)
-    both = _lattice(torch.cat((wt, _flip(blank, enc_lens, label_lens))),
-                    torch.cat((wu, _flip(label, enc_lens, label_lens))),
-                    torch.cat((blank.new_zeros(B), _last(blank, enc_lens, label_lens))))
+    both = walk(torch.cat((wt, _flip(blank, enc_lens, label_lens))),
+                torch.cat((wu, _flip(label, enc_lens, label_lens))),
+                torch.cat((blank.new_zeros(B), _last(blank, enc_lens, label_lens))))
     return both[:B], _flip(both[B:], enc_lens, label_lens)
 
 
 class _TransducerNLL(torch.autograd.Function):
-    """``(blank [B, T, U+1], label [B, T, U+1], enc_lens, label_lens)`` -> ``nll [B]``:
+    """``(blank [B, T, U+1], label [B, T, U+1], enc_lens, label_lens, walk)`` -> ``nll [B]``:
     ``blank[t, u]`` is the log-probability of the blank at cell ``(t, u)``, ``label[t, u]``
     that of label ``u + 1`` (-inf for ``u >= label_lens``)."""
 
     @staticmethod
     def forward(ctx, blank: torch.Tensor, label: torch.Tensor, enc_lens: torch.Tensor,
-                label_lens: torch.Tensor) -> torch.Tensor:
-        alpha, beta = _alpha_beta(blank, label, enc_lens, label_lens)
+                label_lens: torch.Tensor, walk) -> torch.Tensor:
+        alpha, beta = _alpha_beta(blank, label, enc_lens, label_lens, walk)
         log_z = _last(alpha, enc_lens, label_lens) + _last(blank, enc_lens, label_lens)
         ctx.save_for_backward(blank, label, enc_lens, label_lens, alpha, beta, log_z)
         return -log_z
@@ -123,7 +137,7 @@ class _TransducerNLL(torch.autograd.Function):
         base = alpha - log_z[:, None, None]
         grad_blank = scale * torch.exp(base + blank + after[:, 1:, :U1])
         grad_label = scale * torch.exp(base + label + after[:, :T, 1:])
-        return grad_blank, grad_label, None, None
+        return grad_blank, grad_label, None, None, None
 
 
 def _reduce(nll: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -137,10 +151,12 @@ def _reduce(nll: torch.Tensor, reduction: str) -> torch.Tensor:
 
 
 def transducer_nll(blank: torch.Tensor, label: torch.Tensor, enc_lens: torch.Tensor,
-                   label_lens: torch.Tensor) -> torch.Tensor:
+                   label_lens: torch.Tensor, lattice_impl: str = "torch") -> torch.Tensor:
     """Per-utterance loss ``[B]`` from the lattice's log-probabilities ``blank`` and ``label``
-    ``[B, T, U+1]`` (``label[b, t, u]`` = label ``u + 1``'s, -inf from ``label_lens[b]`` on)."""
-    return _TransducerNLL.apply(blank, label, enc_lens.long(), label_lens.long())
+    ``[B, T, U+1]`` (``label[b, t, u]`` = label ``u + 1``'s, -inf from ``label_lens[b]`` on),
+    the recursion run by ``lattice_impl`` (one of ``LATTICES``)."""
+    return _TransducerNLL.apply(blank, label, enc_lens.long(), label_lens.long(),
+                                _walker(lattice_impl))
 
 
 def _torchaudio_loss(logits: torch.Tensor, enc_lens: torch.Tensor, labels: torch.Tensor,
@@ -159,10 +175,11 @@ def _torchaudio_loss(logits: torch.Tensor, enc_lens: torch.Tensor, labels: torch
 
 def transducer_loss(logits: torch.Tensor, enc_lens: torch.Tensor, labels: torch.Tensor,
                     label_lens: torch.Tensor, blank: int = -1, reduction: str = "mean",
-                    impl: str = "reference") -> torch.Tensor:
+                    impl: str = "reference", lattice_impl: str = "torch") -> torch.Tensor:
     """The loss of padded logits ``[B, T, U+1, V]`` (before log-softmax), labels ``[B, U]``
     (any ids past ``label_lens``), ``blank`` an index into ``V`` (-1: the last). ``reduction``
-    ``mean`` (the reference's: sum over utterances / B), ``sum`` or ``none`` (``[B]``)."""
+    ``mean`` (the reference's: sum over utterances / B), ``sum`` or ``none`` (``[B]``);
+    ``lattice_impl`` runs the recursion of every impl but torchaudio's."""
     blank %= logits.shape[-1]
     if impl == "torchaudio":
         return _reduce(_torchaudio_loss(logits, enc_lens, labels, label_lens, blank), reduction)
@@ -177,7 +194,8 @@ def transducer_loss(logits: torch.Tensor, enc_lens: torch.Tensor, labels: torch.
     label_lp = torch.cat((label_lp, torch.full_like(blank_lp[:, :, :1], NEG_INF)), 2)
     u = torch.arange(U1, device=logits.device)
     label_lp = label_lp.masked_fill(u >= label_lens[:, None, None], NEG_INF)
-    return _reduce(transducer_nll(blank_lp, label_lp, enc_lens, label_lens), reduction)
+    return _reduce(transducer_nll(blank_lp, label_lp, enc_lens, label_lens, lattice_impl),
+                   reduction)
 
 
 def _chunk_norm(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -231,12 +249,13 @@ class _FusedLogProbs(torch.autograd.Function):
 def packed_transducer_loss(logits: torch.Tensor, enc_lens: torch.Tensor, labels: torch.Tensor,
                            label_lens: torch.Tensor, blank: int = -1, reduction: str = "mean",
                            impl: str = "reference", chunk_rows: int | None = None,
-                           longest: tuple[int, int] | None = None) -> torch.Tensor:
+                           longest: tuple[int, int] | None = None,
+                           lattice_impl: str = "torch") -> torch.Tensor:
     """The same loss from packed logits ``[N, V]``, one row per valid ``(b, t, u)`` in
     :func:`benchmarks.rnnt.model.packed_index` order; no ``[B, T, U+1, V]`` tensor is made.
     ``impl="fused"`` takes ``chunk_rows`` rows at a time (default: ``CHUNK_ELEMENTS // V``).
     ``longest``, the largest ``enc_lens`` and ``label_lens`` when the caller has them on the
-    host, spares reading them from the device."""
+    host, spares reading them from the device. ``lattice_impl``: as :func:`transducer_loss`'s."""
     if impl not in PACKED_IMPLS:
         raise ValueError(f"impl {impl!r} is not one of {PACKED_IMPLS}")
     blank %= logits.shape[-1]
@@ -261,4 +280,5 @@ def packed_transducer_loss(logits: torch.Tensor, enc_lens: torch.Tensor, labels:
     grid = torch.full(shape, NEG_INF, dtype=blank_row.dtype, device=logits.device)
     blank_lp = grid.index_put((b, t, u), blank_row)
     label_lp = grid.index_put((b, t, u), label_row)
-    return _reduce(transducer_nll(blank_lp, label_lp, enc_lens, label_lens), reduction)
+    return _reduce(transducer_nll(blank_lp, label_lp, enc_lens, label_lens, lattice_impl),
+                   reduction)

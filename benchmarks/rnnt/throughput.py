@@ -9,7 +9,10 @@ average) with the joint and the pure-PyTorch loss over the valid (t, u) pairs on
 packed``); ``ours-fused`` is that step with the log-softmax fused into the loss (``--loss
 fused``: no fp32 copy of the packed logits); ``ours-compiled-loss`` computes that log-softmax as
 two compiled kernels (``--loss compiled``), ``ours-compiled`` (the GPU configs' step) also the
-joint's gather, add, ReLU and dropout as one (``--joint packed-compiled``); ``ours-padded`` is
+joint's gather, add, ReLU and dropout as one (``--joint packed-compiled``); ``ours-lattice`` adds
+the loss's lattice as one Triton kernel (``--lattice triton``), ``ours-flat`` LAMB on one flat
+buffer (``--flat-params``), ``ours-flat-lattice`` both, ``ours-graphs`` also the LSTMs as CUDA
+graphs (``--rnn-graphs``); ``ours-padded`` is
 the same step with the joint on the padded ``[B, T, U+1, V]`` grid and ``torchaudio``'s loss
 (``--joint padded --loss torchaudio``), ``ours-padded-reference`` the padded grid with the
 pure-PyTorch loss. The tool times one micro-batch per step (``--grad-accum 1``; the 1xH100
@@ -61,6 +64,13 @@ OURS = {"ours": ("--joint", "packed"),
         "ours-fused": ("--joint", "packed", "--loss", "fused"),
         "ours-compiled-loss": ("--joint", "packed", "--loss", "compiled"),
         "ours-compiled": ("--joint", "packed-compiled", "--loss", "compiled"),
+        "ours-lattice": ("--joint", "packed-compiled", "--loss", "compiled", "--lattice",
+                         "triton"),
+        "ours-flat": ("--joint", "packed-compiled", "--loss", "compiled", "--flat-params"),
+        "ours-flat-lattice": ("--joint", "packed-compiled", "--loss", "compiled",
+                              "--flat-params", "--lattice", "triton"),
+        "ours-graphs": ("--joint", "packed-compiled", "--loss", "compiled", "--flat-params",
+                        "--lattice", "triton", "--rnn-graphs"),
         "ours-padded": ("--joint", "padded", "--loss", "torchaudio"),
         "ours-padded-reference": ("--joint", "padded", "--loss", "reference")}
 # variant -> whether the plain network runs through torch.compile

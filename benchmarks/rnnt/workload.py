@@ -16,7 +16,12 @@ gather, add, ReLU and dropout compiled: ``--joint packed-compiled``) or over the
 (``--joint padded``, the reference's), the loss is the pure-PyTorch transducer
 loss, ``torchaudio``'s (``--loss torchaudio``, padded grid, GPU only) or the packed loss with
 the log-softmax fused into it (``--loss fused``, packed joint: no fp32 ``[N, V]`` tensor), or
-that log-softmax as two compiled kernels (``--loss compiled``).
+that log-softmax as two compiled kernels (``--loss compiled``). The loss's lattice recursion
+runs diagonal by diagonal from the host (``--lattice torch``) or as one Triton kernel
+(``--lattice triton``, GPU only). ``--rnn-graphs`` replays the LSTMs as CUDA graphs, one per
+padded length (GPU only). ``--flat-params`` keeps the parameters and gradients in one
+buffer, LAMB updating it with whole-buffer and multi-tensor kernels (``ShardedLamb``, one
+gradient reduce-scatter across ranks in place of DDP) instead of one tensor at a time.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from torch import nn
 
 from benchmarks.rnnt import compiled_joint, data, features
 from benchmarks.rnnt.decoding import MAX_SYMBOLS, greedy_decode
-from benchmarks.rnnt.loss import packed_transducer_loss, transducer_loss
+from benchmarks.rnnt.loss import LATTICES, packed_transducer_loss, transducer_loss
 from benchmarks.rnnt.model import (
     ENC_HIDDEN,
     ENC_POST_RNN_LAYERS,
@@ -51,8 +56,9 @@ from benchmarks.rnnt.wer import error_counts
 from common import dist, loaders
 from common.errors import UserError
 from common.fixture_cache import MARKER as FIXTURE_MARKER
+from common.flat_params import FlatParameters
 from common.kernel_profile import region
-from common.lamb import Lamb, LambHyper
+from common.lamb import Lamb, LambHyper, ShardedLamb
 from common.mllog import constants
 from common.workload import CapturePolicy, EvalPoint, Target, Workload, epoch_points
 
@@ -86,9 +92,15 @@ class TransducerLoss(nn.Module):
     """The training forward as one module (what DDP wraps): features -> loss on the packed
     or the padded joint."""
 
-    def __init__(self, model: RNNT, joint: str, loss: str):
+    def __init__(self, model: RNNT, joint: str, loss: str, lattice: str = "torch",
+                 rnn_graphs: bool = False):
         super().__init__()
-        self.model, self.joint, self.loss = model, joint, loss
+        self.model, self.joint, self.loss, self.lattice = model, joint, loss, lattice
+        self.rnns = None
+        if rnn_graphs:
+            from benchmarks.rnnt.rnn_graphs import GraphedRNNs
+
+            self.rnns = GraphedRNNs(model)
 
     def forward(self, feats: torch.Tensor, feat_lens: torch.Tensor, labels: torch.Tensor,
                 label_lens: torch.Tensor) -> torch.Tensor:
@@ -97,18 +109,19 @@ class TransducerLoss(nn.Module):
         if packed:   # read before the encoder's work is queued: a short wait, the only one
             total, longest = self._packed_sizes(feat_lens, label_lens)
         with region("encoder"):
-            enc, enc_lens = m.encode(feats, feat_lens)
+            enc, enc_lens = (self.rnns or m).encode(feats, feat_lens)
         with region("prediction"):
-            pred, _ = m.predict(labels)
+            pred = self.rnns.predict(labels) if self.rnns else m.predict(labels)[0]
         with region("joint"):
             logits = (m.joint_packed(enc, pred, enc_lens, label_lens, total,
                                      GATHERS[self.joint]) if packed else m.joint(enc, pred))
         with region("loss"):
             if packed:
                 return packed_transducer_loss(logits, enc_lens, labels, label_lens, m.blank,
-                                              impl=self.loss, longest=longest)
+                                              impl=self.loss, longest=longest,
+                                              lattice_impl=self.lattice)
             return transducer_loss(logits, enc_lens, labels, label_lens, m.blank,
-                                   impl=self.loss)
+                                   impl=self.loss, lattice_impl=self.lattice)
 
     def _packed_sizes(self, feat_lens: torch.Tensor, label_lens: torch.Tensor
                       ) -> tuple[int, tuple[int, int]]:
@@ -183,6 +196,17 @@ class RNNTWorkload(Workload):
                             "loss, chunked, no fp32 copy of the logits (--joint packed); "
                             "compiled: that log-softmax as two compiled kernels "
                             "(--joint packed)")
+        p.add_argument("--lattice", default="torch", choices=LATTICES,
+                       help="the loss's lattice recursion: torch, two kernels per "
+                            "anti-diagonal launched from the host (the reference); triton, "
+                            "one kernel (benchmarks/rnnt/lattice_triton.py, --device cuda)")
+        p.add_argument("--rnn-graphs", action=argparse.BooleanOptionalAction, default=False,
+                       help="the encoder's and prediction network's LSTMs as CUDA graphs, one "
+                            "per input length padded to 16 steps (benchmarks/rnnt/"
+                            "rnn_graphs.py, --device cuda)")
+        p.add_argument("--flat-params", action=argparse.BooleanOptionalAction, default=False,
+                       help="parameters and gradients in one buffer, LAMB on the flat buffer "
+                            "(common/lamb.py ShardedLamb) instead of one tensor at a time")
         p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
 
     # -- set-up ---------------------------------------------------------------------------
@@ -214,6 +238,15 @@ class RNNTWorkload(Workload):
             raise UserError("--loss torchaudio takes the padded grid: add --joint padded")
         if a.loss in ("fused", "compiled") and a.joint == "padded":
             raise UserError(f"--loss {a.loss} takes the packed joint: use --joint packed")
+        if a.lattice == "triton" and self.env.device.type != "cuda":
+            raise UserError("--lattice triton runs a Triton kernel: run with --device cuda, "
+                            "or leave it out")
+        if a.rnn_graphs and self.env.device.type != "cuda":
+            raise UserError("--rnn-graphs replays CUDA graphs: run with --device cuda, or "
+                            "leave it out")
+        if a.lattice == "triton" and a.loss == "torchaudio":
+            raise UserError("--lattice triton is our loss's recursion; --loss torchaudio has "
+                            "its own: leave one of them out")
 
     def build(self) -> None:
         a, env = self.args, self.env
@@ -241,15 +274,23 @@ class RNNTWorkload(Workload):
                      weights_init_scale=a.weights_init_scale)
         self.tensor_names = mllog_tensor_names(model)
         self.net = model.to(env.device)
-        self.model = dist.data_parallel(TransducerLoss(self.net, a.joint, a.loss), env)
-        # after DDP's broadcast of rank 0's weights, so every rank averages the same weights
+        loss = TransducerLoss(self.net, a.joint, a.loss, a.lattice, a.rnn_graphs)
+        hyper = LambHyper(a.beta1, a.beta2, a.epsilon, a.weight_decay, a.clip_norm)
+        decay = [True] * len(list(self.net.parameters()))
+        if a.flat_params:
+            flat = FlatParameters(self.net, env.world_size)
+            if env.distributed:
+                flat.broadcast(0)   # the same initial weights everywhere
+            self.optimizer = ShardedLamb(flat, decay, hyper, env.rank, env.world_size)
+            self.model = loss
+        else:
+            self.model = dist.data_parallel(loss, env)
+            self.optimizer = Lamb(list(self.net.parameters()), decay, hyper)
+        # after the broadcast of rank 0's weights, so every rank averages the same weights
         self.ema_model = copy.deepcopy(self.net).eval().requires_grad_(False)
         self.params = list(self.net.parameters())
         self.ema_params = list(self.ema_model.parameters())
         self.features = features.AudioFeatures().to(env.device)
-        self.optimizer = Lamb(self.params, [True] * len(self.params),
-                              LambHyper(a.beta1, a.beta2, a.epsilon, a.weight_decay,
-                                        a.clip_norm))
         self.lr = torch.zeros((), device=env.device)
         self.step_count = torch.zeros((), device=env.device)
 
@@ -328,8 +369,9 @@ class RNNTWorkload(Workload):
 
     def training_state(self) -> list[torch.Tensor]:
         opt = self.optimizer
-        return [*self.net.state_dict(keep_vars=True).values(), *self.ema_params, *opt.m,
-                *opt.v, opt.t, self.lr, self.step_count]
+        moments = [*opt.m, *opt.v] if isinstance(opt, Lamb) else [opt.m, opt.v]
+        return [*self.net.state_dict(keep_vars=True).values(), *self.ema_params, *moments,
+                opt.t, self.lr, self.step_count]
 
     # -- steps ----------------------------------------------------------------------------
     def train_step(self, audio, audio_lens, labels, label_lens) -> torch.Tensor:

@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_leaves
 from benchmarks.rnnt.loss import (
     _chunk_norm,
     _FusedLogProbs,
-    _lattice,
+    lattice,
     packed_transducer_loss,
     transducer_loss,
 )
@@ -77,7 +77,7 @@ def test_lattice_is_the_cell_by_cell_recursion_exactly(dtype):
             from_t = expected[:, t - 1, u] + wt[:, t, u] if t else torch.full_like(init, -math.inf)
             from_u = expected[:, t, u - 1] + wu[:, t, u] if u else torch.full_like(init, -math.inf)
             expected[:, t, u] = torch.logaddexp(from_t, from_u)
-    got = _lattice(wt, wu, init)
+    got = lattice(wt, wu, init)
     torch.testing.assert_close(got, expected, rtol=4 * torch.finfo(dtype).eps, atol=0)
     assert got.isfinite().any() and got.isneginf().any()
 

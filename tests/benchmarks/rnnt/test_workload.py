@@ -1,6 +1,6 @@
 """The RNN-T workload: the reference's LR rule, a step that learns, the fused loss's step equal
-to the reference loss's, the moving average that evaluation decodes, WER over all words, and
-one-line errors for bad flags."""
+to the reference loss's, LAMB on the flat buffer equal to the per-tensor one, the moving
+average that evaluation decodes, WER over all words, and one-line errors for bad flags."""
 
 import multiprocessing
 
@@ -141,6 +141,20 @@ def test_evaluation_decodes_with_the_average_and_counts_every_word(speech_fixtur
     assert first == again and isinstance(first["wer"], float)   # dither seeded per evaluation
 
 
+def test_flat_params_take_the_per_tensor_lambs_step(speech_fixture):
+    """``--flat-params``: LAMB on one buffer takes the per-tensor reference's step, and the
+    model's weights and gradients stay views into that buffer (the LSTMs' too)."""
+    ref = _first_step(speech_fixture)
+    _assert_same_step(ref, _first_step(speech_fixture, "--flat-params"), 1e-6, 1e-5, 1e-6)
+    wl = build(speech_fixture, "--flat-params")
+    wl.train_step(*next(iter(wl.epoch_batches(1))))
+    flat = wl.optimizer.flat
+    for p in wl.net.parameters():
+        assert p.untyped_storage().data_ptr() == flat.data.untyped_storage().data_ptr()
+        assert p.grad.untyped_storage().data_ptr() == flat.grad.untyped_storage().data_ptr()
+    assert len(wl.training_state()) == len(ref[1]) * 2 + 5   # weights, averages, m, v, 3
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--batch-size", "6", "--grad-accum", "4"], "not divisible by --grad-accum"),
     (["--loss", "torchaudio"], "add --joint padded"),
@@ -151,6 +165,8 @@ def test_evaluation_decodes_with_the_average_and_counts_every_word(speech_fixtur
     (["--clip-norm", "nan"], "--clip-norm must be a positive norm or inf"),
     (["--eval-every", "0"], "--eval-every must be 1 or more"),
     (["--precision", "amp-fp16"], "use --precision amp-bf16"),
+    (["--lattice", "triton"], "run with --device cuda"),
+    (["--rnn-graphs"], "run with --device cuda"),
 ])
 def test_bad_flags_are_one_line_errors(speech_fixture, flags, message):
     with pytest.raises(UserError, match=message.replace("[", r"\[").replace(")", r"\)")) as e:

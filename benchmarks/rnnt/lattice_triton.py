@@ -1,0 +1,68 @@
+"""The transducer loss's lattice recursion in one Triton kernel (``--lattice triton``): the
+GPU counterpart of :func:`benchmarks.rnnt.loss.lattice`, which stays the reference.
+
+The reference walks the lattice's anti-diagonals from the host, two kernels each: at 206
+encoder steps and 100 labels that is about 600 launches a step, and at batch 64 a profile
+of the training step showed the GPU busy 70 ms of a 166 ms step, waiting on the host
+(docs/performance.md, RNN-T). Here one program per lattice walks every diagonal itself:
+each cell of diagonal ``d`` is computed from its two neighbours on diagonal ``d - 1``,
+written to the output, and a barrier makes the diagonal visible to the program's threads
+before the next. The arithmetic is the reference's, an fp32 add per move and
+``torch.logaddexp``'s formula with libdevice's ``exp`` and ``log1p``, so the result is
+the reference path's bit for bit (a GPU test)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import Tensor
+
+
+@functools.cache
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def lattice_kernel(wt, wu, init, out, T, U1, BLOCK_U: tl.constexpr):
+        base = tl.program_id(0).to(tl.int64) * T * U1
+        u = tl.arange(0, BLOCK_U)
+        tl.store(out + base, tl.load(init + tl.program_id(0)))
+        tl.debug_barrier()
+        for d in range(1, T + U1 - 1):
+            t = d - u
+            cell = (u < U1) & (t >= 0) & (t < T)
+            at = base + t * U1 + u
+            from_t = (tl.load(out + at - U1, mask=cell & (t > 0), other=float("-inf"))
+                      + tl.load(wt + at, mask=cell, other=float("-inf")))
+            from_u = (tl.load(out + at - 1, mask=cell & (u > 0), other=float("-inf"))
+                      + tl.load(wu + at, mask=cell, other=float("-inf")))
+            # torch.logaddexp: an infinite pair equal to each other is its own sum
+            top = tl.maximum(from_t, from_u)
+            both = top + tl.extra.libdevice.log1p(tl.extra.libdevice.exp(-tl.abs(from_t - from_u)))
+            same_inf = (from_t == from_u) & (tl.abs(from_t) == float("inf"))
+            tl.store(out + at, tl.where(same_inf, from_t, both), mask=cell)
+            tl.debug_barrier()
+
+    return lattice_kernel
+
+
+@torch.library.custom_op("rnnt::lattice", mutates_args=())
+def lattice(wt: Tensor, wu: Tensor, init: Tensor) -> Tensor:
+    """:func:`benchmarks.rnnt.loss.lattice` on CUDA tensors (fp32 or fp64), in one launch."""
+    import triton
+
+    wt, wu = wt.contiguous(), wu.contiguous()
+    B, T, U1 = wt.shape
+    out = torch.empty_like(wt)
+    if out.numel():
+        _kernel()[(B,)](wt, wu, init.to(wt.dtype).contiguous(), out, T, U1,
+                        BLOCK_U=triton.next_power_of_2(U1), num_warps=4,
+                        enable_fp_fusion=False)
+    return out
+
+
+@lattice.register_fake
+def _(wt, wu, init):
+    return torch.empty_like(wt)

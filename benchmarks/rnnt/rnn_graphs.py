@@ -1,0 +1,92 @@
+"""The encoder's and the prediction network's LSTMs replayed as CUDA graphs (``--rnn-graphs``),
+one pair of graphs (forward, backward) per padded input length.
+
+cuDNN launches several kernels per time step and layer from the host, about 10,000 launches
+in a training step at 206 encoder steps and 100 labels: at batch 64 the host spent 74 ms a
+step in cuDNN's LSTM calls while the GPU was busy 67 ms of a 118 ms step, and the LSTMs'
+forward and backward took 70 ms eager against 27 ms replayed as graphs (docs/performance.md,
+RNN-T). The lengths change with every batch (duration buckets, speed perturbation), so each
+input is padded at its end to a multiple of ``PAD_STEPS`` steps, one graph pair is built per
+padded shape the first time it is met (``torch.cuda.make_graphed_callables``, its own memory
+pool), and the outputs are cut back to the batch's length. The LSTMs are causal: the padding
+changes no output inside the batch's length and gets no gradient. The time stacking's zero
+frame past an odd length is kept by masking the padded frames' pre-stacking outputs. The
+plain path, :meth:`RNNT.encode` and :meth:`RNNT.predict`, is the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from benchmarks.rnnt.model import RNNT, stacked_lengths
+
+PAD_STEPS = 16   # encoder steps (0.96 s) and labels a padded length is a multiple of
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+class _EncoderCore(nn.Module):
+    """``(feats [B, T, in_feats], keep [1, T, 1])`` -> ``[B, T / stack, hidden]``: the
+    encoder with the pre-stacking outputs past ``keep`` zeroed (``T`` a multiple of the
+    stacking factor)."""
+
+    def __init__(self, model: RNNT):
+        super().__init__()
+        self.encoder = model.encoder
+
+    def forward(self, feats: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        e = self.encoder
+        x, _ = e.pre_rnn(feats)
+        x = torch.where(keep, x, 0.0).reshape(x.shape[0], -1, e.stack_time_factor * x.shape[2])
+        return e.post_rnn(x)[0]
+
+
+class _PredictionCore(nn.Module):
+    """``labels [B, U]`` -> ``[B, U + 1, hidden]``."""
+
+    def __init__(self, model: RNNT):
+        super().__init__()
+        self.prediction = model.prediction
+
+    def forward(self, labels: torch.Tensor) -> torch.Tensor:
+        return self.prediction(labels)[0]
+
+
+class GraphedRNNs:
+    """:meth:`RNNT.encode` and :meth:`RNNT.predict` for training, through graphs of padded
+    shapes. Graphs replay the autocast state of their capture: call under the same one."""
+
+    def __init__(self, model: RNNT, pad_steps: int = PAD_STEPS):
+        self.encoder, self.prediction = _EncoderCore(model), _PredictionCore(model)
+        self.stack = model.encoder.stack_time_factor
+        self.pad_steps = pad_steps
+        self.graphs: dict[tuple, nn.Module] = {}
+
+    def _graph(self, core: nn.Module, *args: torch.Tensor):
+        key = (type(core).__name__, *(tuple(a.shape) for a in args))
+        if key not in self.graphs:
+            # the autocast cache would free weight casts the graph keeps using
+            cast = torch.get_autocast_dtype("cuda")
+            with torch.autocast("cuda", cast, enabled=torch.is_autocast_enabled("cuda"),
+                                cache_enabled=False):
+                self.graphs[key] = torch.cuda.make_graphed_callables(
+                    core, tuple(a.clone() for a in args))
+        return self.graphs[key]
+
+    def encode(self, feats: torch.Tensor, feat_lens: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        T = feats.shape[1]
+        padded = _round_up(T, self.pad_steps * self.stack)
+        keep = (torch.arange(padded, device=feats.device) < T)[None, :, None]
+        feats = F.pad(feats, (0, 0, 0, padded - T))
+        enc = self._graph(self.encoder, feats, keep)(feats, keep)
+        return enc[:, :stacked_lengths(T, self.stack)], stacked_lengths(feat_lens, self.stack)
+
+    def predict(self, labels: torch.Tensor) -> torch.Tensor:
+        U = labels.shape[1]
+        labels = F.pad(labels, (0, _round_up(U + 1, self.pad_steps) - 1 - U))
+        return self._graph(self.prediction, labels)(labels)[:, :U + 1]
