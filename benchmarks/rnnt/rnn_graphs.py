@@ -61,20 +61,22 @@ class GraphedRNNs:
     shapes. Graphs replay the autocast state of their capture: call under the same one."""
 
     def __init__(self, model: RNNT, pad_steps: int = PAD_STEPS):
-        self.encoder, self.prediction = _EncoderCore(model), _PredictionCore(model)
+        self.model = model
         self.stack = model.encoder.stack_time_factor
         self.pad_steps = pad_steps
         self.graphs: dict[tuple, nn.Module] = {}
 
-    def _graph(self, core: nn.Module, *args: torch.Tensor):
-        key = (type(core).__name__, *(tuple(a.shape) for a in args))
+    def _graph(self, core: type[nn.Module], *args: torch.Tensor) -> nn.Module:
+        """The graphed ``core`` for the shapes of ``args``: a wrapper of its own per shape,
+        as ``make_graphed_callables`` replaces the forward of the module it is given."""
+        key = (core.__name__, *(tuple(a.shape) for a in args))
         if key not in self.graphs:
             # the autocast cache would free weight casts the graph keeps using
             cast = torch.get_autocast_dtype("cuda")
             with torch.autocast("cuda", cast, enabled=torch.is_autocast_enabled("cuda"),
                                 cache_enabled=False):
                 self.graphs[key] = torch.cuda.make_graphed_callables(
-                    core, tuple(a.clone() for a in args))
+                    core(self.model), tuple(a.clone() for a in args))
         return self.graphs[key]
 
     def encode(self, feats: torch.Tensor, feat_lens: torch.Tensor
@@ -83,10 +85,10 @@ class GraphedRNNs:
         padded = _round_up(T, self.pad_steps * self.stack)
         keep = (torch.arange(padded, device=feats.device) < T)[None, :, None]
         feats = F.pad(feats, (0, 0, 0, padded - T))
-        enc = self._graph(self.encoder, feats, keep)(feats, keep)
+        enc = self._graph(_EncoderCore, feats, keep)(feats, keep)
         return enc[:, :stacked_lengths(T, self.stack)], stacked_lengths(feat_lens, self.stack)
 
     def predict(self, labels: torch.Tensor) -> torch.Tensor:
         U = labels.shape[1]
         labels = F.pad(labels, (0, _round_up(U + 1, self.pad_steps) - 1 - U))
-        return self._graph(self.prediction, labels)(labels)[:, :U + 1]
+        return self._graph(_PredictionCore, labels)(labels)[:, :U + 1]
