@@ -127,8 +127,12 @@ class Prediction(nn.Module):
                 ) -> tuple[torch.Tensor, State]:
         """``labels [B, U]`` -> ``([B, U + 1, hidden], state)``: the start (a zero vector)
         then every label is fed; output ``u`` has seen the first ``u`` labels."""
-        x = F.pad(self.embed(labels), (0, 0, 1, 0))
-        return self.dec_rnn(x, state)
+        return self.dec_rnn(self.inputs(labels), state)
+
+    def inputs(self, labels: torch.Tensor) -> torch.Tensor:
+        """``labels [B, U]`` -> ``dec_rnn``'s input ``[B, U + 1, hidden]``: a zero vector,
+        then each label's embedding."""
+        return F.pad(self.embed(labels), (0, 0, 1, 0))
 
     def step(self, labels: torch.Tensor, state: State | None
              ) -> tuple[torch.Tensor, State]:

@@ -20,13 +20,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.rnnt.model import RNNT, stacked_lengths
+from benchmarks.rnnt.model import LSTM, RNNT, stacked_lengths
 
 PAD_STEPS = 16   # encoder steps (0.96 s) and labels a padded length is a multiple of
 
 
 def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
+
+
+def layer_by_layer(rnn: LSTM, x: torch.Tensor) -> torch.Tensor:
+    """``rnn(x)[0]`` with one cuDNN call per layer and the dropout between layers as
+    ``F.dropout`` (the same distribution as cuDNN's own). cuDNN's between-layer dropout keeps
+    its random state in a buffer of its own: graphs captured with it and replayed after a
+    later capture read freed memory (an illegal address on the H100)."""
+    lstm = rnn.lstm
+    h0 = x.new_zeros(1, x.shape[0], lstm.hidden_size)
+    for k in range(lstm.num_layers):
+        if k:
+            x = F.dropout(x, lstm.dropout, lstm.training)
+        weights = [getattr(lstm, f"{w}_l{k}") for w in ("weight_ih", "weight_hh", "bias_ih",
+                                                        "bias_hh")]
+        # (input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
+        #  batch_first)
+        x = torch.lstm(x, (h0, h0), weights, True, 1, 0.0, lstm.training, False, True)[0]
+    return rnn.dropout(x)
 
 
 class _EncoderCore(nn.Module):
@@ -40,9 +58,9 @@ class _EncoderCore(nn.Module):
 
     def forward(self, feats: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         e = self.encoder
-        x, _ = e.pre_rnn(feats)
+        x = layer_by_layer(e.pre_rnn, feats)
         x = torch.where(keep, x, 0.0).reshape(x.shape[0], -1, e.stack_time_factor * x.shape[2])
-        return e.post_rnn(x)[0]
+        return layer_by_layer(e.post_rnn, x)
 
 
 class _PredictionCore(nn.Module):
@@ -53,7 +71,8 @@ class _PredictionCore(nn.Module):
         self.prediction = model.prediction
 
     def forward(self, labels: torch.Tensor) -> torch.Tensor:
-        return self.prediction(labels)[0]
+        p = self.prediction
+        return layer_by_layer(p.dec_rnn, p.inputs(labels))
 
 
 class GraphedRNNs:

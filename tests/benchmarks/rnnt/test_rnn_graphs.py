@@ -1,7 +1,7 @@
 """The LSTMs as CUDA graphs of padded lengths (``--rnn-graphs``) against the plain encoder and
 prediction network on the GPU: the same outputs and weight gradients without dropout (an odd
 length included, where the time stacking adds a zero frame), one graph per padded length,
-and new dropout masks at every replay, cuDNN's between layers included."""
+and new dropout masks at every replay, graphs replayed after later captures included."""
 
 import pytest
 import torch
@@ -99,3 +99,22 @@ def test_every_replay_draws_new_dropout_masks(wrapper_dropout):
     feats, feat_lens, labels = _inputs(2, 40, 5)
     outs = [rnns.encode(feats, feat_lens)[0].detach().clone() for _ in range(3)]
     assert not torch.equal(outs[1], outs[2]) and not torch.equal(outs[0], outs[1])
+
+
+def test_graphs_replayed_after_later_captures_still_run():
+    """A graph replayed after other shapes were captured, dropout on (cuDNN's own
+    between-layer dropout made such replays read freed memory)."""
+    from benchmarks.rnnt.rnn_graphs import GraphedRNNs
+
+    model = _model(4, dropout=True)
+    rnns = GraphedRNNs(model)
+    for T, U in [(37, 5), (70, 20), (130, 40), (37, 5), (70, 20)]:
+        feats, feat_lens, labels = _inputs(4, T, U)
+        with torch.autocast("cuda", torch.bfloat16):
+            enc, _ = rnns.encode(feats, feat_lens)
+            pred = rnns.predict(labels)
+        (enc.float().square().mean() + pred.float().square().mean()).backward()
+        torch.cuda.synchronize()
+        assert all(p.grad.isfinite().all() for p in model.parameters() if p.grad is not None)
+        model.zero_grad(set_to_none=True)
+    assert len(rnns.graphs) == 6
