@@ -7,8 +7,9 @@ step in cuDNN's LSTM calls while the GPU was busy 67 ms of a 118 ms step, and th
 forward and backward took 70 ms eager against 27 ms replayed as graphs (docs/performance.md,
 RNN-T). The lengths change with every batch (duration buckets, speed perturbation), so each
 input is padded at its end to a multiple of ``PAD_STEPS`` steps, one graph pair is built per
-padded shape the first time it is met (``torch.cuda.make_graphed_callables``, its own memory
-pool), and the outputs are cut back to the batch's length. The LSTMs are causal: the padding
+padded shape the first time it is met (``torch.cuda.make_graphed_callables``; the encoder's
+graphs share one memory pool, the prediction network's another), and the outputs are cut back
+to the batch's length. The LSTMs are causal: the padding
 changes no output inside the batch's length and gets no gradient. The time stacking's zero
 frame past an odd length is kept by masking the padded frames' pre-stacking outputs. The
 plain path, :meth:`RNNT.encode` and :meth:`RNNT.predict`, is the reference.
@@ -84,18 +85,22 @@ class GraphedRNNs:
         self.stack = model.encoder.stack_time_factor
         self.pad_steps = pad_steps
         self.graphs: dict[tuple, nn.Module] = {}
+        self.pools: dict[type, tuple] = {}
 
     def _graph(self, core: type[nn.Module], *args: torch.Tensor) -> nn.Module:
         """The graphed ``core`` for the shapes of ``args``: a wrapper of its own per shape,
-        as ``make_graphed_callables`` replaces the forward of the module it is given."""
+        as ``make_graphed_callables`` replaces the forward of the module it is given. The
+        graphs of one core share a memory pool: a step replays one of them (forward, later
+        backward) and no other in between, and each replay rewrites what it reads."""
         key = (core.__name__, *(tuple(a.shape) for a in args))
         if key not in self.graphs:
             # the autocast cache would free weight casts the graph keeps using
             cast = torch.get_autocast_dtype("cuda")
             with torch.autocast("cuda", cast, enabled=torch.is_autocast_enabled("cuda"),
                                 cache_enabled=False):
+                pool = self.pools.setdefault(core, torch.cuda.graph_pool_handle())
                 self.graphs[key] = torch.cuda.make_graphed_callables(
-                    core(self.model), tuple(a.clone() for a in args))
+                    core(self.model), tuple(a.clone() for a in args), pool=pool)
         return self.graphs[key]
 
     def encode(self, feats: torch.Tensor, feat_lens: torch.Tensor

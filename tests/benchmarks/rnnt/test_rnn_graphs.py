@@ -47,15 +47,16 @@ def _forward_backward(model, encode, predict, feats, feat_lens, labels):
     return enc.detach(), enc_lens, pred.detach(), grads
 
 
-@pytest.mark.parametrize("T, U", [(37, 5), (64, 15), (21, 0)])
-def test_graphs_equal_the_plain_lstms_without_dropout(T, U):
+def test_graphs_equal_the_plain_lstms_without_dropout():
+    """Each shape against the plain path, a shape's graph replayed after others' captures
+    (they share a memory pool) included."""
     from benchmarks.rnnt.rnn_graphs import GraphedRNNs
 
     model = _model(1, dropout=False)
-    batch = _inputs(3, T, U)
-    ref = _forward_backward(model, model.encode, lambda y: model.predict(y)[0], *batch)
     rnns = GraphedRNNs(model)
-    for _ in range(2):   # capture, then replay
+    for T, U in [(37, 5), (37, 5), (64, 15), (21, 0), (37, 5), (130, 40), (64, 15)]:
+        batch = _inputs(3, T, U, seed=T)
+        ref = _forward_backward(model, model.encode, lambda y: model.predict(y)[0], *batch)
         got = _forward_backward(model, rnns.encode, rnns.predict, *batch)
         assert got[0].shape == ref[0].shape and got[2].shape == ref[2].shape
         torch.testing.assert_close(got[0], ref[0], rtol=1e-5, atol=1e-6)
@@ -64,6 +65,8 @@ def test_graphs_equal_the_plain_lstms_without_dropout(T, U):
         assert len(got[3]) == len(ref[3])
         for a, b in zip(got[3], ref[3]):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert len(rnns.graphs) == 3 + 2   # frames 64, 32, 160; labels padded to 15 and 47
+    assert len(rnns.pools) == 2
 
 
 def test_one_graph_per_padded_length_under_autocast():
