@@ -11,7 +11,8 @@ padded shape the first time it is met (``torch.cuda.make_graphed_callables``; th
 graphs share one memory pool, the prediction network's another), and the outputs are cut back
 to the batch's length. The LSTMs are causal: the padding
 changes no output inside the batch's length and gets no gradient. The time stacking's zero
-frame past an odd length is kept by masking the padded frames' pre-stacking outputs. The
+frame past an odd length is kept by masking the padded frames' pre-stacking outputs. Each
+LSTM is one cuDNN call, its dropout state the graphs' own (:func:`cudnn_lstm`). The
 plain path, :meth:`RNNT.encode` and :meth:`RNNT.predict`, is the reference.
 """
 
@@ -30,22 +31,22 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def layer_by_layer(rnn: LSTM, x: torch.Tensor) -> torch.Tensor:
-    """``rnn(x)[0]`` with one cuDNN call per layer and the dropout between layers as
-    ``F.dropout`` (the same distribution as cuDNN's own). cuDNN's between-layer dropout keeps
-    its random state in a buffer of its own: graphs captured with it and replayed after a
-    later capture read freed memory (an illegal address on the H100)."""
+CUDNN_LSTM = 2   # cudnnRNNMode_t
+
+
+def cudnn_lstm(rnn: LSTM, x: torch.Tensor, dropout_state: torch.Tensor) -> torch.Tensor:
+    """``rnn(x)[0]`` as one cuDNN call over all its layers, the between-layer dropout drawn
+    from ``dropout_state`` (``torch._cudnn_init_dropout_state``), a buffer the graphs own.
+    Through ``nn.LSTM``, which takes that state from PyTorch's per-device cache, graphs
+    replayed after a later capture failed with an illegal address on the H100 (the cause not
+    isolated); one call per layer with ``F.dropout`` between them avoided it but lost the
+    layers' wavefront, and with it a quarter of the step's speed (docs/performance.md)."""
     lstm = rnn.lstm
-    h0 = x.new_zeros(1, x.shape[0], lstm.hidden_size)
-    for k in range(lstm.num_layers):
-        if k:
-            x = F.dropout(x, lstm.dropout, lstm.training)
-        weights = [getattr(lstm, f"{w}_l{k}") for w in ("weight_ih", "weight_hh", "bias_ih",
-                                                        "bias_hh")]
-        # (input, hx, params, has_biases, num_layers, dropout, train, bidirectional,
-        #  batch_first)
-        x = torch.lstm(x, (h0, h0), weights, True, 1, 0.0, lstm.training, False, True)[0]
-    return rnn.dropout(x)
+    h0 = x.new_zeros(lstm.num_layers, x.shape[0], lstm.hidden_size)
+    y = torch._cudnn_rnn(x, lstm._flat_weights, 4, None, h0, h0, CUDNN_LSTM, lstm.hidden_size,
+                         0, lstm.num_layers, True, lstm.dropout, lstm.training, False, [],
+                         dropout_state)[0]
+    return rnn.dropout(y)
 
 
 class _EncoderCore(nn.Module):
@@ -53,27 +54,27 @@ class _EncoderCore(nn.Module):
     encoder with the pre-stacking outputs past ``keep`` zeroed (``T`` a multiple of the
     stacking factor)."""
 
-    def __init__(self, model: RNNT):
+    def __init__(self, model: RNNT, dropout_state: torch.Tensor):
         super().__init__()
-        self.encoder = model.encoder
+        self.encoder, self.dropout_state = model.encoder, dropout_state
 
     def forward(self, feats: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         e = self.encoder
-        x = layer_by_layer(e.pre_rnn, feats)
+        x = cudnn_lstm(e.pre_rnn, feats, self.dropout_state)
         x = torch.where(keep, x, 0.0).reshape(x.shape[0], -1, e.stack_time_factor * x.shape[2])
-        return layer_by_layer(e.post_rnn, x)
+        return cudnn_lstm(e.post_rnn, x, self.dropout_state)
 
 
 class _PredictionCore(nn.Module):
     """``labels [B, U]`` -> ``[B, U + 1, hidden]``."""
 
-    def __init__(self, model: RNNT):
+    def __init__(self, model: RNNT, dropout_state: torch.Tensor):
         super().__init__()
-        self.prediction = model.prediction
+        self.prediction, self.dropout_state = model.prediction, dropout_state
 
     def forward(self, labels: torch.Tensor) -> torch.Tensor:
         p = self.prediction
-        return layer_by_layer(p.dec_rnn, p.inputs(labels))
+        return cudnn_lstm(p.dec_rnn, p.inputs(labels), self.dropout_state)
 
 
 class GraphedRNNs:
@@ -82,6 +83,10 @@ class GraphedRNNs:
 
     def __init__(self, model: RNNT, pad_steps: int = PAD_STEPS):
         self.model = model
+        # the graphs' own dropout state, kept as long as they are; seeded from torch's RNG
+        seed = int(torch.randint(2**62, ()))
+        self.dropout_state = torch._cudnn_init_dropout_state(
+            0.0, True, seed, dtype=torch.uint8, device="cuda")
         self.stack = model.encoder.stack_time_factor
         self.pad_steps = pad_steps
         self.graphs: dict[tuple, nn.Module] = {}
@@ -100,7 +105,8 @@ class GraphedRNNs:
                                 cache_enabled=False):
                 pool = self.pools.setdefault(core, torch.cuda.graph_pool_handle())
                 self.graphs[key] = torch.cuda.make_graphed_callables(
-                    core(self.model), tuple(a.clone() for a in args), pool=pool)
+                    core(self.model, self.dropout_state), tuple(a.clone() for a in args),
+                    pool=pool)
         return self.graphs[key]
 
     def encode(self, feats: torch.Tensor, feat_lens: torch.Tensor

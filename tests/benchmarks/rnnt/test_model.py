@@ -11,7 +11,6 @@ import torch
 
 from benchmarks.rnnt import compiled_joint
 from benchmarks.rnnt.model import (
-    LSTM,
     RNNT,
     add_relu_dropout,
     gather_add_relu_dropout,
@@ -274,14 +273,3 @@ def test_compiled_joint_on_the_gpu_equals_the_reference_and_drops_at_the_rate():
     torch.testing.assert_close(dropped[kept].float(), clean[kept].float() / 0.7, rtol=8e-3,
                                atol=0)
 
-
-def test_layer_by_layer_is_the_stacked_lstm_without_dropout():
-    """``--rnn-graphs``' LSTM, one call per layer, against the module's own multi-layer call."""
-    from benchmarks.rnnt.rnn_graphs import layer_by_layer
-
-    torch.manual_seed(0)
-    rnn = LSTM(6, 8, 3, dropout=0.2).eval()
-    x = torch.randn(2, 5, 6)
-    torch.testing.assert_close(layer_by_layer(rnn, x), rnn(x)[0], rtol=1e-6, atol=1e-6)
-    rnn.train()
-    assert not torch.equal(layer_by_layer(rnn, x), layer_by_layer(rnn, x))   # dropout draws
