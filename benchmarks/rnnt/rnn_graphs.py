@@ -83,10 +83,11 @@ class GraphedRNNs:
 
     def __init__(self, model: RNNT, pad_steps: int = PAD_STEPS):
         self.model = model
-        # the graphs' own dropout state, kept as long as they are; seeded from torch's RNG
+        # the graphs' own dropout state, kept as long as they are, seeded from torch's RNG
+        # (cuDNN's random states do not depend on the rate it is made with)
         seed = int(torch.randint(2**62, ()))
         self.dropout_state = torch._cudnn_init_dropout_state(
-            0.0, True, seed, dtype=torch.uint8, device="cuda")
+            0.5, True, seed, dtype=torch.uint8, device="cuda")
         self.stack = model.encoder.stack_time_factor
         self.pad_steps = pad_steps
         self.graphs: dict[tuple, nn.Module] = {}
