@@ -9,11 +9,11 @@ RNN-T). The lengths change with every batch (duration buckets, speed perturbatio
 input is padded at its end to a multiple of ``PAD_STEPS`` steps, one graph pair is built per
 padded shape the first time it is met (``torch.cuda.make_graphed_callables``; the encoder's
 graphs share one memory pool, the prediction network's another), and the outputs are cut back
-to the batch's length. The LSTMs are causal: the padding
-changes no output inside the batch's length and gets no gradient. The time stacking's zero
-frame past an odd length is kept by masking the padded frames' pre-stacking outputs. Each
-LSTM is one cuDNN call, its dropout state the graphs' own (:func:`cudnn_lstm`). The
-plain path, :meth:`RNNT.encode` and :meth:`RNNT.predict`, is the reference.
+to the batch's length. The LSTMs are causal: the padding changes no output inside the batch's
+length and gets no gradient. The time stacking's zero frame past an odd length is kept by
+masking the padded frames' pre-stacking outputs. Each LSTM is one cuDNN call, its dropout
+state the graphs' own (:func:`cudnn_lstm`). The plain path, :meth:`RNNT.encode` and
+:meth:`RNNT.predict`, is the reference.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def cudnn_lstm(rnn: LSTM, x: torch.Tensor, dropout_state: torch.Tensor) -> torch
     Through ``nn.LSTM``, which takes that state from PyTorch's per-device cache, graphs
     replayed after a later capture failed with an illegal address on the H100 (the cause not
     isolated); one call per layer with ``F.dropout`` between them avoided it but lost the
-    layers' wavefront, and with it a quarter of the step's speed (docs/performance.md)."""
+    layers' wavefront: 858-873 against 1,024-1,028 utterances/s at batch 64, 1,007 against
+    1,311-1,313 at batch 128 (docs/performance.md, RNN-T)."""
     lstm = rnn.lstm
     h0 = x.new_zeros(lstm.num_layers, x.shape[0], lstm.hidden_size)
     y = torch._cudnn_rnn(x, lstm._flat_weights, 4, None, h0, h0, CUDNN_LSTM, lstm.hidden_size,
