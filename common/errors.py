@@ -5,6 +5,13 @@ class UserError(Exception):
     """Bad input (dataset, flag, config, file) that the user can fix; never a bug in the suite."""
 
 
+def require_cuda(device, what: str, fix: str = "leave it out") -> None:
+    """A ``UserError`` unless ``device`` is a CUDA device: ``what`` (a flag and why it needs
+    the GPU), then the way out, ``fix`` otherwise."""
+    if device.type != "cuda":
+        raise UserError(f"{what}: run with --device cuda, or {fix}")
+
+
 MAX_CHARS = 400
 
 

@@ -42,7 +42,7 @@ from common import dist
 from common.coco import cli, evaluation
 from common.coco import data as coco
 from common.coco.evaluation import Detections, ScoreRequest, encode_masks
-from common.errors import UserError
+from common.errors import UserError, require_cuda
 from common.kernel_profile import region
 from common.mllog import constants
 from common.precision import grad_scaler_state
@@ -164,14 +164,13 @@ class MaskRCNNWorkload(Workload):
                             "reference's schedule (e.g. 60000,80000)")
         self.buckets = (data.size_buckets(a.size_buckets, a.min_size, a.max_size)
                         if a.size_buckets else ())
-        if a.loss_streams and env.device.type != "cuda":
-            raise UserError("--loss-streams puts the losses on CUDA streams: run with "
-                            "--device cuda, or leave it out on the CPU")
+        if a.loss_streams:
+            require_cuda(env.device, "--loss-streams puts the losses on CUDA streams",
+                         "leave it out on the CPU")
         nms_keep = None
         if a.nms == "triton":
-            if env.device.type != "cuda":
-                raise UserError("--nms triton runs a CUDA kernel: run with --device cuda, or "
-                                "use --nms reference on the CPU")
+            require_cuda(env.device, "--nms triton runs a CUDA kernel",
+                         "use --nms reference on the CPU")
             from benchmarks.maskrcnn import nms_triton  # Triton: GPU machines only
             nms_keep = nms_triton.nms_keep
         if self.synthetic:

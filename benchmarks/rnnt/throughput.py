@@ -59,18 +59,16 @@ from common.precision import Precision
 from common.throughput import gpu_variants, measure_variant, report_variants, tool_parser
 from common.training import build_parser
 
+COMPILED = ("--joint", "packed-compiled", "--loss", "compiled")
 # variant -> workload flags of the workload's step
 OURS = {"ours": ("--joint", "packed"),
         "ours-fused": ("--joint", "packed", "--loss", "fused"),
         "ours-compiled-loss": ("--joint", "packed", "--loss", "compiled"),
-        "ours-compiled": ("--joint", "packed-compiled", "--loss", "compiled"),
-        "ours-lattice": ("--joint", "packed-compiled", "--loss", "compiled", "--lattice",
-                         "triton"),
-        "ours-flat": ("--joint", "packed-compiled", "--loss", "compiled", "--flat-params"),
-        "ours-flat-lattice": ("--joint", "packed-compiled", "--loss", "compiled",
-                              "--flat-params", "--lattice", "triton"),
-        "ours-graphs": ("--joint", "packed-compiled", "--loss", "compiled", "--flat-params",
-                        "--lattice", "triton", "--rnn-graphs"),
+        "ours-compiled": COMPILED,
+        "ours-lattice": (*COMPILED, "--lattice", "triton"),
+        "ours-flat": (*COMPILED, "--flat-params"),
+        "ours-flat-lattice": (*COMPILED, "--flat-params", "--lattice", "triton"),
+        "ours-graphs": (*COMPILED, "--flat-params", "--lattice", "triton", "--rnn-graphs"),
         "ours-padded": ("--joint", "padded", "--loss", "torchaudio"),
         "ours-padded-reference": ("--joint", "padded", "--loss", "reference")}
 # variant -> whether the plain network runs through torch.compile

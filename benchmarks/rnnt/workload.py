@@ -54,7 +54,7 @@ from benchmarks.rnnt.model import (
 from benchmarks.rnnt.tokenizer import VOCAB_SIZE, Tokenizer
 from benchmarks.rnnt.wer import error_counts
 from common import dist, loaders
-from common.errors import UserError
+from common.errors import UserError, require_cuda
 from common.fixture_cache import MARKER as FIXTURE_MARKER
 from common.flat_params import FlatParameters
 from common.kernel_profile import region
@@ -238,12 +238,10 @@ class RNNTWorkload(Workload):
             raise UserError("--loss torchaudio takes the padded grid: add --joint padded")
         if a.loss in ("fused", "compiled") and a.joint == "padded":
             raise UserError(f"--loss {a.loss} takes the packed joint: use --joint packed")
-        if a.lattice == "triton" and self.env.device.type != "cuda":
-            raise UserError("--lattice triton runs a Triton kernel: run with --device cuda, "
-                            "or leave it out")
-        if a.rnn_graphs and self.env.device.type != "cuda":
-            raise UserError("--rnn-graphs replays CUDA graphs: run with --device cuda, or "
-                            "leave it out")
+        if a.lattice == "triton":
+            require_cuda(self.env.device, "--lattice triton runs a Triton kernel")
+        if a.rnn_graphs:
+            require_cuda(self.env.device, "--rnn-graphs replays CUDA graphs")
         if a.lattice == "triton" and a.loss == "torchaudio":
             raise UserError("--lattice triton is our loss's recursion; --loss torchaudio has "
                             "its own: leave one of them out")
@@ -276,7 +274,8 @@ class RNNTWorkload(Workload):
         self.net = model.to(env.device)
         loss = TransducerLoss(self.net, a.joint, a.loss, a.lattice, a.rnn_graphs)
         hyper = LambHyper(a.beta1, a.beta2, a.epsilon, a.weight_decay, a.clip_norm)
-        decay = [True] * len(list(self.net.parameters()))
+        self.params = list(self.net.parameters())   # with --flat-params, views of its buffer
+        decay = [True] * len(self.params)
         if a.flat_params:
             flat = FlatParameters(self.net, env.world_size)
             if env.distributed:
@@ -285,10 +284,9 @@ class RNNTWorkload(Workload):
             self.model = loss
         else:
             self.model = dist.data_parallel(loss, env)
-            self.optimizer = Lamb(list(self.net.parameters()), decay, hyper)
+            self.optimizer = Lamb(self.params, decay, hyper)
         # after the broadcast of rank 0's weights, so every rank averages the same weights
         self.ema_model = copy.deepcopy(self.net).eval().requires_grad_(False)
-        self.params = list(self.net.parameters())
         self.ema_params = list(self.ema_model.parameters())
         self.features = features.AudioFeatures().to(env.device)
         self.lr = torch.zeros((), device=env.device)

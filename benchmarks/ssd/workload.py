@@ -26,7 +26,7 @@ from common import dist
 from common.coco import cli
 from common.coco import data as coco
 from common.coco.evaluation import Detections, ScoreRequest, score
-from common.errors import UserError
+from common.errors import UserError, require_cuda
 from common.mllog import constants
 from common.precision import grad_scaler_state
 from common.sgd import DeviceLRSGD
@@ -129,9 +129,7 @@ class SSDWorkload(Workload):
                             "--image-cache device or host, or leave it out")
         self.overlaps = dense_overlaps
         if a.fused_match:
-            if env.device.type != "cuda":
-                raise UserError("--fused-match runs a Triton kernel: run with --device cuda, "
-                                "or leave it out")
+            require_cuda(env.device, "--fused-match runs a Triton kernel")
             from benchmarks.ssd.match_triton import fused_overlaps
             self.overlaps = fused_overlaps
         if not self.synthetic:

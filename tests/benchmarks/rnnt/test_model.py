@@ -272,4 +272,3 @@ def test_compiled_joint_on_the_gpu_equals_the_reference_and_drops_at_the_rate():
     # one rounding to bf16 of the scaled sum, against two (the sum, then the scaling)
     torch.testing.assert_close(dropped[kept].float(), clean[kept].float() / 0.7, rtol=8e-3,
                                atol=0)
-
