@@ -105,10 +105,11 @@ class GraphedRNNs:
             cast = torch.get_autocast_dtype("cuda")
             with torch.autocast("cuda", cast, enabled=torch.is_autocast_enabled("cuda"),
                                 cache_enabled=False):
-                pool = self.pools.setdefault(core, torch.cuda.graph_pool_handle())
+                if core not in self.pools:
+                    self.pools[core] = torch.cuda.graph_pool_handle()
                 self.graphs[key] = torch.cuda.make_graphed_callables(
                     core(self.model, self.dropout_state), tuple(a.clone() for a in args),
-                    pool=pool)
+                    pool=self.pools[core])
         return self.graphs[key]
 
     def encode(self, feats: torch.Tensor, feat_lens: torch.Tensor
