@@ -24,6 +24,7 @@ scalars such as the learning rate from device tensors.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -45,6 +46,13 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
     if index not in _SIDE_STREAMS:
         _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
     return _SIDE_STREAMS[index]
+
+
+def uncached_autocast() -> AbstractContextManager:
+    """The current CUDA autocast state with its cache off, for a capture: the cache would
+    free the weights' casts that a graph goes on reading at every replay."""
+    return torch.autocast("cuda", torch.get_autocast_dtype("cuda"),
+                          enabled=torch.is_autocast_enabled("cuda"), cache_enabled=False)
 
 
 class _Captured:

@@ -22,5 +22,5 @@ TRAIN_ARGS=(
     --beta1 0.9 --beta2 0.999 --epsilon 1e-9 --weight-decay 1e-3 --clip-norm 1
     --ema 0.995 --weights-init-scale 0.5 --num-buckets 6 --max-duration 16.7
     --joint packed-compiled --loss compiled --lattice triton --flat-params --rnn-graphs
-    --epochs 100 --init-steps 2
+    --decode-graphs --epochs 100 --init-steps 2
 )

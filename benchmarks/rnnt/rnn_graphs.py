@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.rnnt.model import LSTM, RNNT, stacked_lengths
+from common.cuda_graph import uncached_autocast
 
 PAD_STEPS = 16   # encoder steps (0.96 s) and labels a padded length is a multiple of
 
@@ -101,10 +102,7 @@ class GraphedRNNs:
         backward) and no other in between, and each replay rewrites what it reads."""
         key = (core.__name__, *(tuple(a.shape) for a in args))
         if key not in self.graphs:
-            # the autocast cache would free weight casts the graph keeps using
-            cast = torch.get_autocast_dtype("cuda")
-            with torch.autocast("cuda", cast, enabled=torch.is_autocast_enabled("cuda"),
-                                cache_enabled=False):
+            with uncached_autocast():
                 if core not in self.pools:
                     self.pools[core] = torch.cuda.graph_pool_handle()
                 self.graphs[key] = torch.cuda.make_graphed_callables(

@@ -20,7 +20,13 @@ config runs 8 micro-batches of 128 per step). The baselines: ``plain`` is the sa
 user writes it (``torch.nn.LSTM``s, the joint on the whole padded grid,
 ``torchaudio.functional.rnnt_loss`` on fp32 logits, the same LAMB and moving average), fed by
 the same feature front end; ``plain-compile`` runs its network through ``torch.compile`` (the
-loss outside). A variant that fails (out of memory, a kernel's size limit: the padded grids pass
+loss outside). ``decode`` and ``decode-graphs`` time evaluation instead: features, encoder and
+greedy decoding of the batch by the full-size model, eagerly or with the decoding steps as CUDA
+graphs (``--decode-graphs``); that model's blank bias is raised so that it emits only blanks,
+each utterance taking one decoding step per encoder step (a trained model takes one more per
+label it emits: the cost of a step does not depend on what it picks).
+
+A variant that fails (out of memory, a kernel's size limit: the padded grids pass
 cuBLAS's at batch 64 with these lengths, a compile error) is reported with its error while the
 others run, and the exit status is 1. Every variant gets the same batch: noise of one length, so
 that the encoder has ``--frames`` steps (60 ms each: 10 ms frames, stacked x3, then x2 in the
@@ -31,6 +37,7 @@ scaler.
 
 from __future__ import annotations
 
+import functools
 import gc
 import sys
 
@@ -39,6 +46,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.rnnt import features
+from benchmarks.rnnt.decode_graphs import GraphedDecoder
+from benchmarks.rnnt.decoding import greedy_decode
 from benchmarks.rnnt.model import (
     ENC_DROPOUT,
     ENC_HIDDEN,
@@ -51,6 +60,7 @@ from benchmarks.rnnt.model import (
     PRED_DROPOUT,
     PRED_HIDDEN,
     PRED_RNN_LAYERS,
+    RNNT,
 )
 from benchmarks.rnnt.workload import RNNTWorkload
 from common.dist import DistEnv
@@ -73,7 +83,9 @@ OURS = {"ours": ("--joint", "packed"),
         "ours-padded-reference": ("--joint", "padded", "--loss", "reference")}
 # variant -> whether the plain network runs through torch.compile
 PLAIN = {"plain": False, "plain-compile": True}
-VARIANTS = (*OURS, *PLAIN)
+# variant -> whether evaluation's decoding steps replay as CUDA graphs
+DECODE = {"decode": False, "decode-graphs": True}
+VARIANTS = (*OURS, *PLAIN, *DECODE)
 VOCAB_SIZE = 1023
 HOP = int(features.SAMPLE_RATE * features.WINDOW_STRIDE)
 FRAMES_PER_STEP = features.SUBSAMPLING * ENC_STACK_TIME_FACTOR   # STFT frames per encoder step
@@ -176,6 +188,23 @@ def plain_step(precision: Precision, device, compiled: bool):
     return step
 
 
+def decode_step(precision: Precision, device, graphs: bool):
+    """Evaluation of a batch (features, encoder, greedy decoding) by the full-size model that
+    emits only blanks (see the module doc)."""
+    model = RNNT(vocab_size=VOCAB_SIZE).to(device).eval()
+    with torch.no_grad():
+        model.joint_net.bias[model.blank] += 1e4
+    front = features.AudioFeatures().to(device)
+    decode = (GraphedDecoder(model, model.blank) if graphs
+              else functools.partial(greedy_decode, model, blank=model.blank))
+
+    def step(audio, audio_lens, labels, label_lens):
+        feats, feat_lens = front(audio, audio_lens)
+        with precision.autocast():
+            return decode(feats, feat_lens)
+    return step
+
+
 def main(argv=None) -> int:
     p = tool_parser("python -m benchmarks.rnnt.throughput", __doc__,
                     "ours,ours-fused,plain,plain-compile", warmup=5, iters=10)
@@ -204,14 +233,18 @@ def main(argv=None) -> int:
     rows = []
     for v in variants:
         batch = synthetic_batch(a.batch_size, samples, a.label_len, VOCAB_SIZE, device)
-        step = ours(v, a.batch_size, precision, device) if v in OURS else plain_step(
-            precision, device, PLAIN[v])
+        if v in OURS:
+            step = ours(v, a.batch_size, precision, device)
+        elif v in PLAIN:
+            step = plain_step(precision, device, PLAIN[v])
+        else:
+            step = decode_step(precision, device, DECODE[v])
         rows.append(measure_variant(v, step, batch, device, a.warmup, a.iters, "utt/s",
                                     a.profile, **shape))
         del step, batch
         gc.collect()
         torch.cuda.empty_cache()
-    return report_variants(rows, PLAIN, a.json)
+    return report_variants(rows, (*PLAIN, "decode"), a.json)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ runs diagonal by diagonal from the host (``--lattice torch``) or as one Triton k
 padded length (GPU only). ``--flat-params`` keeps the parameters and gradients in one
 buffer, LAMB updating it with whole-buffer and multi-tensor kernels (``ShardedLamb``, one
 gradient reduce-scatter across ranks in place of DDP) instead of one tensor at a time.
+``--decode-graphs`` replays evaluation's greedy decoding steps as CUDA graphs (GPU only).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import math
 from pathlib import Path
 
@@ -204,6 +206,9 @@ class RNNTWorkload(Workload):
                        help="the encoder's and prediction network's LSTMs as CUDA graphs, one "
                             "per input length padded to 16 steps (benchmarks/rnnt/"
                             "rnn_graphs.py, --device cuda)")
+        p.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=False,
+                       help="evaluation's greedy decoding steps as a CUDA graph of 16 steps "
+                            "(benchmarks/rnnt/decode_graphs.py, --device cuda)")
         p.add_argument("--flat-params", action=argparse.BooleanOptionalAction, default=False,
                        help="parameters and gradients in one buffer, LAMB on the flat buffer "
                             "(common/lamb.py ShardedLamb) instead of one tensor at a time")
@@ -242,6 +247,8 @@ class RNNTWorkload(Workload):
             require_cuda(self.env.device, "--lattice triton runs a Triton kernel")
         if a.rnn_graphs:
             require_cuda(self.env.device, "--rnn-graphs replays CUDA graphs")
+        if a.decode_graphs:
+            require_cuda(self.env.device, "--decode-graphs replays CUDA graphs")
         if a.lattice == "triton" and a.loss == "torchaudio":
             raise UserError("--lattice triton is our loss's recursion; --loss torchaudio has "
                             "its own: leave one of them out")
@@ -288,6 +295,13 @@ class RNNTWorkload(Workload):
         # after the broadcast of rank 0's weights, so every rank averages the same weights
         self.ema_model = copy.deepcopy(self.net).eval().requires_grad_(False)
         self.ema_params = list(self.ema_model.parameters())
+        blank = self.ema_model.blank
+        if a.decode_graphs:
+            from benchmarks.rnnt.decode_graphs import GraphedDecoder
+            self.decode = GraphedDecoder(self.ema_model, blank, a.max_symbols)
+        else:
+            self.decode = functools.partial(greedy_decode, self.ema_model, blank=blank,
+                                            max_symbols=a.max_symbols)
         self.features = features.AudioFeatures().to(env.device)
         self.lr = torch.zeros((), device=env.device)
         self.step_count = torch.zeros((), device=env.device)
@@ -424,8 +438,7 @@ class RNNTWorkload(Workload):
             audio, audio_lens = audio.to(env.device), audio_lens.to(env.device)
             feats, feat_lens = self.features(audio, audio_lens, generator=generator)
             with self.precision.autocast():
-                hyps = greedy_decode(self.ema_model, feats, feat_lens, self.ema_model.blank,
-                                     a.max_symbols)
+                hyps = self.decode(feats, feat_lens)
             refs = [self.tokenizer.decode(row[:n]) for row, n in
                     zip(labels.tolist(), label_lens.tolist())]
             errors, words = error_counts([self.tokenizer.decode(h) for h in hyps], refs)

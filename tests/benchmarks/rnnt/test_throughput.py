@@ -98,3 +98,9 @@ def test_plain_step_meets_torchaudios_contract_and_trains(monkeypatch):
     losses = [float(step(*batch)) for _ in range(2)]
     assert all(math.isfinite(x) for x in losses) and losses[0] != losses[1]
     assert seen[0][0] == 2 and seen[0][2:] == (4, 1024)
+
+
+def test_decode_step_runs_evaluation_with_a_model_that_emits_only_blanks():
+    step = throughput.decode_step(Precision("fp32", "cpu"), torch.device("cpu"), graphs=False)
+    batch = throughput.synthetic_batch(2, throughput.samples_for_frames(5), 3, 1023, "cpu")
+    assert step(*batch) == [[], []]

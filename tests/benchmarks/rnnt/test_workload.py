@@ -7,7 +7,7 @@ import multiprocessing
 import pytest
 import torch
 
-from benchmarks.rnnt import workload as rnnt_workload
+from benchmarks.rnnt.decoding import greedy_decode
 from benchmarks.rnnt.workload import RNNTWorkload, lr_at
 from common.dist import DistEnv
 from common.errors import UserError
@@ -122,21 +122,21 @@ def test_the_compiled_joint_takes_the_packed_joints_step(speech_fixture):
                                   joint_dropout=0.0), 1e-6, 1e-5, 1e-6)
 
 
-def test_evaluation_decodes_with_the_average_and_counts_every_word(speech_fixture,
-                                                                   monkeypatch):
+def test_evaluation_decodes_with_the_average_and_counts_every_word(speech_fixture):
     wl = build(speech_fixture)
     wl.train_step(*next(iter(wl.epoch_batches(1))))
+    assert wl.decode.func is greedy_decode and wl.decode.args == (wl.ema_model,)
+    assert wl.decode.keywords == {"blank": wl.ema_model.blank, "max_symbols": 300}
     seen = []
 
-    def decode_nothing(model, feats, feat_lens, blank, max_symbols):
-        seen.append((model, len(feats), max_symbols))
+    def decode_nothing(feats, feat_lens):
+        seen.append(len(feats))
         return [[] for _ in range(len(feats))]
 
-    monkeypatch.setattr(rnnt_workload, "greedy_decode", decode_nothing)
+    eager, wl.decode = wl.decode, decode_nothing
     assert wl.evaluate() == {"wer": 1.0}    # every reference word deleted
-    assert all(m is wl.ema_model for m, _, _ in seen) and sum(n for _, n, _ in seen) == 40
-    assert {s for _, _, s in seen} == {300}
-    monkeypatch.undo()
+    assert sum(seen) == 40
+    wl.decode = eager
     first, again = wl.evaluate(), wl.evaluate()
     assert first == again and isinstance(first["wer"], float)   # dither seeded per evaluation
 
@@ -167,6 +167,7 @@ def test_flat_params_take_the_per_tensor_lambs_step(speech_fixture):
     (["--precision", "amp-fp16"], "use --precision amp-bf16"),
     (["--lattice", "triton"], "run with --device cuda"),
     (["--rnn-graphs"], "run with --device cuda"),
+    (["--decode-graphs"], "run with --device cuda"),
 ])
 def test_bad_flags_are_one_line_errors(speech_fixture, flags, message):
     with pytest.raises(UserError, match=message.replace("[", r"\[").replace(")", r"\)")) as e:
