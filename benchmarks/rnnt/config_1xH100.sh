@@ -13,7 +13,8 @@
 # utterances/s at batch 128, and at batch 64 2.55x a plain nn.LSTM RNN-T with torchaudio's
 # loss at 40% of its peak memory; the fixture reached its target with them on the GPU. The
 # compiled parts build before run_start (--init-steps 2); a graph is captured the first
-# time its padded length is met, inside the run.
+# time its padded length is met, inside the run. Evaluation's greedy decoding replays its
+# steps as CUDA graphs (--decode-graphs: 5.8x the eager decoder at batch 256).
 NPROC=1
 PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
