@@ -19,7 +19,9 @@ selection, matching and sampling stay eager, as their sizes depend on the data. 
 RoI counts and map sizes are marked dynamic from the first call, so one graph of each serves
 the whole run; the backbone is compiled for each padded image size (static kernels: with
 sizes only known symbolically, Inductor's layout checks still specialise it to each width),
-so ``--size-buckets`` keeps its graphs few.
+so ``--size-buckets`` keeps its graphs few. ``backbone_graphs`` replays that region's
+forward and backward as CUDA graphs (Inductor's CUDA graph trees), one per padded size: its
+kernels were launched from the host every step, and the step was host-bound.
 
 ``loss_streams`` computes the RPN's targets and loss, the box head's loss and the mask
 targets and loss each on a CUDA stream of its own (:class:`common.streams.SideStreams`),
@@ -80,7 +82,8 @@ class Detector(nn.Module):
 
     def __init__(self, net: MaskRCNN, rpn: RPN, sampler: RoISampler,
                  detections_per_image: int = DETECTIONS_PER_IMG, compile_mode: str = "none",
-                 loss_streams: bool = False, nms_keep: Keep | None = None):
+                 loss_streams: bool = False, nms_keep: Keep | None = None,
+                 backbone_graphs: bool = False):
         super().__init__()
         self.nms_keep = nms_keep
         self.net, self.rpn, self.sampler = net, rpn, sampler
@@ -91,7 +94,9 @@ class Detector(nn.Module):
         if self.compiled:   # a graph per padded size and grad mode, more than the default 8
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                        RECOMPILE_LIMIT)
-        self._backbone = maybe_compile(self._levels_and_rpn, compile_mode, dynamic=False)
+        graphs = {"triton.cudagraphs": True} if backbone_graphs else {}
+        self._backbone = maybe_compile(self._levels_and_rpn, compile_mode, dynamic=False,
+                                       **graphs)
         self._heads = (maybe_compile(self._box_head, compile_mode),
                        maybe_compile(self._mask_head, compile_mode))
 

@@ -18,8 +18,10 @@ networks through ``torch.compile`` (``--compile default``: backbone + FPN + RPN 
 head, mask head);
 ``ours-streams`` and ``ours-compile-streams`` add the losses on CUDA streams of their own
 (``--loss-streams``); ``ours-compile-streams-nms`` (the GPU configs' step) also runs NMS's
-greedy step as one Triton kernel (``--nms triton``); ``ours-tuned-streams-nms`` is that step
-under ``--compile tuned`` (Inductor's coordinate-descent tuning of each fused kernel).
+greedy step as one Triton kernel (``--nms triton``), ``ours-graphs`` also replays the
+compiled backbone's forward and backward as CUDA graphs (``--backbone-graphs``);
+``ours-tuned-streams-nms`` is the configs' step under ``--compile tuned`` (Inductor's
+coordinate-descent tuning of each fused kernel).
 The baselines are torchvision's ``MaskRCNN`` on a ResNet-50 FPN, trained as torchvision's
 detection reference trains it: momentum SGD (weight decay 1e-4 on every trained weight),
 autocast, a ``GradScaler`` in amp-fp16; eager (``torchvision-eager``) or ``torch.compile``-d
@@ -61,6 +63,8 @@ OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
                                  "--loss-streams"),
         "ours-compile-streams-nms": ("--fold-frozen-bn", "--channels-last", "--compile",
                                      "default", "--loss-streams", "--nms", "triton"),
+        "ours-graphs": ("--fold-frozen-bn", "--channels-last", "--compile", "default",
+                        "--loss-streams", "--nms", "triton", "--backbone-graphs"),
         "ours-tuned-streams-nms": ("--fold-frozen-bn", "--channels-last", "--compile",
                                    "tuned", "--loss-streams", "--nms", "triton")}
 # variant -> whether torchvision's model runs through torch.compile

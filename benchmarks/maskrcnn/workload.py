@@ -149,6 +149,11 @@ class MaskRCNNWorkload(Workload):
         p.add_argument("--loss-streams", action=argparse.BooleanOptionalAction, default=False,
                        help="compute the RPN, box and mask losses each on a CUDA stream of "
                             "its own beside the rest of the forward (CUDA only)")
+        p.add_argument("--backbone-graphs", action=argparse.BooleanOptionalAction,
+                       default=False,
+                       help="replay the compiled backbone + FPN + RPN head's forward and "
+                            "backward as CUDA graphs, one per padded size (Inductor's CUDA "
+                            "graph trees; needs --compile, CUDA only)")
         # widths: the reference's by default, smaller for CPU fixtures
         p.add_argument("--width", type=int, default=WIDTH, help="ResNet-50 base width")
         p.add_argument("--fpn-channels", type=int, default=FPN_CHANNELS)
@@ -166,6 +171,12 @@ class MaskRCNNWorkload(Workload):
                         if a.size_buckets else ())
         if a.loss_streams:
             require_cuda(env.device, "--loss-streams puts the losses on CUDA streams",
+                         "leave it out on the CPU")
+        if a.backbone_graphs:
+            if a.compile == "none":
+                raise UserError("--backbone-graphs replays the compiled backbone: add "
+                                "--compile default")
+            require_cuda(env.device, "--backbone-graphs replays CUDA graphs",
                          "leave it out on the CPU")
         nms_keep = None
         if a.nms == "triton":
@@ -200,7 +211,7 @@ class MaskRCNNWorkload(Workload):
         self.net = net.to(env.device, memory_format=self.memory_format)
         self.detector = Detector(self.net, proposals, RoISampler(a.roi_batch_size_per_image),
                                  compile_mode=a.compile, loss_streams=a.loss_streams,
-                                 nms_keep=nms_keep)
+                                 nms_keep=nms_keep, backbone_graphs=a.backbone_graphs)
         self.model = dist.data_parallel(self.detector, env)
         self.lr = torch.zeros((), device=env.device)
         self.bias_lr = torch.zeros((), device=env.device)

@@ -155,19 +155,55 @@ def test_loss_streams_off_cuda_is_one_line():
         build([*TINY, "--loss-streams"])
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--backbone-graphs"], "add --compile default"),
+    (["--backbone-graphs", "--compile", "default"], "--backbone-graphs .* --device cuda"),
+])
+def test_backbone_graphs_without_compile_or_cuda_is_one_line(flags, message):
+    with pytest.raises(UserError, match=message) as e:
+        build([*TINY, *flags])
+    assert "\n" not in str(e.value)
+
+
+def build_cuda(argv):
+    torch.manual_seed(0)
+    args = build_parser(MaskRCNNWorkload).parse_args(
+        [*argv, "--device", "cuda", "--precision", "fp32"])
+    wl = MaskRCNNWorkload(args, DistEnv(device=torch.device("cuda")),
+                          Precision("fp32", "cuda"))
+    wl.build()
+    return wl
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_backbone_graphs_take_the_compiled_steps():
+    """Three steps (warm-up, recording, replay) of each of two padded sizes, alternating:
+    the same losses and weights as the compiled step without graphs."""
+    argv = [*TINY, "--compile", "default", "--size-buckets", "2"]
+    argv[argv.index("--max-size") + 1] = "128"
+    plain, graphs = build_cuda(argv), build_cuda([*argv, "--backbone-graphs"])
+    graphs.net.load_state_dict(plain.net.state_dict())
+    batches = plain.warm_up_batches(2)[:2]
+    assert batches[0].images.shape != batches[1].images.shape
+    losses = {}
+    for wl in (plain, graphs):
+        wl.detector.register_forward_hook(
+            lambda m, _inputs, out: losses.setdefault(m, []).append(out))
+        for step in range(6):
+            torch.manual_seed(1 + step)         # the same anchors and RoIs sampled
+            wl.train_step(*batches[step % len(batches)])
+    assert len(losses[graphs.detector]) == 6
+    for ours, ref in zip(losses[graphs.detector], losses[plain.detector]):
+        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
+    for (name, p), q in zip(plain.net.named_parameters(), graphs.net.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5, msg=name)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_loss_streams_compute_the_plain_steps_losses_and_gradients_on_three_streams():
     from torch.profiler import ProfilerActivity, profile
-
-    def build_cuda(argv):
-        torch.manual_seed(0)
-        args = build_parser(MaskRCNNWorkload).parse_args(
-            [*argv, "--device", "cuda", "--precision", "fp32"])
-        wl = MaskRCNNWorkload(args, DistEnv(device=torch.device("cuda")),
-                              Precision("fp32", "cuda"))
-        wl.build()
-        return wl
 
     plain, streams = build_cuda(TINY), build_cuda([*TINY, "--loss-streams"])
     streams.net.load_state_dict(plain.net.state_dict())
