@@ -178,28 +178,31 @@ def build_cuda(argv):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_backbone_graphs_take_the_compiled_steps():
-    """Three steps (warm-up, recording, replay) of each of two padded sizes, alternating:
-    the same losses and weights as the compiled step without graphs (the GPU configs' flags;
-    without --channels-last the compiled backward failed a stride check, graphs or not)."""
+    """Three steps (warm-up, recording, replay) of each of two padded sizes, alternating, from
+    the same weights at every step: the compiled step's losses and gradients (the GPU
+    configs' flags; without --channels-last the compiled backward failed a stride check,
+    graphs or not). Gradients within 2e-3 of their largest: two runs of the compiled step
+    alone differed by up to 7e-4 of it on the H100 (atomics)."""
     argv = [*TINY, "--compile", "default", "--size-buckets", "2", "--fold-frozen-bn",
             "--channels-last"]
     argv[argv.index("--max-size") + 1] = "128"
     plain, graphs = build_cuda(argv), build_cuda([*argv, "--backbone-graphs"])
-    graphs.net.load_state_dict(plain.net.state_dict())
     batches = plain.warm_up_batches(2)[:2]
     assert batches[0].images.shape != batches[1].images.shape
     losses = {}
     for wl in (plain, graphs):
-        wl.detector.register_forward_hook(
-            lambda m, _inputs, out: losses.setdefault(m, []).append(out))
-        for step in range(6):
+        wl.detector.register_forward_hook(lambda m, _inputs, out: losses.__setitem__(m, out))
+    for step in range(6):
+        graphs.net.load_state_dict(plain.net.state_dict())
+        for wl in (plain, graphs):
             torch.manual_seed(1 + step)         # the same anchors and RoIs sampled
             wl.train_step(*batches[step % len(batches)])
-    assert len(losses[graphs.detector]) == 6
-    for ours, ref in zip(losses[graphs.detector], losses[plain.detector]):
-        torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
-    for (name, p), q in zip(plain.net.named_parameters(), graphs.net.parameters()):
-        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(losses[graphs.detector], losses[plain.detector],
+                                   rtol=1e-5, atol=1e-6)
+        for (name, p), q in zip(plain.net.named_parameters(), graphs.net.parameters()):
+            if p.grad is not None:
+                torch.testing.assert_close(q.grad, p.grad, rtol=0,
+                                           atol=2e-3 * p.grad.abs().max().item(), msg=name)
 
 
 @pytest.mark.gpu
