@@ -22,6 +22,10 @@ sizes only known symbolically, Inductor's layout checks still specialise it to e
 so ``--size-buckets`` keeps its graphs few. ``backbone_graphs`` replays that region's
 forward and backward as CUDA graphs (Inductor's CUDA graph trees), one per padded size: its
 kernels were launched from the host every step, and the step was host-bound.
+``mask_roi_multiple`` rounds the mask head's RoI count (the sampled positives, or the
+detections) up to a multiple: cuDNN builds an execution plan for each new convolution shape,
+on the host, and an unpadded count is new at almost every step. The plain path runs the
+head on the count as it is.
 
 ``loss_streams`` computes the RPN's targets and loss, the box head's loss and the mask
 targets and loss each on a CUDA stream of its own (:class:`common.streams.SideStreams`),
@@ -83,11 +87,12 @@ class Detector(nn.Module):
     def __init__(self, net: MaskRCNN, rpn: RPN, sampler: RoISampler,
                  detections_per_image: int = DETECTIONS_PER_IMG, compile_mode: str = "none",
                  loss_streams: bool = False, nms_keep: Keep | None = None,
-                 backbone_graphs: bool = False):
+                 backbone_graphs: bool = False, mask_roi_multiple: int = 0):
         super().__init__()
         self.nms_keep = nms_keep
         self.net, self.rpn, self.sampler = net, rpn, sampler
         self.detections_per_image = detections_per_image
+        self.mask_roi_multiple = mask_roi_multiple
         self._anchors: dict = {}
         self._side = SideStreams(next(net.parameters()).device, 3 if loss_streams else 0)
         self.compiled = compile_mode != "none"
@@ -127,8 +132,12 @@ class Detector(nn.Module):
         return self._head(0, levels, rois)
 
     def mask_head(self, levels: list[torch.Tensor], rois: torch.Tensor) -> torch.Tensor:
-        """Mask logits of RoIs [K, 5]."""
-        return self._head(1, levels, rois)
+        """Mask logits of RoIs [K, 5]; with ``mask_roi_multiple``, the head runs on ``K``
+        rounded up to that multiple (copies of the last RoI, their logits dropped)."""
+        n = len(rois)
+        if self.mask_roi_multiple and n:
+            rois = torch.cat([rois, rois[-1:].expand(-n % self.mask_roi_multiple, -1)])
+        return self._head(1, levels, rois)[:n]
 
     def _head(self, index: int, levels: list[torch.Tensor], rois: torch.Tensor):
         if not len(rois):   # nothing detected: eager, not a graph compiled for no RoIs

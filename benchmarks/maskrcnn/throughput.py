@@ -19,7 +19,9 @@ head, mask head);
 ``ours-streams`` and ``ours-compile-streams`` add the losses on CUDA streams of their own
 (``--loss-streams``); ``ours-compile-streams-nms`` (the GPU configs' step) also runs NMS's
 greedy step as one Triton kernel (``--nms triton``), ``ours-graphs`` also replays the
-compiled backbone's forward and backward as CUDA graphs (``--backbone-graphs``);
+compiled backbone's forward and backward as CUDA graphs (``--backbone-graphs``),
+``ours-graphs-pad`` also rounds the mask head's RoI count up to a multiple of 128
+(``--mask-roi-multiple 128``);
 ``ours-tuned-streams-nms`` is the configs' step under ``--compile tuned`` (Inductor's
 coordinate-descent tuning of each fused kernel).
 The baselines are torchvision's ``MaskRCNN`` on a ResNet-50 FPN, trained as torchvision's
@@ -65,6 +67,9 @@ OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
                                      "default", "--loss-streams", "--nms", "triton"),
         "ours-graphs": ("--fold-frozen-bn", "--channels-last", "--compile", "default",
                         "--loss-streams", "--nms", "triton", "--backbone-graphs"),
+        "ours-graphs-pad": ("--fold-frozen-bn", "--channels-last", "--compile", "default",
+                            "--loss-streams", "--nms", "triton", "--backbone-graphs",
+                            "--mask-roi-multiple", "128"),
         "ours-tuned-streams-nms": ("--fold-frozen-bn", "--channels-last", "--compile",
                                    "tuned", "--loss-streams", "--nms", "triton")}
 # variant -> whether torchvision's model runs through torch.compile

@@ -154,6 +154,10 @@ class MaskRCNNWorkload(Workload):
                        help="replay the compiled backbone + FPN + RPN head's forward and "
                             "backward as CUDA graphs, one per padded size (Inductor's CUDA "
                             "graph trees; needs --compile, CUDA only)")
+        p.add_argument("--mask-roi-multiple", type=int, default=0,
+                       help="run the mask head on its RoI count rounded up to a multiple of "
+                            "this (copies of the last RoI, dropped after): few convolution "
+                            "shapes, so cuDNN's plans are reused; 0: the count as it is")
         # widths: the reference's by default, smaller for CPU fixtures
         p.add_argument("--width", type=int, default=WIDTH, help="ResNet-50 base width")
         p.add_argument("--fpn-channels", type=int, default=FPN_CHANNELS)
@@ -172,6 +176,9 @@ class MaskRCNNWorkload(Workload):
         if a.loss_streams:
             require_cuda(env.device, "--loss-streams puts the losses on CUDA streams",
                          "leave it out on the CPU")
+        if a.mask_roi_multiple < 0:
+            raise UserError(f"--mask-roi-multiple must be 0 (off) or more, not "
+                            f"{a.mask_roi_multiple}")
         if a.backbone_graphs:
             if a.compile == "none":
                 raise UserError("--backbone-graphs replays the compiled backbone: add "
@@ -211,7 +218,8 @@ class MaskRCNNWorkload(Workload):
         self.net = net.to(env.device, memory_format=self.memory_format)
         self.detector = Detector(self.net, proposals, RoISampler(a.roi_batch_size_per_image),
                                  compile_mode=a.compile, loss_streams=a.loss_streams,
-                                 nms_keep=nms_keep, backbone_graphs=a.backbone_graphs)
+                                 nms_keep=nms_keep, backbone_graphs=a.backbone_graphs,
+                                 mask_roi_multiple=a.mask_roi_multiple)
         self.model = dist.data_parallel(self.detector, env)
         self.lr = torch.zeros((), device=env.device)
         self.bias_lr = torch.zeros((), device=env.device)

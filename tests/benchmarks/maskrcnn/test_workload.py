@@ -165,6 +165,38 @@ def test_backbone_graphs_without_compile_or_cuda_is_one_line(flags, message):
     assert "\n" not in str(e.value)
 
 
+def test_padded_mask_rois_take_the_plain_steps_losses_and_gradients():
+    """``--mask-roi-multiple``: the mask head on copies of the last RoI besides the positives,
+    their logits dropped: the same losses, gradients and evaluation masks."""
+    plain, padded = build(TINY), build([*TINY, "--mask-roi-multiple", "16"])
+    padded.net.load_state_dict(plain.net.state_dict())
+    batch, seen = plain.synthetic_batch(2), []
+    padded.detector.net.mask_predictor.register_forward_hook(
+        lambda _m, inputs, _out: seen.append(len(inputs[0])))
+    losses = []
+    for wl in (plain, padded):
+        torch.manual_seed(1)                # the same anchors and RoIs sampled
+        losses.append(wl.train_step(*batch))
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-7)
+    assert seen and all(n % 16 == 0 for n in seen), seen
+    for (name, p), q in zip(plain.net.named_parameters(), padded.net.parameters()):
+        if p.grad is not None:
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7, msg=name)
+    rois = torch.tensor([[0, 1.0, 2.0, 30.0, 40.0], [1, 5.0, 5.0, 60.0, 33.0],
+                         [1, 0.0, 9.0, 20.0, 63.0]])
+    levels = [torch.randn(2, 8, 64 // s, 64 // s) for s in (4, 8, 16, 32)]
+    with torch.no_grad():
+        expected = plain.detector.mask_head(levels, rois)
+        got = padded.detector.mask_head(levels, rois)
+    assert got.shape == expected.shape and seen[-1] == 16
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_negative_mask_roi_multiple_is_one_line():
+    with pytest.raises(UserError, match="--mask-roi-multiple must be 0"):
+        build([*TINY, "--mask-roi-multiple", "-1"])
+
+
 def build_cuda(argv):
     torch.manual_seed(0)
     args = build_parser(MaskRCNNWorkload).parse_args(
