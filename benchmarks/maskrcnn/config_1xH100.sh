@@ -4,17 +4,21 @@
 # 6000 post-NMS proposals per batch. The backbone starts from torchvision's ImageNet resnet50
 # weights (BACKBONE_CHECKPOINT). Not yet run on the GPU: whether batch 48 fits in 80 GB is open.
 # The step: frozen batch norm folded into the convolutions, channels-last memory, NMS's greedy
-# step as one Triton kernel (--nms triton), three compiled regions (--compile) and the losses
-# on CUDA streams of their own (--loss-streams): 172.2 img/s at batch 8 on one H100, 2.88x
-# torchvision's eager Mask R-CNN and 1.73x it compiled (docs/performance.md, Mask R-CNN).
-# --size-buckets 4 pads batches to 7 shapes, each compiled before the clock (--init-steps 7);
-# these flags reached both targets on the fixture on one H100; on COCO the bucket count is
+# step as one Triton kernel (--nms triton), three compiled regions (--compile), the losses on
+# CUDA streams of their own (--loss-streams), the compiled backbone's forward and backward
+# replayed as CUDA graphs (--backbone-graphs) and the mask head's RoI count rounded up to a
+# multiple of 128 (--mask-roi-multiple): 175.1 img/s at batch 8 on one H100, 2.62x
+# torchvision's eager Mask R-CNN in the same run (docs/performance.md, Mask R-CNN).
+# --size-buckets 4 pads batches to 7 shapes, each compiled, then recorded as a graph, before
+# the clock (--init-steps 14: two steps of each); these flags reached both targets on the
+# fixture on one H100 (there with 3 shapes, recorded inside the run); on COCO the bucket count is
 # not yet tuned (a 1066-pixel side is padded to 1152 instead of 1088).
 NPROC=1
 PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
     --precision "$PRECISION" --workers 14 --fold-frozen-bn --channels-last --nms triton
-    --compile default --loss-streams --size-buckets 4 --init-steps 7
+    --compile default --loss-streams --backbone-graphs --mask-roi-multiple 128
+    --size-buckets 4 --init-steps 14
     --backbone-checkpoint "${BACKBONE_CHECKPOINT:?set BACKBONE_CHECKPOINT to a torchvision resnet50 state dict (docs/data.md#maskrcnn)}"
     --batch-size 48 --eval-batch-size 16
     --lr 0.06 --warmup-steps 800 --warmup-factor 0.000096 --lr-decay-steps 24000,32000
