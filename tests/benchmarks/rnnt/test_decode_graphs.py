@@ -9,20 +9,14 @@ import torch
 from benchmarks.rnnt.decode_graphs import GraphedDecoder
 from benchmarks.rnnt.decoding import greedy_decode
 from benchmarks.rnnt.model import RNNT
+from tests.benchmarks.rnnt.test_decoding import tiny_rnnt
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
 def _model(seed=0) -> RNNT:
-    torch.manual_seed(seed)
-    model = RNNT(vocab_size=9, in_feats=6, enc_hidden=16, pred_hidden=8, joint_hidden=12,
-                 weights_init_scale=4.0)
-    with torch.no_grad():                               # outputs that vary with t and u
-        for layer in (model.joint_enc, model.joint_pred, model.joint_net):
-            layer.weight *= 3
-        model.joint_net.bias[model.blank] += 0.5
-    return model.cuda().eval()
+    return tiny_rnnt(seed).cuda().eval()
 
 
 def _batch(B, T, seed):

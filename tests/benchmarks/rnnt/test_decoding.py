@@ -93,14 +93,20 @@ def reference_greedy(model, enc, enc_len, blank, max_per_step=30, max_symbols=30
     return labels
 
 
-def test_batched_equals_per_utterance_loop_on_a_tiny_rnnt():
-    torch.manual_seed(0)
+def tiny_rnnt(seed: int = 0) -> RNNT:
+    """A tiny RNN-T whose greedy labels vary with ``t`` and ``u``, blanks included."""
+    torch.manual_seed(seed)
     model = RNNT(vocab_size=9, in_feats=6, enc_hidden=16, pred_hidden=8, joint_hidden=12,
                  weights_init_scale=4.0)
-    with torch.no_grad():                               # outputs that vary with t and u
+    with torch.no_grad():
         for layer in (model.joint_enc, model.joint_pred, model.joint_net):
             layer.weight *= 3
         model.joint_net.bias[model.blank] += 0.5
+    return model
+
+
+def test_batched_equals_per_utterance_loop_on_a_tiny_rnnt():
+    model = tiny_rnnt()
     feats = torch.randn(4, 14, 6) * 2
     feat_lens = torch.tensor([14, 9, 2, 11])
     out = greedy_decode(model, feats, feat_lens, blank=model.blank, max_symbols=12,
