@@ -1,8 +1,9 @@
 """Greedy decoding's steps replayed as a CUDA graph (``--decode-graphs``).
 
-A step of :func:`benchmarks.rnnt.decoding.advance` is some forty small kernels (the joint, the
-prediction network's one-step LSTM, the selects), launched from the host at every step, and
-evaluation takes several hundred steps a batch. Here ``unroll`` steps are captured as one graph
+A step of :func:`benchmarks.rnnt.decoding.advance` is many small kernels (the joint, the
+prediction network's one-step LSTM, the selects) launched from the host, and a batch takes one
+step per encoder frame and one per label emitted: 5.8x as fast replayed at batch 256 on one
+H100 (docs/performance.md, RNN-T). Here ``unroll`` steps are captured as one graph
 on a :class:`Search` of fixed shape: the batch padded to the most rows met so far (padding
 rows have length 0, done from the start) and the encoder output to a power of two of frames
 (at least ``MIN_FRAMES``); a batch that needs more is captured again, so an evaluation sorted
