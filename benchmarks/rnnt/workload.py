@@ -372,8 +372,9 @@ class RNNTWorkload(Workload):
             yield tuple(t.to(self.env.device, non_blocking=True) for t in batch)
 
     def capture_policy(self) -> CapturePolicy:
-        return CapturePolicy("never", reason="every batch has its own audio, feature and "
-                                             "label lengths (no bucketed shapes yet)")
+        return CapturePolicy("never", reason="the packed joint's and the loss's sizes depend "
+                                             "on each batch's lengths; --rnn-graphs captures "
+                                             "the LSTMs per padded length inside the step")
 
     @property
     def cudnn_benchmark(self) -> bool:
