@@ -54,6 +54,9 @@ from common.precision import Precision
 from common.throughput import gpu_variants, measure_variant, report_variants, tool_parser
 from common.training import build_parser
 
+# the previous configs' step, which the graphed variants build on
+STREAMS_NMS = ("--fold-frozen-bn", "--channels-last", "--compile", "default", "--loss-streams",
+               "--nms", "triton")
 # variant -> workload flags of the workload's step
 OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-per-image": ("--fpn-post-nms-per-image",), "ours-fold": ("--fold-frozen-bn",),
@@ -63,13 +66,9 @@ OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-compile": ("--fold-frozen-bn", "--channels-last", "--compile", "default"),
         "ours-compile-streams": ("--fold-frozen-bn", "--channels-last", "--compile", "default",
                                  "--loss-streams"),
-        "ours-compile-streams-nms": ("--fold-frozen-bn", "--channels-last", "--compile",
-                                     "default", "--loss-streams", "--nms", "triton"),
-        "ours-graphs": ("--fold-frozen-bn", "--channels-last", "--compile", "default",
-                        "--loss-streams", "--nms", "triton", "--backbone-graphs"),
-        "ours-graphs-pad": ("--fold-frozen-bn", "--channels-last", "--compile", "default",
-                            "--loss-streams", "--nms", "triton", "--backbone-graphs",
-                            "--mask-roi-multiple", "128"),
+        "ours-compile-streams-nms": STREAMS_NMS,
+        "ours-graphs": (*STREAMS_NMS, "--backbone-graphs"),
+        "ours-graphs-pad": (*STREAMS_NMS, "--backbone-graphs", "--mask-roi-multiple", "128"),
         "ours-tuned-streams-nms": ("--fold-frozen-bn", "--channels-last", "--compile",
                                    "tuned", "--loss-streams", "--nms", "triton")}
 # variant -> whether torchvision's model runs through torch.compile

@@ -15,6 +15,9 @@ weights where they are: the moving average's updates in place reach it.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -25,6 +28,7 @@ from benchmarks.rnnt.decoding import (
     TransducerModel,
     advance,
     eval_mode,
+    greedy_decode,
 )
 from common.cuda_graph import side_stream, uncached_autocast
 
@@ -80,3 +84,13 @@ class GraphedDecoder:
             while not bool(self.search.done.all()):
                 self.graph.replay()
             return self.search.hypotheses()[:B]
+
+
+def batch_decoder(model: TransducerModel, blank: int, max_symbols: int = MAX_SYMBOLS,
+                  graphs: bool = False) -> Callable[[torch.Tensor, torch.Tensor],
+                                                    list[list[int]]]:
+    """``decode(feats, feat_lens)``: :class:`GraphedDecoder` with ``graphs``, else the eager
+    :func:`greedy_decode`, both of ``model``."""
+    if graphs:
+        return GraphedDecoder(model, blank, max_symbols)
+    return functools.partial(greedy_decode, model, blank=blank, max_symbols=max_symbols)

@@ -37,7 +37,6 @@ scaler.
 
 from __future__ import annotations
 
-import functools
 import gc
 import sys
 
@@ -46,8 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.rnnt import features
-from benchmarks.rnnt.decode_graphs import GraphedDecoder
-from benchmarks.rnnt.decoding import greedy_decode
+from benchmarks.rnnt.decode_graphs import batch_decoder
 from benchmarks.rnnt.model import (
     ENC_DROPOUT,
     ENC_HIDDEN,
@@ -195,8 +193,7 @@ def decode_step(precision: Precision, device, graphs: bool):
     with torch.no_grad():
         model.joint_net.bias[model.blank] += 1e4
     front = features.AudioFeatures().to(device)
-    decode = (GraphedDecoder(model, model.blank) if graphs
-              else functools.partial(greedy_decode, model, blank=model.blank))
+    decode = batch_decoder(model, model.blank, graphs=graphs)
 
     def step(audio, audio_lens, labels, label_lens):
         feats, feat_lens = front(audio, audio_lens)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import functools
 import math
 from pathlib import Path
 
@@ -38,7 +37,8 @@ import torch
 from torch import nn
 
 from benchmarks.rnnt import compiled_joint, data, features
-from benchmarks.rnnt.decoding import MAX_SYMBOLS, greedy_decode
+from benchmarks.rnnt.decode_graphs import batch_decoder
+from benchmarks.rnnt.decoding import MAX_SYMBOLS
 from benchmarks.rnnt.loss import LATTICES, packed_transducer_loss, transducer_loss
 from benchmarks.rnnt.model import (
     ENC_HIDDEN,
@@ -295,13 +295,8 @@ class RNNTWorkload(Workload):
         # after the broadcast of rank 0's weights, so every rank averages the same weights
         self.ema_model = copy.deepcopy(self.net).eval().requires_grad_(False)
         self.ema_params = list(self.ema_model.parameters())
-        blank = self.ema_model.blank
-        if a.decode_graphs:
-            from benchmarks.rnnt.decode_graphs import GraphedDecoder
-            self.decode = GraphedDecoder(self.ema_model, blank, a.max_symbols)
-        else:
-            self.decode = functools.partial(greedy_decode, self.ema_model, blank=blank,
-                                            max_symbols=a.max_symbols)
+        self.decode = batch_decoder(self.ema_model, self.ema_model.blank, a.max_symbols,
+                                    a.decode_graphs)
         self.features = features.AudioFeatures().to(env.device)
         self.lr = torch.zeros((), device=env.device)
         self.step_count = torch.zeros((), device=env.device)
