@@ -17,8 +17,7 @@ Training:
   matched box's label, background below 0.5. Then 512 RoIs at random, at most a quarter
   positive (``BATCH_SIZE_PER_IMAGE``, ``POSITIVE_FRACTION``), drawn as
   :mod:`benchmarks.maskrcnn.sampler` draws them (the reference's distribution, other random
-  numbers) and kept in the proposals' order, the batch's counts read in one host sync (with
-  ``padded``, none: see :class:`RoISampler`);
+  numbers) and kept in the proposals' order, the batch's counts read in one host sync;
   regression targets with weights 10, 10, 5, 5.
 - :func:`box_loss`: cross-entropy over the sampled RoIs, and smooth L1 (beta 1, as the box
   head passes it) summed over the positives' deltas of their own class, divided by the number
@@ -50,7 +49,6 @@ Test:
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -85,64 +83,31 @@ TARGET_THRESHOLD = 0.5          # a mask-target cell is 1 where RoIAlign gives a
 Tensor = torch.Tensor
 
 
-class LateCount:
-    """A count on the device, copied to pinned host memory when made and read (``int``) only
-    when needed, so the host goes on queueing work until then (on the CPU: the count)."""
-
-    def __init__(self, count: Tensor):
-        self.count, self.ready = count, None
-        if count.is_cuda:
-            self.count = torch.empty((), dtype=count.dtype, pin_memory=True)
-            self.count.copy_(count, non_blocking=True)
-            self.ready = torch.cuda.Event()
-            self.ready.record()
-
-    def __int__(self) -> int:
-        if self.ready is not None:
-            self.ready.synchronize()
-        return int(self.count)
-
-
 @dataclass
 class RoISamples:
     """The sampled RoIs of a batch, image after image: ``rois`` [S, 5] (image index, box),
-    ``labels`` [S] (int64, 0 for background, -1 for a padding row), ``regression_targets``
-    [S, 4] (float32; those of background RoIs are unused), ``matched_idxs`` [S] (the ground
-    truth's index among the batch's real ones in order, -1 for background) and
-    ``is_positive`` [S] with their count (an ``int``, or a :class:`LateCount`); ``positive``
-    [P], the positives' rows, reads that count."""
+    ``labels`` [S] (int64, 0 for background), ``regression_targets`` [S, 4] (float32; those
+    of background RoIs are unused), ``matched_idxs`` [S] (the ground truth's index among the
+    batch's real ones in order, -1 for background) and ``positive`` [P], the positives' rows."""
     rois: Tensor
     labels: Tensor
     regression_targets: Tensor
     matched_idxs: Tensor
-    is_positive: Tensor
-    num_positive: int | LateCount
-
-    @functools.cached_property
-    def positive(self) -> Tensor:
-        return torch.nonzero_static(self.is_positive, size=int(self.num_positive)).squeeze(1)
+    positive: Tensor
 
 
 class RoISampler:
     """Matches proposals to ground truth and samples the RoIs the box head trains on
     (``FastRCNNLossComputation.subsample`` with ``BalancedPositiveNegativeSampler``, as
-    :func:`benchmarks.maskrcnn.sampler.balanced_sample` draws it), every image at once.
-
-    ``padded``: the samples always have ``B x min(512, K)`` rows, every row an image can
-    sample, the rows not sampled being padding (label -1, which the losses leave out), and
-    the positives' count is a :class:`LateCount`: the sampler then needs no host sync, and
-    the box head and loss are queued before the mask head reads the count. The plain path
-    reads both counts at once and has only the sampled rows."""
+    :func:`benchmarks.maskrcnn.sampler.balanced_sample` draws it), every image at once."""
 
     def __init__(self, batch_size_per_image: int = BATCH_SIZE_PER_IMAGE,
                  positive_fraction: float = POSITIVE_FRACTION,
                  fg_iou_threshold: float = FG_IOU_THRESHOLD,
                  bg_iou_threshold: float = BG_IOU_THRESHOLD,
-                 box_weights: tuple[float, float, float, float] = ROI_BOX_WEIGHTS,
-                 padded: bool = False):
+                 box_weights: tuple[float, float, float, float] = ROI_BOX_WEIGHTS):
         self.batch_size_per_image = batch_size_per_image
         self.positive_fraction = positive_fraction
-        self.padded = padded
         self.matcher = Matcher(fg_iou_threshold, bg_iou_threshold,
                                allow_low_quality_matches=False)
         self.box_coder = BoxCoder(box_weights)
@@ -152,7 +117,7 @@ class RoISampler:
         """Samples of the padded proposals [B, K, 4] whose real ones ``valid`` [B, K] marks,
         given the padded ground truth, boxes [B, G, 4] and labels [B, G] (0: padding);
         ``generator`` (on the proposals' device) or the global one draws them. An image
-        without ground truth gives background RoIs only."""
+        without ground truth gives background RoIs only. One host sync: the counts."""
         if gt_labels.shape[1] == 0:                 # a batch without ground truth: one pad
             gt_boxes, gt_labels = gt_boxes.new_zeros(len(valid), 1, 4), gt_labels.new_zeros(
                 len(valid), 1)
@@ -163,42 +128,30 @@ class RoISampler:
             valid & (matches >= 0), valid & (matches == Matcher.BELOW_LOW_THRESHOLD),
             self.batch_size_per_image, self.positive_fraction, generator)
         sampled = positive | negative
-        if self.padded:
-            rows = sampled.shape[0] * min(self.batch_size_per_image, sampled.shape[1])
-            image, column = torch.nonzero_static(sampled, size=rows, fill_value=-1).unbind(1)
-            real = image >= 0
-            image, column = image.clamp(min=0), column.clamp(min=0)
-            num_positive = LateCount(positive.sum())
-        else:                                       # one host sync: the counts
-            total, num_positive = torch.stack((sampled.sum(), positive.sum())).tolist()
-            image, column = torch.nonzero_static(sampled, size=total).unbind(1)
-            real = None
+        total, num_positive = torch.stack((sampled.sum(), positive.sum())).tolist()
+        image, column = torch.nonzero_static(sampled, size=total).unbind(1)
         boxes, matches = boxes[image, column], matches[image, column]
-        if real is not None:
-            matches = torch.where(real, matches, Matcher.BELOW_LOW_THRESHOLD)
         matched = matches.clamp(min=0)
         labels = torch.where(matches >= 0, gt_labels[image, matched].long(), 0)
-        if real is not None:
-            labels = torch.where(real, labels, -1)
         targets = self.box_coder.encode(gt[image, matched], boxes)
         index = gt_valid.flatten().cumsum(0).view_as(gt_valid) - 1     # among the real ones
         matched_idxs = torch.where(matches >= 0, index[image, matched], -1)
         return RoISamples(torch.cat((image[:, None].to(boxes), boxes), dim=1), labels, targets,
-                          matched_idxs, matches >= 0, num_positive)
+                          matched_idxs,
+                          torch.nonzero_static(matches >= 0, size=num_positive).squeeze(1))
 
 
 def box_loss(class_logits: Tensor, box_regression: Tensor, labels: Tensor,
              regression_targets: Tensor, beta: float = BOX_LOSS_BETA) -> tuple[Tensor, Tensor]:
     """``(classification loss, box regression loss)``, float32 scalars, of the box head's
     outputs for the sampled RoIs of the batch: logits [S, C], deltas [S, 4C], labels [S] and
-    targets [S, 4] (the images' samples concatenated; a row labelled -1, padding, is left out
-    of both losses and of the count they are divided by)."""
-    classification = F.cross_entropy(class_logits.float(), labels, ignore_index=-1)
+    targets [S, 4] (the images' samples concatenated)."""
+    classification = F.cross_entropy(class_logits.float(), labels)
     rows = torch.arange(len(labels), device=labels.device)
-    deltas = box_regression.float().reshape(len(labels), -1, 4)[rows, labels.clamp(min=0)]
+    deltas = box_regression.float().reshape(len(labels), -1, 4)[rows, labels]
     per_roi = F.smooth_l1_loss(deltas, regression_targets.float(), reduction="none",
                                beta=beta).sum(dim=1)
-    regression = torch.where(labels > 0, per_roi, 0.0).sum() / (labels >= 0).sum()
+    regression = torch.where(labels > 0, per_roi, 0.0).sum() / labels.numel()
     return classification, regression
 
 

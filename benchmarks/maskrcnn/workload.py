@@ -158,12 +158,6 @@ class MaskRCNNWorkload(Workload):
                        help="run the mask head on its RoI count rounded up to a multiple of "
                             "this (copies of the last RoI, dropped after): few convolution "
                             "shapes, so cuDNN's plans are reused; 0: the count as it is")
-        p.add_argument("--padded-roi-samples", action=argparse.BooleanOptionalAction,
-                       default=False,
-                       help="give the box head every row an image can sample (512 each), "
-                            "those not sampled as padding the losses leave out, and read the "
-                            "positive count only at the mask head: no host sync before the "
-                            "box head and loss are queued")
         # widths: the reference's by default, smaller for CPU fixtures
         p.add_argument("--width", type=int, default=WIDTH, help="ResNet-50 base width")
         p.add_argument("--fpn-channels", type=int, default=FPN_CHANNELS)
@@ -222,8 +216,7 @@ class MaskRCNNWorkload(Workload):
             nms_keep=nms_keep)
         self.memory_format = torch.channels_last if a.channels_last else torch.contiguous_format
         self.net = net.to(env.device, memory_format=self.memory_format)
-        self.detector = Detector(self.net, proposals, RoISampler(a.roi_batch_size_per_image,
-                                                                padded=a.padded_roi_samples),
+        self.detector = Detector(self.net, proposals, RoISampler(a.roi_batch_size_per_image),
                                  compile_mode=a.compile, loss_streams=a.loss_streams,
                                  nms_keep=nms_keep, backbone_graphs=a.backbone_graphs,
                                  mask_roi_multiple=a.mask_roi_multiple)

@@ -3,7 +3,6 @@ hand computations, per-class loops and a transcription of the reference's ``Mask
 (mlcommons/training v1.1 ``object_detection``: ``modeling/roi_heads/{box_head,mask_head}``)."""
 
 import contextlib
-import dataclasses
 import math
 
 import pytest
@@ -15,6 +14,7 @@ from benchmarks.maskrcnn.roi_align import roi_align
 from benchmarks.maskrcnn.roi_heads import (
     ImageDetections,
     RoISampler,
+    RoISamples,
     box_loss,
     mask_loss,
     mask_probabilities,
@@ -173,40 +173,6 @@ def test_box_loss_by_hand():
     # row 2: 0 + 1.5 + 0 + 0.125; row 0 is background; divided by the 3 sampled RoIs
     assert classification.item() == pytest.approx(expected_ce, rel=1e-6)
     assert regression.item() == pytest.approx((2.125 + 1.625) / 3, rel=1e-6)
-
-
-def test_box_loss_leaves_padding_rows_out():
-    g = torch.Generator().manual_seed(5)
-    logits, deltas = torch.randn(6, 3, generator=g), torch.randn(6, 12, generator=g)
-    labels, targets = torch.tensor([0, 2, 1, -1, 2, -1]), torch.randn(6, 4, generator=g)
-    real = labels >= 0
-    torch.testing.assert_close(box_loss(logits, deltas, labels, targets),
-                               box_loss(logits[real], deltas[real], labels[real], targets[real]))
-
-
-def test_padded_sampler_gives_the_plain_samples_and_padding_rows():
-    """The padded samples are the plain ones (the same draws) followed by rows labelled -1,
-    B x min(batch, K) rows in all, with the positive count read late."""
-    g = torch.Generator().manual_seed(6)
-    proposals = torch.zeros(3, 60, 4)
-    valid = torch.zeros(3, 60, dtype=torch.bool)
-    for i, n in enumerate((60, 12, 0)):       # full, fewer than the batch, none
-        proposals[i, :n] = torch.cat((jittered(GT_BOXES, n // 2, g), far_boxes(n - n // 2, g)))
-        valid[i, :n] = True
-    gt = torch.stack((GT_BOXES, GT_BOXES + 1, GT_BOXES + 2))
-    gt_labels = torch.stack((GT_LABELS, torch.tensor([2, 0, 0]), torch.tensor([0, 0, 0])))
-    samples = {}
-    for padded in (False, True):
-        g.manual_seed(7)
-        samples[padded] = RoISampler(batch_size_per_image=16, padded=padded)(
-            proposals, valid, gt, gt_labels, g)
-    plain, padded = samples[False], samples[True]
-    n = len(plain.labels)
-    assert n == 16 + 12 and len(padded.labels) == 3 * 16
-    assert (padded.labels[n:] == -1).all() and (padded.matched_idxs[n:] == -1).all()
-    for name in ("rois", "labels", "regression_targets", "matched_idxs"):
-        assert torch.equal(getattr(padded, name)[:n], getattr(plain, name)), name
-    assert torch.equal(padded.positive, plain.positive) and len(plain.positive) > 0
 
 
 def test_mask_target_of_a_rectangle_by_hand():
@@ -444,9 +410,7 @@ def _training_step_losses(device, dtype=None, sample_device=None):
         proposals, valid, torch.stack((GT_BOXES, F.pad(GT_BOXES[:1], (0, 0, 0, 2)))).to(
             sample_device), gt_labels.to(sample_device),
         generator=torch.Generator(sample_device).manual_seed(0))
-    samples = dataclasses.replace(samples, **{
-        f.name: getattr(samples, f.name).to(device) for f in dataclasses.fields(samples)
-        if isinstance(getattr(samples, f.name), torch.Tensor)})
+    samples = RoISamples(*(t.to(device) for t in vars(samples).values()))
     masks = torch.cat(masks)
     torch.manual_seed(0)
     box_head = torch.nn.Linear(4, 81 * 5).to(device)

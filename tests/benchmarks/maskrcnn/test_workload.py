@@ -239,27 +239,6 @@ def test_backbone_graphs_take_the_compiled_steps():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_padded_roi_samples_take_the_plain_steps_losses():
-    """With the positive count read late from pinned memory: the plain step's losses over
-    steps of two padded sizes."""
-    argv = [*TINY, "--size-buckets", "2"]
-    argv[argv.index("--max-size") + 1] = "128"
-    plain, padded = build_cuda(argv), build_cuda([*argv, "--padded-roi-samples"])
-    batches = plain.warm_up_batches(2)[:2]
-    losses = {}
-    for wl in (plain, padded):
-        wl.detector.register_forward_hook(lambda m, _inputs, out: losses.__setitem__(m, out))
-    for step in range(4):
-        padded.net.load_state_dict(plain.net.state_dict())
-        for wl in (plain, padded):
-            torch.manual_seed(1 + step)         # the same anchors and RoIs sampled
-            wl.train_step(*batches[step % len(batches)])
-        torch.testing.assert_close(losses[padded.detector], losses[plain.detector],
-                                   rtol=1e-4, atol=1e-6)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_loss_streams_compute_the_plain_steps_losses_and_gradients_on_three_streams():
     from torch.profiler import ProfilerActivity, profile
 
