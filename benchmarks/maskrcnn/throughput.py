@@ -17,7 +17,7 @@ memory (``--channels-last``), ``ours-nms`` also runs NMS's greedy step as one Tr
 networks through ``torch.compile`` (``--compile default``: backbone + FPN + RPN head, box
 head, mask head);
 ``ours-streams`` and ``ours-compile-streams`` add the losses on CUDA streams of their own
-(``--loss-streams``); ``ours-compile-streams-nms`` (the GPU configs' step) also runs NMS's
+(``--loss-streams``); ``ours-compile-streams-nms`` also runs NMS's
 greedy step as one Triton kernel (``--nms triton``), ``ours-graphs`` also replays the
 compiled backbone's forward and backward as CUDA graphs (``--backbone-graphs``),
 ``ours-graphs-pad`` also rounds the mask head's RoI count up to a multiple of 128
