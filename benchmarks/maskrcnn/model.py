@@ -14,7 +14,9 @@
 - FPN: 1x1 lateral and 3x3 output convolutions of 256 channels on C2..C5, nearest x2
   top-down upsampling, and P6 = max-pool(kernel 1, stride 2) of P5. Image sides must be
   multiples of 32 (``SIZE_DIVISIBILITY``), as the reference's upsampling by a fixed factor 2
-  assumes.
+  assumes. The upsampling is a broadcast (:func:`upsample_nearest_2x`): its gradient sums
+  each 2 x 2 block, where ``F.interpolate``'s, as Inductor compiles it, scatters into an
+  fp32 buffer with atomic adds.
 - RPN head: one 3x3 convolution and ReLU shared over the levels, then 3 objectness logits
   and 12 box deltas per location.
 - Box head: RoIAlign 7x7 on P2..P5, fc6 and fc7 of 1024 with ReLU, then 81 class scores and
@@ -181,6 +183,16 @@ class ResNet50(nn.Module):
         return features
 
 
+def upsample_nearest_2x(x: torch.Tensor) -> torch.Tensor:
+    """``F.interpolate(x, scale_factor=2, mode="nearest")`` of [N, C, H, W] as a broadcast,
+    in ``x``'s memory format (channels-last or contiguous)."""
+    n, c, h, w = x.shape
+    if x.is_contiguous():
+        return x[:, :, :, None, :, None].expand(n, c, h, 2, w, 2).reshape(n, c, 2 * h, 2 * w)
+    nhwc = x.permute(0, 2, 3, 1)[:, :, None, :, None].expand(n, h, 2, w, 2, c)
+    return nhwc.reshape(n, 2 * h, 2 * w, c).permute(0, 3, 1, 2)
+
+
 class FPN(nn.Module):
     """``forward([C2, C3, C4, C5])`` -> ``[P2, P3, P4, P5, P6]``, each ``channels`` wide at
     strides 4 to 64."""
@@ -198,7 +210,7 @@ class FPN(nn.Module):
         results = [self.layer_blocks[-1](inner)]
         for level in reversed(range(len(features) - 1)):
             inner = (self.inner_blocks[level](features[level])
-                     + F.interpolate(inner, scale_factor=2, mode="nearest"))
+                     + upsample_nearest_2x(inner))
             results.insert(0, self.layer_blocks[level](inner))
         results.append(F.max_pool2d(results[-1], kernel_size=1, stride=2))
         return results

@@ -20,6 +20,7 @@ from benchmarks.maskrcnn.model import (
     load_torchvision_backbone,
     mllog_tensor_modules,
     mllog_tensor_names,
+    upsample_nearest_2x,
 )
 from benchmarks.maskrcnn.roi_align import rois_from_boxes
 from common.errors import UserError
@@ -112,6 +113,20 @@ def test_fpn_levels_and_rpn_outputs(model):
     assert [tuple(x.shape) for x in logits] == [(2, 3, h, w) for h, w in sizes]
     assert [tuple(x.shape) for x in deltas] == [(2, 12, h, w) for h, w in sizes]
     assert [x[0].numel() for x in logits] == [len(a) for a in fpn_anchors(sizes)]
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+def test_upsampling_is_interpolate_forward_and_backward(memory_format):
+    x = torch.randn(2, 5, 3, 4).to(memory_format=memory_format).requires_grad_()
+    grad = torch.randn(2, 5, 6, 8)
+    up = upsample_nearest_2x(x)
+    assert up.is_contiguous(memory_format=memory_format)
+    (up * grad).sum().backward()
+    mine, x.grad = x.grad, None
+    reference = torch.nn.functional.interpolate(x, scale_factor=2, mode="nearest")
+    (reference * grad).sum().backward()
+    assert torch.equal(up, reference)
+    torch.testing.assert_close(mine, x.grad)       # each 2 x 2 block's sum
 
 
 def test_stride_placement():
