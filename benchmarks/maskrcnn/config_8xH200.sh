@@ -7,8 +7,9 @@
 # step as one Triton kernel (--nms triton), three compiled regions (--compile), the losses on
 # CUDA streams of their own (--loss-streams), the compiled backbone's forward and backward
 # replayed as CUDA graphs (--backbone-graphs) and the mask head's RoI count rounded up to a
-# multiple of 128 (--mask-roi-multiple): 175.1 img/s at batch 8 on one H100, 2.62x
-# torchvision's eager Mask R-CNN in the same run (docs/performance.md, Mask R-CNN).
+# multiple of 128 (--mask-roi-multiple): 186.6 img/s at batch 8 on one H100 with these
+# flags, 2.58x torchvision's eager Mask R-CNN and 2.01x it compiled in the same run
+# (docs/performance.md, Mask R-CNN).
 # --size-buckets 4 pads batches to 7 shapes, each compiled, then recorded as a graph, before
 # the clock (--init-steps 14: two steps of each); these flags reached both targets on the
 # fixture on one H100 (there with 3 shapes, recorded inside the run); on COCO the bucket count is

@@ -23,7 +23,7 @@ compiled backbone's forward and backward as CUDA graphs (``--backbone-graphs``),
 ``ours-graphs-pad`` also rounds the mask head's RoI count up to a multiple of 128
 (``--mask-roi-multiple 128``), ``ours-graphs-pad-buckets`` (the GPU configs' step) also
 pads images to the configs' 4 sizes (``--size-buckets 4``; 800 x 1152 here);
-``ours-tuned-streams-nms`` is the configs' step under ``--compile tuned`` (Inductor's
+``ours-tuned-streams-nms`` is ``ours-compile-streams-nms`` under ``--compile tuned`` (Inductor's
 coordinate-descent tuning of each fused kernel).
 The baselines are torchvision's ``MaskRCNN`` on a ResNet-50 FPN, trained as torchvision's
 detection reference trains it: momentum SGD (weight decay 1e-4 on every trained weight),
