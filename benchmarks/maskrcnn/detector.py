@@ -22,10 +22,12 @@ sizes only known symbolically, Inductor's layout checks still specialise it to e
 so ``--size-buckets`` keeps its graphs few. ``backbone_graphs`` replays that region's
 forward and backward as CUDA graphs (Inductor's CUDA graph trees), one per padded size: its
 kernels were launched from the host every step, and the step was host-bound.
-``mask_roi_multiple`` rounds the mask head's RoI count (the sampled positives, or the
+``head_graphs`` does the same for the box and mask heads, one graph per RoI count and padded
+size. ``mask_roi_multiple`` rounds the mask head's RoI count (the sampled positives, or the
 detections) up to a multiple: cuDNN builds an execution plan for each new convolution shape,
-on the host, and an unpadded count is new at almost every step. The plain path runs the
-head on the count as it is.
+on the host, and an unpadded count is new at almost every step. ``box_roi_multiple`` does the
+same for the box head's (the sampled RoIs, or the test proposals), so that its graphs are few.
+The plain path runs each head on the count as it is.
 
 ``loss_streams`` computes the RPN's targets and loss, the box head's loss and the mask
 targets and loss each on a CUDA stream of its own (:class:`common.streams.SideStreams`),
@@ -87,23 +89,24 @@ class Detector(nn.Module):
     def __init__(self, net: MaskRCNN, rpn: RPN, sampler: RoISampler,
                  detections_per_image: int = DETECTIONS_PER_IMG, compile_mode: str = "none",
                  loss_streams: bool = False, nms_keep: Keep | None = None,
-                 backbone_graphs: bool = False, mask_roi_multiple: int = 0):
+                 backbone_graphs: bool = False, head_graphs: bool = False,
+                 box_roi_multiple: int = 0, mask_roi_multiple: int = 0):
         super().__init__()
         self.nms_keep = nms_keep
         self.net, self.rpn, self.sampler = net, rpn, sampler
         self.detections_per_image = detections_per_image
-        self.mask_roi_multiple = mask_roi_multiple
+        self.roi_multiples = (box_roi_multiple, mask_roi_multiple)
         self._anchors: dict = {}
         self._side = SideStreams(next(net.parameters()).device, 3 if loss_streams else 0)
         self.compiled = compile_mode != "none"
         if self.compiled:   # a graph per padded size and grad mode, more than the default 8
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                        RECOMPILE_LIMIT)
-        graphs = {"triton.cudagraphs": True} if backbone_graphs else {}
+        graphs = {"triton.cudagraphs": True}
         self._backbone = maybe_compile(self._levels_and_rpn, compile_mode, dynamic=False,
-                                       **graphs)
-        self._heads = (maybe_compile(self._box_head, compile_mode),
-                       maybe_compile(self._mask_head, compile_mode))
+                                       **(graphs if backbone_graphs else {}))
+        self._heads = tuple(maybe_compile(head, compile_mode, **(graphs if head_graphs else {}))
+                            for head in (self._box_head, self._mask_head))
 
     def _levels_and_rpn(self, images: torch.Tensor):
         levels = self.net.features(images)
@@ -132,18 +135,21 @@ class Detector(nn.Module):
         return self._head(0, levels, rois)
 
     def mask_head(self, levels: list[torch.Tensor], rois: torch.Tensor) -> torch.Tensor:
-        """Mask logits of RoIs [K, 5]; with ``mask_roi_multiple``, the head runs on ``K``
-        rounded up to that multiple (copies of the last RoI, their logits dropped)."""
-        n = len(rois)
-        if self.mask_roi_multiple and n:
-            rois = torch.cat([rois, rois[-1:].expand(-n % self.mask_roi_multiple, -1)])
-        return self._head(1, levels, rois)[:n]
+        """Mask logits of RoIs [K, 5]."""
+        return self._head(1, levels, rois)
 
     def _head(self, index: int, levels: list[torch.Tensor], rois: torch.Tensor):
-        if not len(rois):   # nothing detected: eager, not a graph compiled for no RoIs
+        """The box (``index`` 0) or mask head's outputs for RoIs [K, 5]; with a RoI multiple
+        for it, the head runs on ``K`` rounded up to that multiple (copies of the last RoI,
+        their outputs dropped)."""
+        n, multiple = len(rois), self.roi_multiples[index]
+        if not n:   # nothing detected: eager, not a graph compiled for no RoIs
             return (self._box_head, self._mask_head)[index](levels, rois)
-        return self._heads[index]([self._dynamic(x, 2, 3) for x in levels],
-                                  self._dynamic(rois, 0))
+        if multiple:
+            rois = torch.cat([rois, rois[-1:].expand(-n % multiple, -1)])
+        out = self._heads[index]([self._dynamic(x, 2, 3) for x in levels],
+                                 self._dynamic(rois, 0))
+        return out[:n] if index else tuple(x[:n] for x in out)
 
     def anchors(self, levels: list[torch.Tensor]) -> list[torch.Tensor]:
         """The FPN anchors of these feature maps, made once per padded batch shape."""

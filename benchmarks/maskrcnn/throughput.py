@@ -21,8 +21,10 @@ head, mask head);
 greedy step as one Triton kernel (``--nms triton``), ``ours-graphs`` also replays the
 compiled backbone's forward and backward as CUDA graphs (``--backbone-graphs``),
 ``ours-graphs-pad`` also rounds the mask head's RoI count up to a multiple of 128
-(``--mask-roi-multiple 128``), ``ours-graphs-pad-buckets`` (the GPU configs' step) also
-pads images to the configs' 4 sizes (``--size-buckets 4``; 800 x 1152 here);
+(``--mask-roi-multiple 128``), ``ours-graphs-pad-buckets`` also
+pads images to the configs' 4 sizes (``--size-buckets 4``; 800 x 1152 here),
+``ours-head-graphs`` (the GPU configs' step) also replays the box and mask heads as CUDA
+graphs (``--head-graphs``, with ``--box-roi-multiple 512``);
 ``ours-tuned-streams-nms`` is ``ours-compile-streams-nms`` under ``--compile tuned`` (Inductor's
 coordinate-descent tuning of each fused kernel).
 The baselines are torchvision's ``MaskRCNN`` on a ResNet-50 FPN, trained as torchvision's
@@ -72,6 +74,9 @@ OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-graphs-pad": (*STREAMS_NMS, "--backbone-graphs", "--mask-roi-multiple", "128"),
         "ours-graphs-pad-buckets": (*STREAMS_NMS, "--backbone-graphs", "--mask-roi-multiple",
                                     "128", "--size-buckets", "4"),
+        "ours-head-graphs": (*STREAMS_NMS, "--backbone-graphs", "--mask-roi-multiple", "128",
+                             "--size-buckets", "4", "--head-graphs", "--box-roi-multiple",
+                             "512"),
         "ours-tuned-streams-nms": ("--fold-frozen-bn", "--channels-last", "--compile",
                                    "tuned", "--loss-streams", "--nms", "triton")}
 # variant -> whether torchvision's model runs through torch.compile

@@ -154,6 +154,15 @@ class MaskRCNNWorkload(Workload):
                        help="replay the compiled backbone + FPN + RPN head's forward and "
                             "backward as CUDA graphs, one per padded size (Inductor's CUDA "
                             "graph trees; needs --compile, CUDA only)")
+        p.add_argument("--head-graphs", action=argparse.BooleanOptionalAction,
+                       default=False,
+                       help="replay the compiled box and mask heads' forward and backward as "
+                            "CUDA graphs, one per RoI count and padded size (Inductor's CUDA "
+                            "graph trees; needs --compile, --box-roi-multiple and "
+                            "--mask-roi-multiple, CUDA only)")
+        p.add_argument("--box-roi-multiple", type=int, default=0,
+                       help="run the box head on its RoI count rounded up to a multiple of "
+                            "this (copies of the last RoI, dropped after); 0: the count as it is")
         p.add_argument("--mask-roi-multiple", type=int, default=0,
                        help="run the mask head on its RoI count rounded up to a multiple of "
                             "this (copies of the last RoI, dropped after): few convolution "
@@ -176,15 +185,20 @@ class MaskRCNNWorkload(Workload):
         if a.loss_streams:
             require_cuda(env.device, "--loss-streams puts the losses on CUDA streams",
                          "leave it out on the CPU")
-        if a.mask_roi_multiple < 0:
-            raise UserError(f"--mask-roi-multiple must be 0 (off) or more, not "
-                            f"{a.mask_roi_multiple}")
-        if a.backbone_graphs:
+        for flag, multiple in (("--box-roi-multiple", a.box_roi_multiple),
+                               ("--mask-roi-multiple", a.mask_roi_multiple)):
+            if multiple < 0:
+                raise UserError(f"{flag} must be 0 (off) or more, not {multiple}")
+        if a.head_graphs and not (a.box_roi_multiple and a.mask_roi_multiple):
+            raise UserError("--head-graphs records a CUDA graph per RoI count: add "
+                            "--box-roi-multiple and --mask-roi-multiple (e.g. 512 and 128)")
+        for flag, on, what in (("--backbone-graphs", a.backbone_graphs, "backbone"),
+                               ("--head-graphs", a.head_graphs, "RoI heads")):
+            if not on:
+                continue
             if a.compile == "none":
-                raise UserError("--backbone-graphs replays the compiled backbone: add "
-                                "--compile default")
-            require_cuda(env.device, "--backbone-graphs replays CUDA graphs",
-                         "leave it out on the CPU")
+                raise UserError(f"{flag} replays the compiled {what}: add --compile default")
+            require_cuda(env.device, f"{flag} replays CUDA graphs", "leave it out on the CPU")
         nms_keep = None
         if a.nms == "triton":
             require_cuda(env.device, "--nms triton runs a CUDA kernel",
@@ -219,6 +233,8 @@ class MaskRCNNWorkload(Workload):
         self.detector = Detector(self.net, proposals, RoISampler(a.roi_batch_size_per_image),
                                  compile_mode=a.compile, loss_streams=a.loss_streams,
                                  nms_keep=nms_keep, backbone_graphs=a.backbone_graphs,
+                                 head_graphs=a.head_graphs,
+                                 box_roi_multiple=a.box_roi_multiple,
                                  mask_roi_multiple=a.mask_roi_multiple)
         self.model = dist.data_parallel(self.detector, env)
         self.lr = torch.zeros((), device=env.device)

@@ -155,23 +155,33 @@ def test_loss_streams_off_cuda_is_one_line():
         build([*TINY, "--loss-streams"])
 
 
+MULTIPLES = ["--box-roi-multiple", "16", "--mask-roi-multiple", "16"]
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--backbone-graphs"], "add --compile default"),
     (["--backbone-graphs", "--compile", "default"], "--backbone-graphs .* --device cuda"),
+    (["--head-graphs", *MULTIPLES], "--head-graphs replays the compiled RoI heads: add "
+                                    "--compile default"),
+    (["--head-graphs", "--compile", "default", *MULTIPLES], "--head-graphs .* --device cuda"),
+    (["--head-graphs", "--compile", "default", "--mask-roi-multiple", "16"],
+     "add --box-roi-multiple and --mask-roi-multiple"),
 ])
-def test_backbone_graphs_without_compile_or_cuda_is_one_line(flags, message):
+def test_graphs_without_compile_cuda_or_roi_multiples_is_one_line(flags, message):
     with pytest.raises(UserError, match=message) as e:
         build([*TINY, *flags])
     assert "\n" not in str(e.value)
 
 
-def test_padded_mask_rois_take_the_plain_steps_losses_and_gradients():
-    """``--mask-roi-multiple``: the mask head on copies of the last RoI besides the positives,
-    their logits dropped: the same losses, gradients and evaluation masks."""
-    plain, padded = build(TINY), build([*TINY, "--mask-roi-multiple", "16"])
+@pytest.mark.parametrize("head", ["box", "mask"])
+def test_padded_rois_take_the_plain_steps_losses_and_gradients(head):
+    """``--box-roi-multiple`` and ``--mask-roi-multiple``: the head on copies of the last RoI
+    besides its own, their outputs dropped: the same losses, gradients and evaluation
+    outputs."""
+    plain, padded = build(TINY), build([*TINY, f"--{head}-roi-multiple", "16"])
     padded.net.load_state_dict(plain.net.state_dict())
     batch, seen = plain.synthetic_batch(2), []
-    padded.detector.net.mask_predictor.register_forward_hook(
+    getattr(padded.detector.net, f"{head}_predictor").register_forward_hook(
         lambda _m, inputs, _out: seen.append(len(inputs[0])))
     losses = []
     for wl in (plain, padded):
@@ -186,15 +196,18 @@ def test_padded_mask_rois_take_the_plain_steps_losses_and_gradients():
                          [1, 0.0, 9.0, 20.0, 63.0]])
     levels = [torch.randn(2, 8, 64 // s, 64 // s) for s in (4, 8, 16, 32)]
     with torch.no_grad():
-        expected = plain.detector.mask_head(levels, rois)
-        got = padded.detector.mask_head(levels, rois)
-    assert got.shape == expected.shape and seen[-1] == 16
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+        expected = getattr(plain.detector, f"{head}_head")(levels, rois)
+        got = getattr(padded.detector, f"{head}_head")(levels, rois)
+    assert seen[-1] == 16
+    for g, e in zip(*(x if isinstance(x, tuple) else (x,) for x in (got, expected))):
+        assert g.shape == e.shape
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
 
 
-def test_negative_mask_roi_multiple_is_one_line():
-    with pytest.raises(UserError, match="--mask-roi-multiple must be 0"):
-        build([*TINY, "--mask-roi-multiple", "-1"])
+@pytest.mark.parametrize("flag", ["--box-roi-multiple", "--mask-roi-multiple"])
+def test_negative_roi_multiple_is_one_line(flag):
+    with pytest.raises(UserError, match=f"{flag} must be 0"):
+        build([*TINY, flag, "-1"])
 
 
 def build_cuda(argv):
@@ -209,16 +222,18 @@ def build_cuda(argv):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_backbone_graphs_take_the_compiled_steps():
+@pytest.mark.parametrize("graph_flags", [["--backbone-graphs"],
+                                         ["--backbone-graphs", "--head-graphs"]])
+def test_graphs_take_the_compiled_steps(graph_flags):
     """Three steps (warm-up, recording, replay) of each of two padded sizes, alternating, from
     the same weights at every step: the compiled step's losses and gradients (the GPU
     configs' flags; without --channels-last the compiled backward failed a stride check,
     graphs or not). Gradients within 2e-3 of their largest: two runs of the compiled step
     alone differed by up to 7e-4 of it on the H100 (atomics)."""
     argv = [*TINY, "--compile", "default", "--size-buckets", "2", "--fold-frozen-bn",
-            "--channels-last"]
+            "--channels-last", *MULTIPLES]
     argv[argv.index("--max-size") + 1] = "128"
-    plain, graphs = build_cuda(argv), build_cuda([*argv, "--backbone-graphs"])
+    plain, graphs = build_cuda(argv), build_cuda([*argv, *graph_flags])
     batches = plain.warm_up_batches(2)[:2]
     assert batches[0].images.shape != batches[1].images.shape
     losses = {}
