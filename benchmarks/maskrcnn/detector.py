@@ -99,6 +99,7 @@ class Detector(nn.Module):
         self._anchors: dict = {}
         self._side = SideStreams(next(net.parameters()).device, 3 if loss_streams else 0)
         self.compiled = compile_mode != "none"
+        self.head_graphs = head_graphs
         if self.compiled:   # a graph per padded size and grad mode, more than the default 8
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                        RECOMPILE_LIMIT)
@@ -127,8 +128,14 @@ class Detector(nn.Module):
         return t
 
     def levels_and_rpn(self, images: torch.Tensor):
-        """FPN levels, RPN objectness and deltas of padded images [N, 3, H, W]."""
-        return self._backbone(images)
+        """FPN levels, RPN objectness and deltas of padded images [N, 3, H, W]. With
+        ``head_graphs``, in inference, the levels are copies: there each call of a graphed
+        region starts a new iteration of the CUDA graph trees, which frees the outputs of the
+        calls before it (the box head's call would free the levels the mask head takes)."""
+        levels, objectness, deltas = self._backbone(images)
+        if self.head_graphs and not torch.is_grad_enabled():
+            levels = [x.clone() for x in levels]
+        return levels, objectness, deltas
 
     def box_head(self, levels: list[torch.Tensor], rois: torch.Tensor):
         """Class scores and box deltas of RoIs [K, 5]."""

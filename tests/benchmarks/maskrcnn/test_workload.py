@@ -9,8 +9,10 @@ import pickle
 import pytest
 import torch
 
+from benchmarks.maskrcnn.detector import ground_truth
 from benchmarks.maskrcnn.frozen_bn import folded_conv_frozen_bn
 from benchmarks.maskrcnn.model import FrozenBatchNorm2d
+from benchmarks.maskrcnn.roi_align import rois_from_boxes
 from benchmarks.maskrcnn.workload import MaskRCNNWorkload, lr_at, score
 from common.dist import DistEnv
 from common.errors import UserError
@@ -250,6 +252,22 @@ def test_graphs_take_the_compiled_steps(graph_flags):
             if p.grad is not None:
                 torch.testing.assert_close(q.grad, p.grad, rtol=0,
                                            atol=2e-3 * p.grad.abs().max().item(), msg=name)
+    # evaluation: the heads on each padded size twice (recording, replay), in inference
+    graphs.net.load_state_dict(plain.net.state_dict())
+    for wl in (plain, graphs):
+        wl.detector.eval()
+    with torch.no_grad():
+        for batch in 2 * batches:
+            rois = rois_from_boxes(ground_truth(batch.boxes, batch.labels, batch.masks)[0])
+            outputs = []
+            for wl in (plain, graphs):
+                levels = wl.detector.levels_and_rpn(
+                    batch.images.contiguous(memory_format=torch.channels_last))[0]
+                # copied before the next graphed call frees them (in inference)
+                boxes = [x.clone() for x in wl.detector.box_head(levels, rois)]
+                outputs.append([*boxes, wl.detector.mask_head(levels, rois).clone()])
+            for got, expected in zip(*outputs):
+                torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.gpu
