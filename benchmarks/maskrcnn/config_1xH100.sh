@@ -6,19 +6,23 @@
 # The step: frozen batch norm folded into the convolutions, channels-last memory, NMS's greedy
 # step as one Triton kernel (--nms triton), three compiled regions (--compile), the losses on
 # CUDA streams of their own (--loss-streams), the compiled backbone's forward and backward
-# replayed as CUDA graphs (--backbone-graphs) and the mask head's RoI count rounded up to a
-# multiple of 128 (--mask-roi-multiple): 186.6 img/s at batch 8 on one H100 with these
-# flags, 2.58x torchvision's eager Mask R-CNN and 2.01x it compiled in the same run
-# (docs/performance.md, Mask R-CNN).
+# replayed as CUDA graphs (--backbone-graphs), the box and mask heads' too (--head-graphs),
+# and the heads' RoI counts rounded up to multiples of 512 and 128 (--box-roi-multiple,
+# --mask-roi-multiple): 188.6 img/s at batch 8 on one H100 with these flags, 2.67x
+# torchvision's eager Mask R-CNN and 1.73x it compiled in the same run (docs/performance.md,
+# Mask R-CNN).
 # --size-buckets 4 pads batches to 7 shapes, each compiled, then recorded as a graph, before
 # the clock (--init-steps 14: two steps of each); these flags reached both targets on the
 # fixture on one H100 (there with 3 shapes, recorded inside the run); on COCO the bucket count is
-# not yet tuned (a 1066-pixel side is padded to 1152 instead of 1088).
+# not yet tuned (a 1066-pixel side is padded to 1152 instead of 1088). The heads record a graph
+# per RoI count and shape: at batch 48, up to 48 box-head counts and 48 mask-head counts per
+# shape, recorded when first met (their number and memory on COCO are not yet measured).
 NPROC=1
 PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
     --precision "$PRECISION" --workers 14 --fold-frozen-bn --channels-last --nms triton
-    --compile default --loss-streams --backbone-graphs --mask-roi-multiple 128
+    --compile default --loss-streams --backbone-graphs --head-graphs
+    --box-roi-multiple 512 --mask-roi-multiple 128
     --size-buckets 4 --init-steps 14
     --backbone-checkpoint "${BACKBONE_CHECKPOINT:?set BACKBONE_CHECKPOINT to a torchvision resnet50 state dict (docs/data.md#maskrcnn)}"
     --batch-size 48 --eval-batch-size 16
