@@ -60,6 +60,9 @@ from common.training import build_parser
 # the previous configs' step, which the graphed variants build on
 STREAMS_NMS = ("--fold-frozen-bn", "--channels-last", "--compile", "default", "--loss-streams",
                "--nms", "triton")
+# that step with the backbone's graphs, padded mask RoIs and the configs' size buckets
+GRAPHS_PAD_BUCKETS = (*STREAMS_NMS, "--backbone-graphs", "--mask-roi-multiple", "128",
+                      "--size-buckets", "4")
 # variant -> workload flags of the workload's step
 OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-per-image": ("--fpn-post-nms-per-image",), "ours-fold": ("--fold-frozen-bn",),
@@ -72,11 +75,8 @@ OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-compile-streams-nms": STREAMS_NMS,
         "ours-graphs": (*STREAMS_NMS, "--backbone-graphs"),
         "ours-graphs-pad": (*STREAMS_NMS, "--backbone-graphs", "--mask-roi-multiple", "128"),
-        "ours-graphs-pad-buckets": (*STREAMS_NMS, "--backbone-graphs", "--mask-roi-multiple",
-                                    "128", "--size-buckets", "4"),
-        "ours-head-graphs": (*STREAMS_NMS, "--backbone-graphs", "--mask-roi-multiple", "128",
-                             "--size-buckets", "4", "--head-graphs", "--box-roi-multiple",
-                             "512"),
+        "ours-graphs-pad-buckets": GRAPHS_PAD_BUCKETS,
+        "ours-head-graphs": (*GRAPHS_PAD_BUCKETS, "--head-graphs", "--box-roi-multiple", "512"),
         "ours-tuned-streams-nms": ("--fold-frozen-bn", "--channels-last", "--compile",
                                    "tuned", "--loss-streams", "--nms", "triton")}
 # variant -> whether torchvision's model runs through torch.compile
