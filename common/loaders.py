@@ -1,4 +1,4 @@
-"""Stopping a DataLoader's persistent worker processes when a run ends."""
+"""DataLoaders whose worker processes serve every pass of a run, and stopping them at its end."""
 
 from __future__ import annotations
 
@@ -19,3 +19,25 @@ def shut_down(loader: torch.utils.data.DataLoader) -> None:
     if iterator is not None:
         loader._iterator = None
         iterator._shutdown_workers()
+
+
+class Keys(torch.utils.data.Sampler):
+    """A sampler of item keys (e.g. ``(epoch, indices)``), set before each pass; it is read in
+    the main process, so persistent workers serve whatever the keys of the next pass are."""
+
+    def __init__(self, keys: list | None = None):
+        self.keys = keys or []
+
+    def __iter__(self):
+        return iter(self.keys)
+
+    def __len__(self):
+        return len(self.keys)
+
+
+def persistent(dataset, keys: Keys, workers: int, pin: bool) -> torch.utils.data.DataLoader:
+    """The DataLoader of ``dataset[key]`` for each key of ``keys`` (items already batched;
+    pinned when ``pin``), its worker processes kept from one pass to the next."""
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=None, sampler=keys, num_workers=workers, pin_memory=pin,
+        prefetch_factor=4 if workers else None, persistent_workers=workers > 0)

@@ -1,6 +1,7 @@
 """ImageNet readers for ResNet-50: the JPEG folder layout, decoded on the CPU, the GPU or by DALI.
 
-Backends: ``cpu`` (Pillow in loader processes, the reference), ``nvjpeg`` (batched nvJPEG
+Backends: ``cpu`` (Pillow in loader processes, the reference), ``turbo`` (libjpeg-turbo in
+loader processes, a batch's crops in one buffer; ``turbo.py``), ``nvjpeg`` (batched nvJPEG
 and one batched crop and resize, overlapped with the step; ``nvjpeg.py``) and ``dali``.
 
 Layout: ``ROOT/train/<wnid>/*.JPEG`` and ``ROOT/val/<wnid>/*.JPEG``; the class
@@ -32,7 +33,7 @@ from common.errors import UserError
 
 MEAN = (123.675, 116.28, 103.53)
 STD = (58.395, 57.12, 57.375)
-BACKENDS = ("cpu", "nvjpeg", "dali")
+BACKENDS = ("cpu", "turbo", "nvjpeg", "dali")
 EVAL_CROP_FRACTION = 0.875
 _EXTENSIONS = (".jpeg", ".jpg")
 
@@ -308,11 +309,17 @@ def _nvjpeg_decoder(*args, cpu_share: float = 0.0):
     return nvjpeg.BatchedDecoder(*args, cpu_share=cpu_share)
 
 
-_DECODERS = {"cpu": _cpu_decoder, "nvjpeg": _nvjpeg_decoder, "dali": _dali_decoder}
+def _turbo_decoder(*args, dct_scale: bool = False):
+    from benchmarks.resnet import turbo
+    return turbo.TurboDecoder(*args, dct_scale=dct_scale)
+
+
+_DECODERS = {"cpu": _cpu_decoder, "turbo": _turbo_decoder, "nvjpeg": _nvjpeg_decoder,
+             "dali": _dali_decoder}
 
 
 def _build(index, backend, image_size, batch_size, rank, world_size, seed, workers, device,
-           train, cpu_decode_share) -> Loader:
+           train, cpu_decode_share, dct_scale) -> Loader:
     if backend not in _DECODERS:
         raise UserError(f"unknown data backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "nvjpeg" and device.type != "cuda":
@@ -321,25 +328,30 @@ def _build(index, backend, image_size, batch_size, rank, world_size, seed, worke
     if cpu_decode_share and backend != "nvjpeg":
         raise UserError(f"--cpu-decode-share splits the decoding of the nvjpeg backend; "
                         f"--data-backend {backend} has no such split: leave it out")
+    if dct_scale and backend != "turbo":
+        raise UserError(f"--jpeg-dct-scale scales libjpeg-turbo's decoding in the turbo backend; "
+                        f"--data-backend {backend} does not use it: leave it out")
     samples = index.train if train else index.val
-    share = {"cpu_share": cpu_decode_share} if cpu_decode_share else {}
+    options = {"cpu_share": cpu_decode_share} if cpu_decode_share else {}
+    if dct_scale:
+        options["dct_scale"] = True
     decode = _DECODERS[backend](samples, image_size, train, seed, batch_size, workers, device,
-                                **share)
+                                **options)
     return Loader(samples, train, batch_size, rank, world_size, seed, decode)
 
 
 def build_train_loader(index, backend: str, image_size: int, batch_size: int, rank: int,
                        world_size: int, seed: int, workers: int, device: torch.device,
-                       cpu_decode_share: float = 0.0) -> Loader:
+                       cpu_decode_share: float = 0.0, dct_scale: bool = False) -> Loader:
     return _build(index, backend, image_size, batch_size, rank, world_size, seed, workers,
-                  device, True, cpu_decode_share)
+                  device, True, cpu_decode_share, dct_scale)
 
 
 def build_eval_loader(index, backend: str, image_size: int, batch_size: int, rank: int,
                       world_size: int, workers: int, device: torch.device,
-                      cpu_decode_share: float = 0.0) -> Loader:
+                      cpu_decode_share: float = 0.0, dct_scale: bool = False) -> Loader:
     return _build(index, backend, image_size, batch_size, rank, world_size, 0, workers,
-                  device, False, cpu_decode_share)
+                  device, False, cpu_decode_share, dct_scale)
 
 
 def synthetic_batch(batch_size: int, image_size: int, num_classes: int, device

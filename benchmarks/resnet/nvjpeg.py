@@ -239,28 +239,12 @@ class BatchAssembler:
         return self.crops(images, dims, boxes, flips), labels.to(self.device, non_blocking=True)
 
 
-class Keys(torch.utils.data.Sampler):
-    """The sampler of :func:`planned_loader`: the ``(epoch, indices)`` of the batches of the
-    pass to come, set before each pass (it is read in the main process)."""
-
-    def __init__(self, keys: list[tuple[int, list[int]]] | None = None):
-        self.keys = keys or []
-
-    def __iter__(self):
-        return iter(self.keys)
-
-    def __len__(self):
-        return len(self.keys)
-
-
-def planned_loader(samples, size, train, seed, workers, pin: bool, keys: Keys,
+def planned_loader(samples, size, train, seed, workers, pin: bool, keys: loaders.Keys,
                    cpu_share: float = 0.0):
-    """The DataLoader of :class:`PlannedBatches` over ``keys`` (pinned batches when ``pin``),
-    its worker processes kept from one pass to the next."""
-    return torch.utils.data.DataLoader(
-        PlannedBatches(samples, size, train, seed, cpu_share), batch_size=None, sampler=keys,
-        num_workers=workers, pin_memory=pin, prefetch_factor=4 if workers else None,
-        persistent_workers=workers > 0)
+    """The persistent DataLoader of :class:`PlannedBatches` over ``keys`` (pinned batches
+    when ``pin``)."""
+    return loaders.persistent(PlannedBatches(samples, size, train, seed, cpu_share), keys,
+                              workers, pin)
 
 
 def ahead(batches, device: torch.device, assemble, depth: int = 2):
@@ -332,7 +316,7 @@ class BatchedDecoder:
     def __init__(self, samples, size, train, seed, batch_size, workers, device,
                  decode=nvjpeg_decode, cpu_share: float = 0.0):
         self.assemble = BatchAssembler(samples, size, device, decode)
-        self.keys = Keys()
+        self.keys = loaders.Keys()
         self.loader = planned_loader(samples, size, train, seed, workers,
                                      device.type == "cuda", self.keys, cpu_share)
         self.batch_size, self.device = batch_size, device

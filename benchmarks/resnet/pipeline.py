@@ -12,7 +12,10 @@
 | plan | read + JPEG headers + crop plans (the ``nvjpeg`` backend's loader processes) |
 | decode-pillow | loader processes decoding whole images with Pillow (RGB) |
 | decode-pillow-draft | the same, DCT-downscaled (Pillow's ``draft``) to at least the output size |
+| decode-turbo | loader processes decoding whole images with libjpeg-turbo (``simplejpeg``, RGBX) |
 | cpu-train | the ``cpu`` backend: the Pillow reference training pipeline, whole |
+| turbo-train | the ``turbo`` backend, whole training pipeline (``--jpeg-dct-scale``) |
+| turbo-eval | the ``turbo`` backend, whole evaluation pipeline (resize 256, centre 224) |
 | h2d | host-to-device copies of packed file bytes from pinned memory (batches in memory) |
 | decode-nvjpeg | one batched ``decode_jpeg`` per batch (batches in pinned memory; GPU) |
 | crop-resize | the batched crop, resize, flip, normalise on decoded batches on the device |
@@ -35,6 +38,7 @@ import sys
 import time
 from pathlib import Path
 
+import simplejpeg
 import torch
 from PIL import Image
 
@@ -42,10 +46,11 @@ from benchmarks.resnet import data, nvjpeg
 from common import loaders
 from common.errors import UserError, one_line
 
-WORKER_STAGES = ("read", "plan", "decode-pillow", "decode-pillow-draft", "cpu-train",
+DECODE_STAGES = ("decode-pillow", "decode-pillow-draft", "decode-turbo")
+WORKER_STAGES = ("read", "plan", *DECODE_STAGES, "cpu-train", "turbo-train", "turbo-eval",
                  "nvjpeg-train", "nvjpeg-eval")
 MEMORY_STAGES = ("h2d", "decode-nvjpeg", "crop-resize")
-STAGES = ("read", "plan", "decode-pillow", "decode-pillow-draft", "cpu-train", "h2d",
+STAGES = ("read", "plan", *DECODE_STAGES, "cpu-train", "turbo-train", "turbo-eval", "h2d",
           "decode-nvjpeg", "crop-resize", "nvjpeg-train", "nvjpeg-eval")
 GPU_STAGES = ("h2d", "decode-nvjpeg", "nvjpeg-train", "nvjpeg-eval")
 IN_MEMORY_BATCHES = 8   # batches held in memory for the in-process stages
@@ -68,15 +73,24 @@ class _PackedBytes(torch.utils.data.Dataset):
 
 class _Decoded(_PackedBytes):
     """Item ``b``: batch ``b`` decoded by Pillow (``draft``: DCT-downscaled to about
-    ``size``), as the number of images and their decoded bytes."""
+    ``size``) or by libjpeg-turbo (``turbo``: RGBX, Pillow for what it cannot convert), as
+    the number of images and their decoded bytes."""
 
-    def __init__(self, samples, batches, size: int | None):
+    def __init__(self, samples, batches, size: int | None, turbo: bool = False):
         super().__init__(samples, batches)
-        self.size = size
+        self.size, self.turbo = size, turbo
 
     def __getitem__(self, b):
         nbytes = 0
         for i in self.batches[b]:
+            if self.turbo:
+                with open(self.samples[i][0], "rb") as f:
+                    blob = f.read()
+                try:
+                    nbytes += simplejpeg.decode_jpeg(blob, colorspace="RGBX").nbytes
+                    continue
+                except ValueError:   # CMYK: Pillow, as the turbo backend does
+                    pass
             with Image.open(self.samples[i][0]) as im:
                 if self.size:
                     im.draft("RGB", (self.size, self.size))
@@ -88,18 +102,19 @@ def _worker_loader(stage, samples, batches, size, workers):
     """The stage's DataLoader, its workers kept from one pass to the next."""
     if stage == "plan":
         return nvjpeg.planned_loader(samples, size, True, 0, workers, False,
-                                     nvjpeg.Keys([(1, b) for b in batches]))
+                                     loaders.Keys([(1, b) for b in batches]))
     if stage == "read":
         ds = _PackedBytes(samples, batches)
     else:
-        ds = _Decoded(samples, batches, size if stage == "decode-pillow-draft" else None)
+        ds = _Decoded(samples, batches, size if stage == "decode-pillow-draft" else None,
+                      turbo=stage == "decode-turbo")
     return torch.utils.data.DataLoader(ds, batch_size=None, num_workers=workers,
                                        prefetch_factor=4 if workers else None,
                                        persistent_workers=workers > 0)
 
 
 def _count(stage, item) -> int:
-    return int(item[0]) if stage.startswith("decode-pillow") else len(item[1])
+    return int(item[0]) if stage in DECODE_STAGES else len(item[1])
 
 
 def _timed(passes, count, seconds: float, device) -> dict:
@@ -127,14 +142,14 @@ def _timed(passes, count, seconds: float, device) -> dict:
 
 def _in_memory(samples, batches, size) -> list:
     """A few planned batches (files read, headers parsed) in pinned memory where possible."""
-    keys = nvjpeg.Keys([(1, b) for b in batches[:IN_MEMORY_BATCHES]])
+    keys = loaders.Keys([(1, b) for b in batches[:IN_MEMORY_BATCHES]])
     return list(nvjpeg.planned_loader(samples, size, True, 0, 0, torch.cuda.is_available(),
                                       keys))
 
 
 def run_stage(stage, index, args, device, workers: int | None) -> dict:
     size = args.image_size
-    train = stage != "nvjpeg-eval"
+    train = not stage.endswith("-eval")
     samples = index.train if train else index.val
     batch = args.batch_size if train else args.eval_batch_size
     order = list(range(len(samples)))
@@ -142,19 +157,21 @@ def run_stage(stage, index, args, device, workers: int | None) -> dict:
     if not batches:
         raise UserError(f"{index.root}: {len(samples)} images are fewer than one batch of "
                         f"{batch}; lower --batch-size or write more images")
-    if stage in ("read", "plan", "decode-pillow", "decode-pillow-draft"):
+    if stage in ("read", "plan", *DECODE_STAGES):
         loader = _worker_loader(stage, samples, batches, size, workers)
         try:
             return _timed(lambda: loader, lambda item: _count(stage, item), args.seconds,
                           device)
         finally:
             loaders.shut_down(loader)
-    if stage in ("cpu-train", "nvjpeg-train", "nvjpeg-eval"):
+    if stage in ("cpu-train", "turbo-train", "turbo-eval", "nvjpeg-train", "nvjpeg-eval"):
         backend = stage.split("-")[0]
         build = data.build_train_loader if train else data.build_eval_loader
         kw = dict(seed=0) if train else {}
         if backend == "nvjpeg":
             kw["cpu_decode_share"] = args.cpu_decode_share
+        if backend == "turbo":
+            kw["dct_scale"] = args.jpeg_dct_scale
         loader = build(index=index, backend=backend, image_size=size, batch_size=batch,
                        rank=0, world_size=1, workers=workers, device=device, **kw)
         epochs = iter(range(1, 1 << 30))
@@ -213,6 +230,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cpu-decode-share", type=float, default=0.0,
                    help="nvjpeg-train/-eval: the share of each batch the loader processes "
                         "decode with Pillow")
+    p.add_argument("--jpeg-dct-scale", action="store_true",
+                   help="turbo-train/-eval: libjpeg-turbo decodes at the smallest scale that "
+                        "keeps each crop at least --image-size")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", type=Path, help="write the table and the dataset's statistics here")
     a = p.parse_args(argv)

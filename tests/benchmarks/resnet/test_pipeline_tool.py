@@ -13,12 +13,14 @@ def test_cpu_stages_write_a_table_and_json(tmp_path, capsys):
                          image_size=64)
     out = tmp_path / "stages.json"
     assert pipeline.main([str(root), "--device", "cpu", "--stages",
-                          "read,plan,decode-pillow-draft,crop-resize", "--workers", "0",
+                          "read,plan,decode-pillow-draft,decode-turbo,turbo-train,turbo-eval,"
+                          "crop-resize", "--workers", "0", "--eval-batch-size", "2",
                           "--batch-size", "4", "--image-size", "32", "--seconds", "0.2",
                           "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert [r["stage"] for r in report["stages"]] == ["read", "plan", "decode-pillow-draft",
-                                                      "crop-resize"]
+    assert [r["stage"] for r in report["stages"]] == [
+        "read", "plan", "decode-pillow-draft", "decode-turbo", "turbo-train", "turbo-eval",
+        "crop-resize"]
     assert all(r["images_per_second"] > 0 for r in report["stages"])
     assert report["dataset"]["train_images"] == 12 and report["dataset"]["mean_width"] == 64
     assert "crop-resize" in capsys.readouterr().out

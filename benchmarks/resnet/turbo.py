@@ -1,0 +1,126 @@
+"""The ``turbo`` data backend: libjpeg-turbo decodes in the loader processes, batches cross
+as one buffer each, the ``cpu`` backend's crops and resize.
+
+The ``cpu`` backend (the reference) decodes each image with Pillow and sends it to the main
+process alone. Here, each loader process takes a slice of a batch and, for each image:
+
+- decodes it with libjpeg-turbo (``simplejpeg``) straight into 4-byte RGBX pixels, the layout
+  Pillow keeps RGB images in, so Pillow wraps them without a copy (Pillow's own decoder
+  runs libjpeg-turbo too, but line by line through its buffers: about 1.7x slower here);
+- takes the reference's crop box and flip (``data.crop_plan``: same seed, epoch and sample,
+  same box) and resizes the box to ``size`` with Pillow's bilinear filter, as the reference
+  does; so the crops equal the reference's up to the two libjpeg-turbo builds' rounding;
+- writes the crop into the slice's one uint8 [n, size, size, 3] buffer.
+
+With ``dct_scale``, libjpeg-turbo decodes at the smallest of its scales (n/8) that keeps the
+crop at least ``size`` pixels on both sides, so the inverse DCT of large images that are
+shrunk anyway does less work; the box is scaled with the image. This changes the pixels (the
+DCT's scaling low-passes where the reference's resize would): a switch, off by default.
+
+JPEGs libjpeg-turbo cannot convert to RGB (CMYK, YCCK) and files it rejects go to Pillow, as
+the reference decodes them; a file Pillow rejects too is a one-line ``UserError`` naming it.
+The main process copies the slices of a batch to the device (pinned memory, asynchronous)
+and normalises them there (``data.normalize_on_device``).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import simplejpeg
+import torch
+from PIL import Image
+
+from benchmarks.resnet import data
+from common import loaders
+
+_RGB_CONVERTIBLE = ("YCbCr", "Gray", "RGB")   # colour spaces libjpeg-turbo turns into RGB
+
+
+def decode_crop(blob: bytes, path: str, size: int, plan, dct_scale: bool = False
+                ) -> np.ndarray:
+    """uint8 [size, size, 3]: the crop that ``plan(width, height) -> (box, flip)`` gives,
+    resized to ``size`` and mirrored where flipped."""
+    image, width, height = None, 0, 0
+    try:
+        height, width, space, _ = simplejpeg.decode_jpeg_header(blob)
+        if space in _RGB_CONVERTIBLE:
+            box, flip = plan(width, height)
+            scale = {}
+            if dct_scale:
+                k = size / min(box[2], box[3])
+                scale = dict(min_width=math.ceil(width * k), min_height=math.ceil(height * k))
+            pixels = simplejpeg.decode_jpeg(blob, colorspace="RGBX", **scale)
+            image = Image.frombuffer("RGBX", (pixels.shape[1], pixels.shape[0]), pixels,
+                                     "raw", "RGBX", 0, 1)
+    except ValueError:   # not a JPEG libjpeg-turbo takes without complaint: Pillow decides
+        image = None
+    if image is None:
+        try:
+            with Image.open(io.BytesIO(blob)) as im:
+                image = im.convert("RGB")
+        except (OSError, SyntaxError, ValueError) as exc:
+            raise data._decode_error(path, exc) from None
+        width, height = image.size
+        box, flip = plan(width, height)
+    sx, sy = image.width / width, image.height / height
+    left, top, w, h = box
+    image = image.resize((size, size), Image.BILINEAR,
+                         box=(left * sx, top * sy, (left + w) * sx, (top + h) * sy))
+    pixels = np.asarray(image)[:, :, :3]
+    return pixels[:, ::-1] if flip else pixels
+
+
+class DecodedSlices(torch.utils.data.Dataset):
+    """Item ``(epoch, indices)``: those samples' crops for ``epoch`` as one uint8 [n, size,
+    size, 3] tensor, and their labels. The key carries the epoch, so persistent workers serve
+    every epoch."""
+
+    def __init__(self, samples, size: int, train: bool, seed: int, dct_scale: bool = False):
+        self.samples, self.size, self.train, self.seed = samples, size, train, seed
+        self.dct_scale = dct_scale
+
+    def __getitem__(self, key):
+        epoch, indices = key
+        out = np.empty((len(indices), self.size, self.size, 3), dtype=np.uint8)
+        for j, (blob, i) in enumerate(zip(data.read_files(self.samples, indices), indices)):
+            def plan(width, height, i=i):
+                return data.crop_plan(width, height, self.size, self.train, self.seed, epoch, i)
+            out[j] = decode_crop(blob, self.samples[i][0], self.size, plan, self.dct_scale)
+        labels = torch.tensor([self.samples[i][1] for i in indices])
+        return torch.from_numpy(out), labels
+
+
+class TurboDecoder:
+    """``data.Loader``'s decode function for the ``turbo`` backend: each batch is cut into one
+    slice per loader process, so every process works on every batch. One DataLoader serves
+    every pass (its processes start once); ``close`` stops them."""
+
+    def __init__(self, samples, size, train, seed, batch_size, workers, device,
+                 dct_scale: bool = False):
+        self.keys = loaders.Keys()
+        self.loader = loaders.persistent(DecodedSlices(samples, size, train, seed, dct_scale),
+                                         self.keys, workers, device.type == "cuda")
+        self.batch_size, self.device = batch_size, device
+        self.slice = math.ceil(batch_size / max(workers, 1))
+
+    def __call__(self, indices, epoch):
+        batches = [indices[i:i + self.batch_size]
+                   for i in range(0, len(indices), self.batch_size)]
+        slices = [[(epoch, b[i:i + self.slice]) for i in range(0, len(b), self.slice)]
+                  for b in batches]
+        self.keys.keys = [key for keys in slices for key in keys]
+        return self._batches([len(keys) for keys in slices])
+
+    def _batches(self, counts):
+        items, dev = iter(self.loader), self.device
+        for n in counts:
+            parts = [next(items) for _ in range(n)]
+            images = torch.cat([p[0].to(dev, non_blocking=True) for p in parts])
+            labels = torch.cat([p[1] for p in parts]).to(dev, non_blocking=True)
+            yield data.normalize_on_device(images, dev), labels
+
+    def close(self) -> None:
+        loaders.shut_down(self.loader)
