@@ -309,9 +309,9 @@ def _nvjpeg_decoder(*args, cpu_share: float = 0.0):
     return nvjpeg.BatchedDecoder(*args, cpu_share=cpu_share)
 
 
-def _turbo_decoder(*args, dct_scale: bool = False):
+def _turbo_decoder(*args):
     from benchmarks.resnet import turbo
-    return turbo.TurboDecoder(*args, dct_scale=dct_scale)
+    return turbo.TurboDecoder(*args)
 
 
 _DECODERS = {"cpu": _cpu_decoder, "turbo": _turbo_decoder, "nvjpeg": _nvjpeg_decoder,
@@ -319,7 +319,7 @@ _DECODERS = {"cpu": _cpu_decoder, "turbo": _turbo_decoder, "nvjpeg": _nvjpeg_dec
 
 
 def _build(index, backend, image_size, batch_size, rank, world_size, seed, workers, device,
-           train, cpu_decode_share, dct_scale) -> Loader:
+           train, cpu_decode_share) -> Loader:
     if backend not in _DECODERS:
         raise UserError(f"unknown data backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "nvjpeg" and device.type != "cuda":
@@ -328,30 +328,25 @@ def _build(index, backend, image_size, batch_size, rank, world_size, seed, worke
     if cpu_decode_share and backend != "nvjpeg":
         raise UserError(f"--cpu-decode-share splits the decoding of the nvjpeg backend; "
                         f"--data-backend {backend} has no such split: leave it out")
-    if dct_scale and backend != "turbo":
-        raise UserError(f"--jpeg-dct-scale scales libjpeg-turbo's decoding in the turbo backend; "
-                        f"--data-backend {backend} does not use it: leave it out")
     samples = index.train if train else index.val
-    options = {"cpu_share": cpu_decode_share} if cpu_decode_share else {}
-    if dct_scale:
-        options["dct_scale"] = True
+    share = {"cpu_share": cpu_decode_share} if cpu_decode_share else {}
     decode = _DECODERS[backend](samples, image_size, train, seed, batch_size, workers, device,
-                                **options)
+                                **share)
     return Loader(samples, train, batch_size, rank, world_size, seed, decode)
 
 
 def build_train_loader(index, backend: str, image_size: int, batch_size: int, rank: int,
                        world_size: int, seed: int, workers: int, device: torch.device,
-                       cpu_decode_share: float = 0.0, dct_scale: bool = False) -> Loader:
+                       cpu_decode_share: float = 0.0) -> Loader:
     return _build(index, backend, image_size, batch_size, rank, world_size, seed, workers,
-                  device, True, cpu_decode_share, dct_scale)
+                  device, True, cpu_decode_share)
 
 
 def build_eval_loader(index, backend: str, image_size: int, batch_size: int, rank: int,
                       world_size: int, workers: int, device: torch.device,
-                      cpu_decode_share: float = 0.0, dct_scale: bool = False) -> Loader:
+                      cpu_decode_share: float = 0.0) -> Loader:
     return _build(index, backend, image_size, batch_size, rank, world_size, 0, workers,
-                  device, False, cpu_decode_share, dct_scale)
+                  device, False, cpu_decode_share)
 
 
 def synthetic_batch(batch_size: int, image_size: int, num_classes: int, device

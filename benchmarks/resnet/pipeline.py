@@ -14,7 +14,7 @@
 | decode-pillow-draft | the same, DCT-downscaled (Pillow's ``draft``) to at least the output size |
 | decode-turbo | loader processes decoding whole images with libjpeg-turbo (``simplejpeg``, RGBX) |
 | cpu-train | the ``cpu`` backend: the Pillow reference training pipeline, whole |
-| turbo-train | the ``turbo`` backend, whole training pipeline (``--jpeg-dct-scale``) |
+| turbo-train | the ``turbo`` backend, whole training pipeline |
 | turbo-eval | the ``turbo`` backend, whole evaluation pipeline (resize 256, centre 224) |
 | h2d | host-to-device copies of packed file bytes from pinned memory (batches in memory) |
 | decode-nvjpeg | one batched ``decode_jpeg`` per batch (batches in pinned memory; GPU) |
@@ -170,8 +170,6 @@ def run_stage(stage, index, args, device, workers: int | None) -> dict:
         kw = dict(seed=0) if train else {}
         if backend == "nvjpeg":
             kw["cpu_decode_share"] = args.cpu_decode_share
-        if backend == "turbo":
-            kw["dct_scale"] = args.jpeg_dct_scale
         loader = build(index=index, backend=backend, image_size=size, batch_size=batch,
                        rank=0, world_size=1, workers=workers, device=device, **kw)
         epochs = iter(range(1, 1 << 30))
@@ -230,9 +228,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cpu-decode-share", type=float, default=0.0,
                    help="nvjpeg-train/-eval: the share of each batch the loader processes "
                         "decode with Pillow")
-    p.add_argument("--jpeg-dct-scale", action="store_true",
-                   help="turbo-train/-eval: libjpeg-turbo decodes at the smallest scale that "
-                        "keeps each crop at least --image-size")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", type=Path, help="write the table and the dataset's statistics here")
     a = p.parse_args(argv)

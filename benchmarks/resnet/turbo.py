@@ -12,10 +12,9 @@ process alone. Here, each loader process takes a slice of a batch and, for each 
   does; so the crops equal the reference's up to the two libjpeg-turbo builds' rounding;
 - writes the crop into the slice's one uint8 [n, size, size, 3] buffer.
 
-With ``dct_scale``, libjpeg-turbo decodes at the smallest of its scales (n/8) that keeps the
-crop at least ``size`` pixels on both sides, so the inverse DCT of large images that are
-shrunk anyway does less work; the box is scaled with the image. This changes the pixels (the
-DCT's scaling low-passes where the reference's resize would): a switch, off by default.
+Decoding at a reduced DCT scale (libjpeg-turbo's n/8) was measured and left out: Huffman
+decoding, whose cost does not shrink with the scale, is most of the work, and the scales
+other than 1/2, 1/4 and 1/8 run without SIMD (docs/performance.md).
 
 JPEGs libjpeg-turbo cannot convert to RGB (CMYK, YCCK) and files it rejects go to Pillow, as
 the reference decodes them; a file Pillow rejects too is a one-line ``UserError`` naming it.
@@ -39,20 +38,14 @@ from common import loaders
 _RGB_CONVERTIBLE = ("YCbCr", "Gray", "RGB")   # colour spaces libjpeg-turbo turns into RGB
 
 
-def decode_crop(blob: bytes, path: str, size: int, plan, dct_scale: bool = False
-                ) -> np.ndarray:
+def decode_crop(blob: bytes, path: str, size: int, plan) -> np.ndarray:
     """uint8 [size, size, 3]: the crop that ``plan(width, height) -> (box, flip)`` gives,
     resized to ``size`` and mirrored where flipped."""
-    image, width, height = None, 0, 0
+    image = None
     try:
-        height, width, space, _ = simplejpeg.decode_jpeg_header(blob)
+        _, _, space, _ = simplejpeg.decode_jpeg_header(blob)
         if space in _RGB_CONVERTIBLE:
-            box, flip = plan(width, height)
-            scale = {}
-            if dct_scale:
-                k = size / min(box[2], box[3])
-                scale = dict(min_width=math.ceil(width * k), min_height=math.ceil(height * k))
-            pixels = simplejpeg.decode_jpeg(blob, colorspace="RGBX", **scale)
+            pixels = simplejpeg.decode_jpeg(blob, colorspace="RGBX")
             image = Image.frombuffer("RGBX", (pixels.shape[1], pixels.shape[0]), pixels,
                                      "raw", "RGBX", 0, 1)
     except ValueError:   # not a JPEG libjpeg-turbo takes without complaint: Pillow decides
@@ -63,12 +56,8 @@ def decode_crop(blob: bytes, path: str, size: int, plan, dct_scale: bool = False
                 image = im.convert("RGB")
         except (OSError, SyntaxError, ValueError) as exc:
             raise data._decode_error(path, exc) from None
-        width, height = image.size
-        box, flip = plan(width, height)
-    sx, sy = image.width / width, image.height / height
-    left, top, w, h = box
-    image = image.resize((size, size), Image.BILINEAR,
-                         box=(left * sx, top * sy, (left + w) * sx, (top + h) * sy))
+    (left, top, w, h), flip = plan(*image.size)
+    image = image.resize((size, size), Image.BILINEAR, box=(left, top, left + w, top + h))
     pixels = np.asarray(image)[:, :, :3]
     return pixels[:, ::-1] if flip else pixels
 
@@ -78,9 +67,8 @@ class DecodedSlices(torch.utils.data.Dataset):
     size, 3] tensor, and their labels. The key carries the epoch, so persistent workers serve
     every epoch."""
 
-    def __init__(self, samples, size: int, train: bool, seed: int, dct_scale: bool = False):
+    def __init__(self, samples, size: int, train: bool, seed: int):
         self.samples, self.size, self.train, self.seed = samples, size, train, seed
-        self.dct_scale = dct_scale
 
     def __getitem__(self, key):
         epoch, indices = key
@@ -88,7 +76,7 @@ class DecodedSlices(torch.utils.data.Dataset):
         for j, (blob, i) in enumerate(zip(data.read_files(self.samples, indices), indices)):
             def plan(width, height, i=i):
                 return data.crop_plan(width, height, self.size, self.train, self.seed, epoch, i)
-            out[j] = decode_crop(blob, self.samples[i][0], self.size, plan, self.dct_scale)
+            out[j] = decode_crop(blob, self.samples[i][0], self.size, plan)
         labels = torch.tensor([self.samples[i][1] for i in indices])
         return torch.from_numpy(out), labels
 
@@ -98,11 +86,10 @@ class TurboDecoder:
     slice per loader process, so every process works on every batch. One DataLoader serves
     every pass (its processes start once); ``close`` stops them."""
 
-    def __init__(self, samples, size, train, seed, batch_size, workers, device,
-                 dct_scale: bool = False):
+    def __init__(self, samples, size, train, seed, batch_size, workers, device):
         self.keys = loaders.Keys()
-        self.loader = loaders.persistent(DecodedSlices(samples, size, train, seed, dct_scale),
-                                         self.keys, workers, device.type == "cuda")
+        self.loader = loaders.persistent(DecodedSlices(samples, size, train, seed), self.keys,
+                                         workers, device.type == "cuda")
         self.batch_size, self.device = batch_size, device
         self.slice = math.ceil(batch_size / max(workers, 1))
 

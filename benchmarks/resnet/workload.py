@@ -49,10 +49,6 @@ class ResNetWorkload(Workload):
                        help="cpu: Pillow decode in workers; turbo: libjpeg-turbo decode in "
                             "workers, one buffer per batch slice; nvjpeg: batched nvJPEG and "
                             "crops, overlapped with the step; dali: NVIDIA DALI")
-        p.add_argument("--jpeg-dct-scale", action="store_true",
-                       help="turbo backend: decode each JPEG at the smallest libjpeg-turbo "
-                            "scale (n/8) that keeps its crop at least --image-size on both "
-                            "sides (less decoding work; the pixels change)")
         p.add_argument("--cpu-decode-share", type=float, default=0.0,
                        help="nvjpeg backend: the share of each batch (0 to 1) that the loader "
                             "processes decode with Pillow instead of nvJPEG")
@@ -125,8 +121,7 @@ class ResNetWorkload(Workload):
         if self.index is not None:
             common = dict(index=self.index, backend=a.data_backend, image_size=a.image_size,
                           rank=env.rank, world_size=env.world_size, workers=a.workers,
-                          device=env.device, cpu_decode_share=a.cpu_decode_share,
-                          dct_scale=a.jpeg_dct_scale)
+                          device=env.device, cpu_decode_share=a.cpu_decode_share)
             self.train_loader = data.build_train_loader(batch_size=a.batch_size, seed=a.seed,
                                                         **common)
             self.eval_loader = data.build_eval_loader(batch_size=a.eval_batch_size, **common)

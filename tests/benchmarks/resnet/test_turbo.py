@@ -1,5 +1,5 @@
 """The ``turbo`` backend against the ``cpu`` backend (Pillow, the reference) on the
-ImageNet-like fixture: the same batches bit for bit, and what ``--jpeg-dct-scale`` changes."""
+ImageNet-like fixture: the same batches bit for bit, and the same one-line errors."""
 
 import io
 import multiprocessing
@@ -26,18 +26,16 @@ def index(tmp_path_factory):
     return data.ImageFolderIndex.scan(root)
 
 
-def _loader(index, train, backend, workers=0, dct_scale=False, batch=7):
+def _loader(index, train, backend, workers=0, batch=7):
     build = data.build_train_loader if train else data.build_eval_loader
     kw = dict(seed=11) if train else {}
-    if dct_scale:
-        kw["dct_scale"] = True
     return build(index=index, backend=backend, image_size=64, batch_size=batch, rank=0,
                  world_size=1, workers=workers, device=CPU, **kw)
 
 
-def _pixel_differences(index, train, dct_scale, workers, epoch=1):
+def _pixel_differences(index, train, workers, epoch=1):
     """Per-batch |turbo - cpu| in pixel levels (0-255); labels asserted equal."""
-    ref, new = _loader(index, train, "cpu"), _loader(index, train, "turbo", workers, dct_scale)
+    ref, new = _loader(index, train, "cpu"), _loader(index, train, "turbo", workers)
     try:
         out = []
         for (a, la), (b, lb) in zip(ref.epoch(epoch), new.epoch(epoch), strict=True):
@@ -53,11 +51,11 @@ def _pixel_differences(index, train, dct_scale, workers, epoch=1):
 def test_batches_equal_the_pillow_readers_bit_for_bit(index, train, workers):
     """Same crops, flips, labels and order as the reference, in one process or split over
     loader processes (slices of each batch); the epoch changes the crops as it does there."""
-    diffs = _pixel_differences(index, train, False, workers)
+    diffs = _pixel_differences(index, train, workers)
     assert len(diffs) == (len(index.train) // 7 if train else -(-len(index.val) // 7))
     assert all(d.max() == 0 for d in diffs)
     if train:
-        assert all(d.max() == 0 for d in _pixel_differences(index, train, False, workers, 2))
+        assert all(d.max() == 0 for d in _pixel_differences(index, train, workers, 2))
 
 
 def test_greyscale_and_cmyk_files_are_among_those_compared(index):
@@ -68,43 +66,12 @@ def test_greyscale_and_cmyk_files_are_among_those_compared(index):
         assert simplejpeg.decode_jpeg_header(f.read())[2] not in turbo._RGB_CONVERTIBLE
 
 
-def test_dct_scaling_stays_close_to_the_reference(index):
-    """Decoding at a reduced DCT scale low-passes the image where the reference's resize
-    would: the crops differ by a few levels on average (the fixture's pixel noise is where
-    they differ most), never by a shifted or misplaced crop."""
-    for train in (True, False):
-        diffs = torch.cat([d.flatten(1).mean(1) for d in _pixel_differences(index, train, True,
-                                                                            0)])
-        assert diffs.mean() < 4 and diffs.max() < 12, (train, diffs)
-        assert diffs.max() > 0   # some images were decoded at a reduced scale
-
-
 def _jpeg(width, height, seed=0):
     rng = np.random.default_rng(seed)
     buf = io.BytesIO()
     Image.fromarray(rng.integers(0, 255, (height, width, 3), dtype=np.uint8)).save(
         buf, "JPEG", quality=90)
     return buf.getvalue()
-
-
-@pytest.mark.parametrize("box, eighths", [((0, 0, 1600, 1200), 1), ((100, 100, 512, 400), 2),
-                                          ((10, 10, 300, 200), 3), ((0, 0, 40, 60), 8)])
-def test_dct_scale_is_the_smallest_that_keeps_the_crop_at_least_the_output_size(
-        monkeypatch, box, eighths):
-    """A 1600x1200 JPEG, crops of several sizes to 64 px: libjpeg-turbo decodes at the
-    smallest scale n/8 whose crop keeps 64 px on its shorter side, and never above 8/8."""
-    shapes = []
-    decode = simplejpeg.decode_jpeg
-
-    def recorded(*args, **kw):
-        out = decode(*args, **kw)
-        shapes.append(out.shape)
-        return out
-
-    monkeypatch.setattr(simplejpeg, "decode_jpeg", recorded)
-    crop = turbo.decode_crop(_jpeg(1600, 1200), "x.JPEG", 64, lambda w, h: (box, False), True)
-    assert crop.shape == (64, 64, 3)
-    assert shapes == [(1200 * eighths // 8, 1600 * eighths // 8, 4)]
 
 
 def test_the_flip_mirrors_the_crop():
@@ -135,11 +102,6 @@ def test_unreadable_files_are_named(tmp_path, content):
                 list(loader.epoch(0))
         finally:
             loader.close()
-
-
-def test_dct_scaling_is_refused_outside_the_turbo_backend(index):
-    with pytest.raises(UserError, match="--jpeg-dct-scale .* --data-backend cpu does not use"):
-        _loader(index, True, "cpu", dct_scale=True)
 
 
 def test_close_stops_the_loader_processes_kept_between_passes(index):
