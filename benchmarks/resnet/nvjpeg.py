@@ -14,16 +14,18 @@
   runs, so the decode call's host time (and any wait in it) is off the thread that
   launches the step.
 
-A share of each batch (``cpu_share``, evenly spread over its positions) can be decoded by
-Pillow in the loader processes instead, so that host cores take part of the decoding and
-nvJPEG's per-image work in the main process shrinks with it; those images reach the device
-with the batch (pinned, copied asynchronously) and take the same batched crop.
+A share of each batch (``cpu_share``, evenly spread over its positions) can be decoded,
+cropped and resized in the loader processes instead, as the ``turbo`` backend does
+(libjpeg-turbo, then Pillow's resize: ``turbo.decode_crop``), so that host cores take part of
+the decoding and nvJPEG's per-image work in the main process shrinks with it; those crops
+reach the device with the batch as one uint8 buffer (pinned, copied asynchronously) and
+are normalised there.
 
-Files nvJPEG cannot take are decoded by Pillow: CMYK/YCCK JPEGs (4 components) in the loader
-process, and any file that nvJPEG rejects in the main process; a file that Pillow rejects
-too is a one-line ``UserError`` naming it. The resize does not antialias (Pillow's does), so
-crops much larger than the output alias a little; the evaluation crop (resize 256, centre
-224) shrinks ImageNet's images by about 1.5x.
+Files nvJPEG cannot take go the same way: CMYK/YCCK JPEGs (4 components) in the loader
+process; any file that nvJPEG rejects is decoded by Pillow in the main process. A file that
+Pillow rejects too is a one-line ``UserError`` naming it. The batched resize does not
+antialias (Pillow's does), so crops much larger than the output alias a little; the
+evaluation crop (resize 256, centre 224) shrinks ImageNet's images by about 1.5x.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from benchmarks.resnet import data
+from benchmarks.resnet import data, turbo
 from common import loaders
 from common.errors import UserError
 
@@ -89,11 +91,12 @@ def pillow_chw(blob: bytes, path: str) -> torch.Tensor:
 
 class PlannedBatches(torch.utils.data.Dataset):
     """Item ``(epoch, indices)``: that batch's files in one buffer with each file's size (0
-    where the file was decoded here instead), the images' (height, width), their crop boxes
-    (left, top, w, h) and flips for ``epoch``, labels, the positions in the batch of the
-    images decoded here and those images (uint8 [3, H, W]), and the sample indices. The key
-    carries the epoch, so persistent workers serve every epoch. ``cpu_share`` of the
-    positions are decoded here whatever their files."""
+    where the image was decoded here instead); for the files left to nvJPEG, in batch order,
+    the images' (height, width), crop boxes (left, top, w, h) and flips for ``epoch``; the
+    labels; the positions in the batch of the images decoded here and their crops (uint8
+    [n, size, size, 3]); and the sample indices. The key carries the epoch, so persistent
+    workers serve every epoch. ``cpu_share`` of the positions are decoded here whatever
+    their files."""
 
     def __init__(self, samples, size: int, train: bool, seed: int, cpu_share: float = 0.0):
         if not 0 <= cpu_share <= 1:
@@ -104,28 +107,32 @@ class PlannedBatches(torch.utils.data.Dataset):
     def __getitem__(self, key):
         epoch, batch = key
         blobs = data.read_files(self.samples, batch)
-        dims, boxes, flips, decoded_at, decoded = [], [], [], [], []
+        dims, boxes, flips, decoded_at = [], [], [], []
+        crops = np.empty((len(batch), self.size, self.size, 3), dtype=np.uint8)
         for j, (blob, i) in enumerate(zip(blobs, batch)):
+            def plan(width, height, i=i):
+                return data.crop_plan(width, height, self.size, self.train, self.seed, epoch,
+                                      i)
             try:
                 width, height, components = jpeg_header(blob)
             except ValueError:
                 components = None
             on_cpu = int((j + 1) * self.cpu_share) > int(j * self.cpu_share)
             if on_cpu or components not in _NVJPEG_COMPONENTS:
-                image = pillow_chw(blob, self.samples[i][0])
-                height, width = image.shape[1:]
+                crops[len(decoded_at)] = turbo.decode_crop(blob, self.samples[i][0], self.size,
+                                                           plan)
                 decoded_at.append(j)
-                decoded.append(image)
                 blobs[j] = b""
-            box, flip = data.crop_plan(width, height, self.size, self.train, self.seed,
-                                       epoch, i)
+                continue
+            box, flip = plan(width, height)
             dims.append((height, width))
             boxes.append(box)
             flips.append(flip)
         labels = [self.samples[i][1] for i in batch]
-        return (data.pack(blobs), [len(x) for x in blobs], torch.tensor(dims),
-                torch.tensor(boxes), torch.tensor(flips), torch.tensor(labels),
-                decoded_at, decoded, list(batch))
+        return (data.pack(blobs), [len(x) for x in blobs], torch.tensor(dims).view(-1, 2),
+                torch.tensor(boxes).view(-1, 4), torch.tensor(flips, dtype=torch.bool),
+                torch.tensor(labels), decoded_at,
+                torch.from_numpy(crops[:len(decoded_at)].copy()), list(batch))
 
 
 def crop_resize_normalize(flat: torch.Tensor, offsets: torch.Tensor, dims: torch.Tensor,
@@ -207,36 +214,46 @@ class BatchAssembler:
         self.samples, self.size, self.device, self.decode = samples, size, device, decode
 
     def decode_batch(self, item) -> tuple[list[torch.Tensor], tuple]:
-        """The batch's images decoded on the device, and the rest of the item."""
+        """The images left to the device decoder, decoded there, and the rest of the item:
+        ``(dims, boxes, flips, their positions, the positions decoded in the loader process,
+        those crops, labels)``."""
         buf, sizes, dims, boxes, flips, labels, decoded_at, decoded, indices = item
         blobs = torch.split(buf, sizes)
         todo = [j for j, n in enumerate(sizes) if n]
-        images: list[torch.Tensor | None] = [None] * len(sizes)
-        if todo:
-            paths = [self.samples[indices[j]][0] for j in todo]
-            for j, image in zip(todo, self.decode([blobs[j] for j in todo], paths,
-                                                  self.device)):
-                images[j] = image
-        for j, image in zip(decoded_at, decoded):
-            images[j] = image.to(self.device, non_blocking=True)
-        for image, (h, w), i in zip(images, dims.tolist(), indices):
+        paths = [self.samples[indices[j]][0] for j in todo]
+        images = self.decode([blobs[j] for j in todo], paths, self.device) if todo else []
+        for image, (h, w), path in zip(images, dims.tolist(), paths):
             if tuple(image.shape[1:]) != (h, w):
-                raise UserError(f"{self.samples[i][0]}: decoded as {tuple(image.shape[1:])} "
-                                     f"pixels but its header says {(h, w)}; re-extract this file")
-        return images, (dims, boxes, flips, labels)
+                raise UserError(f"{path}: decoded as {tuple(image.shape[1:])} pixels but its "
+                                f"header says {(h, w)}; re-extract this file")
+        return images, (dims, boxes, flips, todo, decoded_at, decoded, labels)
 
-    def crops(self, images: list[torch.Tensor], dims, boxes, flips) -> torch.Tensor:
-        """The batch's normalised crops, from its decoded images."""
+    def crops(self, images: list[torch.Tensor], dims, boxes, flips, todo, decoded_at,
+              decoded) -> torch.Tensor:
+        """The batch's normalised crops: those of the decoded ``images`` at positions
+        ``todo``, and the loader process's ``decoded`` crops at ``decoded_at``."""
         dev = self.device
-        flat = torch.cat([image.reshape(-1) for image in images])
-        dims = dims.to(dev, non_blocking=True)
-        offsets = torch.cumsum(3 * dims[:, 0] * dims[:, 1], 0) - 3 * dims[:, 0] * dims[:, 1]
-        return crop_resize_normalize(flat, offsets, dims, boxes.to(dev, non_blocking=True),
-                                     flips.to(dev, non_blocking=True), self.size)
+        parts = []
+        if todo:
+            flat = torch.cat([image.reshape(-1) for image in images])
+            dims = dims.to(dev, non_blocking=True)
+            offsets = torch.cumsum(3 * dims[:, 0] * dims[:, 1], 0) - 3 * dims[:, 0] * dims[:, 1]
+            parts.append((todo, crop_resize_normalize(
+                flat, offsets, dims, boxes.to(dev, non_blocking=True),
+                flips.to(dev, non_blocking=True), self.size)))
+        if decoded_at:
+            parts.append((decoded_at, data.normalize_on_device(decoded, dev)))
+        if len(parts) == 1:
+            return parts[0][1]
+        out = torch.empty(len(todo) + len(decoded_at), 3, self.size, self.size, device=dev,
+                          memory_format=torch.channels_last)
+        for at, crops in parts:
+            out[torch.tensor(at, device=dev)] = crops
+        return out
 
     def __call__(self, item) -> tuple[torch.Tensor, torch.Tensor]:
-        images, (dims, boxes, flips, labels) = self.decode_batch(item)
-        return self.crops(images, dims, boxes, flips), labels.to(self.device, non_blocking=True)
+        images, rest = self.decode_batch(item)
+        return self.crops(images, *rest[:-1]), rest[-1].to(self.device, non_blocking=True)
 
 
 def planned_loader(samples, size, train, seed, workers, pin: bool, keys: loaders.Keys,

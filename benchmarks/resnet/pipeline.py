@@ -193,7 +193,7 @@ def run_stage(stage, index, args, device, workers: int | None) -> dict:
         return _timed(lambda: map(assemble.decode_batch, items), lambda d: len(d[0]),
                       args.seconds, device)
     decoded = [assemble.decode_batch(item) for item in items]
-    return _timed(lambda: (assemble.crops(images, *rest[:3]) for images, rest in decoded),
+    return _timed(lambda: (assemble.crops(images, *rest[:-1]) for images, rest in decoded),
                   len, args.seconds, device)
 
 
@@ -227,7 +227,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=10.0, help="timed seconds per stage")
     p.add_argument("--cpu-decode-share", type=float, default=0.0,
                    help="nvjpeg-train/-eval: the share of each batch the loader processes "
-                        "decode with Pillow")
+                        "decode, crop and resize (as the turbo backend)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", type=Path, help="write the table and the dataset's statistics here")
     a = p.parse_args(argv)

@@ -201,24 +201,32 @@ def test_jpeg_headers_and_the_colour_modes_the_worker_routes(index):
 
 
 @pytest.mark.parametrize("share", [0.25, 0.5, 1.0])
-def test_a_cpu_decode_share_is_decoded_in_the_workers_and_changes_no_batch(index, share):
-    """``cpu_share`` of each batch's positions, spread evenly, is decoded in the loader
-    process (CMYK files still are wherever they are); the batches stay those of the split
-    without it, bit for bit (the stand-in decodes with Pillow on both sides)."""
+def test_a_cpu_decode_share_is_decoded_in_the_workers_as_the_turbo_backend_does(index, share):
+    """``cpu_share`` of each batch's positions, spread evenly, is decoded, cropped and resized
+    in the loader process (CMYK files too, wherever they are): those crops equal the
+    ``turbo`` backend's bit for bit, the others the backend's without a share."""
     batch = list(range(8))
     cmyk = {j for j in batch if Image.open(index.train[j][0]).mode == "CMYK"}
-    sizes, decoded_at = (nvjpeg.PlannedBatches(index.train, 32, True, 0, share)[1, batch][i]
-                         for i in (1, 6))
+    item = nvjpeg.PlannedBatches(index.train, 32, True, 0, share)[1, batch]
+    sizes, dims, decoded_at, crops = item[1], item[2], item[6], item[7]
     chosen = {j for j in batch if int((j + 1) * share) > int(j * share)}
     assert len(chosen) == round(share * len(batch)) and set(decoded_at) == chosen | cmyk
     assert all((n == 0) == (j in chosen | cmyk) for j, n in enumerate(sizes))
+    assert crops.shape == (len(decoded_at), 32, 32, 3) and len(dims) == 8 - len(decoded_at)
     samples = index.train
-    plain = data.Loader(samples, True, 6, 0, 1, 7, nvjpeg.BatchedDecoder(
-        samples, 32, True, 7, 6, 1, CPU, nvjpeg.pillow_decode))
+    _, plain = _loaders(index, True, workers=1)
+    ref = data.build_train_loader(index=index, backend="turbo", image_size=32, batch_size=6,
+                                  rank=0, world_size=1, seed=7, workers=0, device=CPU)
     split = data.Loader(samples, True, 6, 0, 1, 7, nvjpeg.BatchedDecoder(
         samples, 32, True, 7, 6, 1, CPU, nvjpeg.pillow_decode, cpu_share=share))
-    for (a, la), (b, lb) in zip(plain.epoch(1), split.epoch(1), strict=True):
-        assert torch.equal(la, lb) and torch.equal(a, b)
+    on_cpu = torch.tensor([int((j + 1) * share) > int(j * share) for j in range(6)])
+    for (r, lr), (a, la), (b, lb) in zip(ref.epoch(1), plain.epoch(1), split.epoch(1),
+                                         strict=True):
+        assert torch.equal(la, lb) and torch.equal(lr, lb)
+        assert torch.equal(b[on_cpu], r[on_cpu]) and torch.equal(b[~on_cpu], a[~on_cpu])
+        assert b.is_contiguous(memory_format=torch.channels_last)
+    plain.close()
+    split.close()
 
 
 def test_close_stops_the_loader_processes_kept_between_passes(index):
@@ -300,7 +308,7 @@ def test_files_nvjpeg_rejects_go_to_pillow_and_a_file_both_reject_is_named(monke
 def test_nvjpeg_backend_matches_its_pillow_stand_in_on_the_gpu(index, train, share):
     """Same labels and crops; nvJPEG's and libjpeg's IDCT and chroma upsampling differ by
     a pixel level or two, so the images agree within 3 levels on average (also with half
-    of each batch decoded by Pillow in the loader processes)."""
+    of each batch decoded in the loader processes, on both sides)."""
     device = torch.device("cuda")
     samples = index.train if train else index.val
     build = data.build_train_loader if train else data.build_eval_loader
@@ -308,7 +316,8 @@ def test_nvjpeg_backend_matches_its_pillow_stand_in_on_the_gpu(index, train, sha
     real = build(index=index, backend="nvjpeg", image_size=64, batch_size=6, rank=0,
                  world_size=1, workers=2, device=device, cpu_decode_share=share, **kw)
     stand_in = data.Loader(samples, train, 6, 0, 1, 7 if train else 0, nvjpeg.BatchedDecoder(
-        samples, 64, train, 7 if train else 0, 6, 0, device, nvjpeg.pillow_decode))
+        samples, 64, train, 7 if train else 0, 6, 0, device, nvjpeg.pillow_decode,
+        cpu_share=share))
     for (a, la), (b, lb) in zip(real.epoch(1), stand_in.epoch(1)):
         assert torch.equal(la, lb)
         assert a.is_contiguous(memory_format=torch.channels_last)
