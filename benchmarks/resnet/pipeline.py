@@ -13,6 +13,9 @@
 | decode-pillow | loader processes decoding whole images with Pillow (RGB) |
 | decode-pillow-draft | the same, DCT-downscaled (Pillow's ``draft``) to at least the output size |
 | decode-turbo | loader processes decoding whole images with libjpeg-turbo (``simplejpeg``, RGBX) |
+| crops-pillow | one thread of this process: the ``cpu`` backend's work per training image
+  (read, Pillow decode, crop and resize, flip), what each of its loader processes does |
+| crops-turbo | the same for the ``turbo`` backend (libjpeg-turbo decode, torch's resize) |
 | cpu-train | the ``cpu`` backend: the Pillow reference training pipeline, whole |
 | turbo-train | the ``turbo`` backend, whole training pipeline |
 | turbo-eval | the ``turbo`` backend, whole evaluation pipeline (resize 256, centre 224) |
@@ -42,16 +45,17 @@ import simplejpeg
 import torch
 from PIL import Image
 
-from benchmarks.resnet import data, nvjpeg
+from benchmarks.resnet import data, nvjpeg, turbo
 from common import loaders
 from common.errors import UserError, one_line
 
 DECODE_STAGES = ("decode-pillow", "decode-pillow-draft", "decode-turbo")
+CROP_STAGES = ("crops-pillow", "crops-turbo")
 WORKER_STAGES = ("read", "plan", *DECODE_STAGES, "cpu-train", "turbo-train", "turbo-eval",
                  "nvjpeg-train", "nvjpeg-eval")
 MEMORY_STAGES = ("h2d", "decode-nvjpeg", "crop-resize")
-STAGES = ("read", "plan", *DECODE_STAGES, "cpu-train", "turbo-train", "turbo-eval", "h2d",
-          "decode-nvjpeg", "crop-resize", "nvjpeg-train", "nvjpeg-eval")
+STAGES = ("read", "plan", *DECODE_STAGES, *CROP_STAGES, "cpu-train", "turbo-train",
+          "turbo-eval", "h2d", "decode-nvjpeg", "crop-resize", "nvjpeg-train", "nvjpeg-eval")
 GPU_STAGES = ("h2d", "decode-nvjpeg", "nvjpeg-train", "nvjpeg-eval")
 IN_MEMORY_BATCHES = 8   # batches held in memory for the in-process stages
 
@@ -140,6 +144,24 @@ def _timed(passes, count, seconds: float, device) -> dict:
             return {"images": images, "seconds": elapsed, "images_per_second": images / elapsed}
 
 
+def _crops_one_thread(stage, samples, batches, size, seconds) -> dict:
+    """A loader process's work per training image, timed in this process on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)   # as in a DataLoader worker
+    try:
+        if stage == "crops-pillow":
+            pillow = data._PillowDataset(samples, size, True, 0)
+            def crop(batch):
+                return [pillow[i] for i in batch]
+        else:
+            turbo_slices = turbo.DecodedSlices(samples, size, True, 0)
+            def crop(batch):
+                return turbo_slices[1, batch][1]
+        return _timed(lambda: map(crop, batches), len, seconds, torch.device("cpu"))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _in_memory(samples, batches, size) -> list:
     """A few planned batches (files read, headers parsed) in pinned memory where possible."""
     keys = loaders.Keys([(1, b) for b in batches[:IN_MEMORY_BATCHES]])
@@ -164,6 +186,8 @@ def run_stage(stage, index, args, device, workers: int | None) -> dict:
                           device)
         finally:
             loaders.shut_down(loader)
+    if stage in CROP_STAGES:
+        return _crops_one_thread(stage, samples, batches, size, args.seconds)
     if stage in ("cpu-train", "turbo-train", "turbo-eval", "nvjpeg-train", "nvjpeg-eval"):
         backend = stage.split("-")[0]
         build = data.build_train_loader if train else data.build_eval_loader

@@ -12,15 +12,13 @@ def test_cpu_stages_write_a_table_and_json(tmp_path, capsys):
     root = write_fixture(tmp_path / "fx", num_classes=2, train_per_class=6, val_per_class=2,
                          image_size=64)
     out = tmp_path / "stages.json"
-    assert pipeline.main([str(root), "--device", "cpu", "--stages",
-                          "read,plan,decode-pillow-draft,decode-turbo,turbo-train,turbo-eval,"
-                          "crop-resize", "--workers", "0", "--eval-batch-size", "2",
-                          "--batch-size", "4", "--image-size", "32", "--seconds", "0.2",
-                          "--json", str(out)]) == 0
+    stages = ["read", "plan", "decode-pillow-draft", "decode-turbo", "crops-pillow",
+              "crops-turbo", "turbo-train", "turbo-eval", "crop-resize"]
+    assert pipeline.main([str(root), "--device", "cpu", "--stages", ",".join(stages),
+                          "--workers", "0", "--eval-batch-size", "2", "--batch-size", "4",
+                          "--image-size", "32", "--seconds", "0.2", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert [r["stage"] for r in report["stages"]] == [
-        "read", "plan", "decode-pillow-draft", "decode-turbo", "turbo-train", "turbo-eval",
-        "crop-resize"]
+    assert [r["stage"] for r in report["stages"]] == stages
     assert all(r["images_per_second"] > 0 for r in report["stages"])
     assert report["dataset"]["train_images"] == 12 and report["dataset"]["mean_width"] == 64
     assert "crop-resize" in capsys.readouterr().out
