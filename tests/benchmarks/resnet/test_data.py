@@ -1,5 +1,6 @@
 """The ImageNet JPEG-folder reader on the fixture: index, labels, shapes, normalisation, shards."""
 
+import multiprocessing
 import random
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from benchmarks.resnet import data
+from benchmarks.resnet import data, nvjpeg, turbo
 from benchmarks.resnet.fixture import write_fixture
 from common.errors import UserError
 
@@ -139,3 +140,20 @@ def test_synthetic_batch_is_device_resident_random_data():
     assert images.shape == (2, 3, 16, 16) and labels.max() < 1000
     assert images.is_contiguous(memory_format=torch.channels_last)
     assert np.isfinite(images.numpy()).all()
+
+
+@pytest.mark.parametrize("backend", ["nvjpeg", "turbo"])
+def test_close_stops_the_loader_processes_kept_between_passes(imagenet_like, backend):
+    """The backends whose loader processes serve every pass (nvjpeg with its Pillow
+    stand-in for the GPU decode) stop them at ``close``."""
+    samples = imagenet_like.train
+    decoder = nvjpeg.BatchedDecoder(samples, 32, True, 7, 6, 2, CPU, nvjpeg.pillow_decode) \
+        if backend == "nvjpeg" else turbo.TurboDecoder(samples, 32, True, 7, 6, 2, CPU)
+    before = set(multiprocessing.active_children())
+    loader = data.Loader(samples, True, 6, 0, 1, 7, decoder)
+    for epoch in (1, 2):
+        assert sum(1 for _ in loader.epoch(epoch)) == len(loader)
+    workers = [p for p in multiprocessing.active_children() if p not in before]
+    assert len(workers) == 2 and all(p.is_alive() for p in workers)
+    loader.close()
+    assert not any(p.is_alive() for p in workers)

@@ -6,7 +6,6 @@ on the CPU. The GPU test at the end compares the real backend with that stand-in
 
 import itertools
 import math
-import multiprocessing
 import random
 import sys
 import threading
@@ -20,7 +19,6 @@ from PIL import Image
 from scipy import stats
 
 from benchmarks.resnet import data, nvjpeg
-from benchmarks.resnet.fixture import write_fixture
 from common.errors import UserError
 
 CPU = torch.device("cpu")
@@ -29,10 +27,8 @@ MEAN = torch.tensor(data.MEAN).view(1, 3, 1, 1)
 
 
 @pytest.fixture(scope="module")
-def index(tmp_path_factory):
-    root = write_fixture(tmp_path_factory.mktemp("data") / "inl", num_classes=2,
-                         train_per_class=12, val_per_class=3, imagenet_like=True)
-    return data.ImageFolderIndex.scan(root)
+def index(imagenet_like):
+    return imagenet_like
 
 
 def _loaders(index, train, size=32, batch=6, workers=0):
@@ -229,18 +225,6 @@ def test_a_cpu_decode_share_is_decoded_in_the_workers_as_the_turbo_backend_does(
     split.close()
 
 
-def test_close_stops_the_loader_processes_kept_between_passes(index):
-    before = set(multiprocessing.active_children())
-    loader = data.Loader(index.train, True, 6, 0, 1, 7, nvjpeg.BatchedDecoder(
-        index.train, 32, True, 7, 6, 2, CPU, nvjpeg.pillow_decode))
-    for epoch in (1, 2):
-        assert sum(1 for _ in loader.epoch(epoch)) == len(loader)
-    workers = [p for p in multiprocessing.active_children() if p not in before]
-    assert len(workers) == 2 and all(p.is_alive() for p in workers)
-    loader.close()
-    assert not any(p.is_alive() for p in workers)
-
-
 def test_a_cpu_decode_share_is_checked(index):
     with pytest.raises(UserError, match=r"--cpu-decode-share 1.5: give a fraction"):
         nvjpeg.PlannedBatches(index.train, 32, True, 0, 1.5)
@@ -260,17 +244,9 @@ def test_imagenet_like_fixture_has_imagenet_like_sizes(index):
     assert sum(max(s) == 500 for s in sizes) > len(sizes) / 2
 
 
-def _bad_folder(tmp_path, content: bytes):
-    for split in ("train", "val"):
-        (tmp_path / split / "n1").mkdir(parents=True)
-        Image.new("RGB", (40, 30)).save(tmp_path / split / "n1" / "a.JPEG")
-        (tmp_path / split / "n1" / "x.JPEG").write_bytes(content)
-    return data.ImageFolderIndex.scan(tmp_path)
-
-
 @pytest.mark.parametrize("content", [b"", b"not a jpeg", b"\xff\xd8\xff\xdb\x00\x43"])
-def test_unreadable_files_are_named(tmp_path, content):
-    index = _bad_folder(tmp_path, content)
+def test_unreadable_files_are_named(bad_folder, content):
+    index = bad_folder(content)
     decode = nvjpeg.BatchedDecoder(index.val, 32, False, 0, 2, 0, CPU, nvjpeg.pillow_decode)
     with pytest.raises(UserError, match=r"x\.JPEG: cannot decode JPEG"):
         list(decode([0, 1], 0))

@@ -3,7 +3,6 @@ ImageNet-like fixture: the same batches up to the crops' border pixels, and the 
 one-line errors."""
 
 import io
-import multiprocessing
 
 import numpy as np
 import pytest
@@ -12,7 +11,6 @@ import torch
 from PIL import Image
 
 from benchmarks.resnet import data, turbo
-from benchmarks.resnet.fixture import write_fixture
 from common.errors import UserError
 
 CPU = torch.device("cpu")
@@ -20,11 +18,8 @@ STD = torch.tensor(data.STD).view(1, 3, 1, 1)
 
 
 @pytest.fixture(scope="module")
-def index(tmp_path_factory):
-    # 60 images: greyscale ones and a CMYK one among them, some large
-    root = write_fixture(tmp_path_factory.mktemp("data") / "inl", num_classes=3,
-                         train_per_class=20, val_per_class=4, imagenet_like=True)
-    return data.ImageFolderIndex.scan(root)
+def index(imagenet_like):
+    return imagenet_like
 
 
 def _loader(index, train, backend, workers=0, batch=7):
@@ -92,20 +87,12 @@ def _jpeg(width, height, seed=0):
     return buf.getvalue()
 
 
-def _bad_folder(tmp_path, content: bytes):
-    for split in ("train", "val"):
-        (tmp_path / split / "n1").mkdir(parents=True)
-        Image.new("RGB", (40, 30)).save(tmp_path / split / "n1" / "a.JPEG")
-        (tmp_path / split / "n1" / "x.JPEG").write_bytes(content)
-    return data.ImageFolderIndex.scan(tmp_path)
-
-
 @pytest.mark.parametrize("content", [b"", b"not a jpeg", b"\xff\xd8\xff\xdb\x00\x43",
                                      _jpeg(64, 48)[:900]])
-def test_unreadable_files_are_named(tmp_path, content):
+def test_unreadable_files_are_named(bad_folder, content):
     """Zero bytes, not a JPEG, a header cut short, a body cut short: one line naming the
     file, from a loader process too."""
-    index = _bad_folder(tmp_path, content)
+    index = bad_folder(content)
     for workers in (0, 1):
         loader = _loader(index, False, "turbo", workers, batch=2)
         try:
@@ -113,14 +100,3 @@ def test_unreadable_files_are_named(tmp_path, content):
                 list(loader.epoch(0))
         finally:
             loader.close()
-
-
-def test_close_stops_the_loader_processes_kept_between_passes(index):
-    before = set(multiprocessing.active_children())
-    loader = _loader(index, True, "turbo", workers=2)
-    for epoch in (1, 2):
-        assert sum(1 for _ in loader.epoch(epoch)) == len(loader)
-    workers = [p for p in multiprocessing.active_children() if p not in before]
-    assert len(workers) == 2 and all(p.is_alive() for p in workers)
-    loader.close()
-    assert not any(p.is_alive() for p in workers)
