@@ -6,11 +6,11 @@ with Pillow's bilinear filter and sends the image to the main process alone. Her
 loader process takes a slice of a batch and, for each image:
 
 - decodes it with libjpeg-turbo (``simplejpeg``; Pillow's own decoder runs libjpeg-turbo
-  too, but line by line through its buffers: 1.3x slower here);
+  too, but line by line through its buffers: 1.4x slower here);
 - takes the reference's crop box and flip (``data.crop_plan``: same seed, epoch and sample,
   same box), cuts the crop out and resizes it to ``size`` with torch's antialiased bilinear
   filter (``F.interpolate(..., antialias=True)``, whose uint8 channels-last path is
-  vectorised: 2x faster than Pillow's ``resize``). That is crop-then-resize, as
+  vectorised: about 2x faster than Pillow's ``resize``). That is crop-then-resize, as
   torchvision's ``RandomResizedCrop`` does on Pillow images: within 2 levels of Pillow's
   crop-then-resize; against the reference's box resize, whose filter also reads the pixels
   just outside the box, only the border pixels of a crop differ;
