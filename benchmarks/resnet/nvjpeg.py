@@ -16,10 +16,10 @@
 
 A share of each batch (``cpu_share``, evenly spread over its positions) can be decoded,
 cropped and resized in the loader processes instead, as the ``turbo`` backend does
-(libjpeg-turbo, then Pillow's resize: ``turbo.decode_crop``), so that host cores take part of
-the decoding and nvJPEG's per-image work in the main process shrinks with it; those crops
-reach the device with the batch as one uint8 buffer (pinned, copied asynchronously) and
-are normalised there.
+(libjpeg-turbo, then torch's antialiased resize: ``turbo.decode_crop``), so that host cores
+take part of the decoding and nvJPEG's per-image work in the main process shrinks with it;
+those crops reach the device with the batch as one uint8 buffer (pinned, copied
+asynchronously) and are normalised there.
 
 Files nvJPEG cannot take go the same way: CMYK/YCCK JPEGs (4 components) in the loader
 process; any file that nvJPEG rejects is decoded by Pillow in the main process. A file that
@@ -107,8 +107,7 @@ class PlannedBatches(torch.utils.data.Dataset):
     def __getitem__(self, key):
         epoch, batch = key
         blobs = data.read_files(self.samples, batch)
-        dims, boxes, flips, decoded_at = [], [], [], []
-        crops = np.empty((len(batch), self.size, self.size, 3), dtype=np.uint8)
+        dims, boxes, flips, decoded_at, crops = [], [], [], [], []
         for j, (blob, i) in enumerate(zip(blobs, batch)):
             def plan(width, height, i=i):
                 return data.crop_plan(width, height, self.size, self.train, self.seed, epoch,
@@ -119,8 +118,7 @@ class PlannedBatches(torch.utils.data.Dataset):
                 components = None
             on_cpu = int((j + 1) * self.cpu_share) > int(j * self.cpu_share)
             if on_cpu or components not in _NVJPEG_COMPONENTS:
-                crops[len(decoded_at)] = turbo.decode_crop(blob, self.samples[i][0], self.size,
-                                                           plan)
+                crops.append(turbo.decode_crop(blob, self.samples[i][0], self.size, plan))
                 decoded_at.append(j)
                 blobs[j] = b""
                 continue
@@ -129,10 +127,11 @@ class PlannedBatches(torch.utils.data.Dataset):
             boxes.append(box)
             flips.append(flip)
         labels = [self.samples[i][1] for i in batch]
+        crops = torch.from_numpy(np.stack(crops)) if crops else torch.empty(
+            0, self.size, self.size, 3, dtype=torch.uint8)
         return (data.pack(blobs), [len(x) for x in blobs], torch.tensor(dims).view(-1, 2),
                 torch.tensor(boxes).view(-1, 4), torch.tensor(flips, dtype=torch.bool),
-                torch.tensor(labels), decoded_at,
-                torch.from_numpy(crops[:len(decoded_at)].copy()), list(batch))
+                torch.tensor(labels), decoded_at, crops, list(batch))
 
 
 def crop_resize_normalize(flat: torch.Tensor, offsets: torch.Tensor, dims: torch.Tensor,

@@ -12,7 +12,7 @@
 | plan | read + JPEG headers + crop plans (the ``nvjpeg`` backend's loader processes) |
 | decode-pillow | loader processes decoding whole images with Pillow (RGB) |
 | decode-pillow-draft | the same, DCT-downscaled (Pillow's ``draft``) to at least the output size |
-| decode-turbo | loader processes decoding whole images with libjpeg-turbo (``simplejpeg``, RGBX) |
+| decode-turbo | loader processes decoding whole images with libjpeg-turbo (``simplejpeg``) |
 | crops-pillow | one thread of this process: the ``cpu`` backend's work per training image
   (read, Pillow decode, crop and resize, flip), what each of its loader processes does |
 | crops-turbo | the same for the ``turbo`` backend (libjpeg-turbo decode, torch's resize) |
@@ -77,7 +77,7 @@ class _PackedBytes(torch.utils.data.Dataset):
 
 class _Decoded(_PackedBytes):
     """Item ``b``: batch ``b`` decoded by Pillow (``draft``: DCT-downscaled to about
-    ``size``) or by libjpeg-turbo (``turbo``: RGBX, Pillow for what it cannot convert), as
+    ``size``) or by libjpeg-turbo (``turbo``; Pillow for what it cannot convert), as
     the number of images and their decoded bytes."""
 
     def __init__(self, samples, batches, size: int | None, turbo: bool = False):
@@ -91,7 +91,7 @@ class _Decoded(_PackedBytes):
                 with open(self.samples[i][0], "rb") as f:
                     blob = f.read()
                 try:
-                    nbytes += simplejpeg.decode_jpeg(blob, colorspace="RGBX").nbytes
+                    nbytes += simplejpeg.decode_jpeg(blob, colorspace="RGB").nbytes
                     continue
                 except ValueError:   # CMYK: Pillow, as the turbo backend does
                     pass
