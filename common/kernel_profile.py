@@ -69,6 +69,48 @@ def family(kernel_name: str) -> str:
     return "other"
 
 
+def _covered(spans: list[tuple[float, float]]) -> float:
+    """Length of the union of ``(start, end)`` spans."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def overlap_summary(events, steps: int) -> dict[str, float]:
+    """Milliseconds per step of the device timeline of ``steps`` profiled steps: ``span``
+    (first kernel's start to last kernel's end), ``busy`` (some kernel or copy running),
+    ``communication`` (NCCL kernels running), ``exposed_communication`` (NCCL running and
+    nothing else) and ``idle`` (nothing running: host gaps and waits)."""
+    spans, comm = [], []
+    for event in events:
+        if event.device_type.name == "CUDA" and not event.is_user_annotation:
+            span = (event.time_range.start, event.time_range.end)
+            (comm if family(event.name) == "communication" else spans).append(span)
+    every = spans + comm
+    if not every:
+        return {}
+    busy = _covered(every)
+    span = max(e for _, e in every) - min(s for s, _ in every)
+    ms = 1e3 * steps
+    return {"span": span / ms, "busy": busy / ms, "communication": _covered(comm) / ms,
+            "exposed_communication": (busy - _covered(spans)) / ms, "idle": (span - busy) / ms}
+
+
+def profile_overlap(step: Callable[..., torch.Tensor], batches, steps: int) -> dict[str, float]:
+    """:func:`overlap_summary` of ``steps`` calls of an already warmed-up ``step``, each on
+    the next of ``batches``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step(*next(batches))
+        torch.cuda.synchronize()
+    return overlap_summary(prof.events(), steps)
+
+
 def kernel_breakdown(step: Callable[..., torch.Tensor], batch: tuple[torch.Tensor, ...],
                      steps: int = 5, top: int = 15) -> str:
     """Profile ``steps`` calls of an already warmed-up ``step``; a printable per-step table."""

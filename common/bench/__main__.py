@@ -60,6 +60,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workload-args", default="", help="extra workload flags, one string")
     p.add_argument("--baseline", type=csv_list(str), default=[],
                    help="baselines from benchmarks/<name>/throughput.py, e.g. torchvision,mxnet")
+    p.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                   help="after timing, profile this many steps of each point on every GPU: "
+                        "communication time, how much of it is exposed, idle time")
     p.add_argument("--timeout", type=int, default=900, help="seconds per point")
     p.add_argument("-o", "--out", type=Path, default=Path("report"))
     p.add_argument("--compare", nargs=2, type=Path, metavar=("A.json", "B.json"))
@@ -79,6 +82,8 @@ def validate(p, a) -> None:
         p.error(f"unknown mode {bad[0]!r}: choose train, infer")
     if min(a.gpus + a.batch_size) < 1 or a.iters < 1 or a.warmup < 1:
         p.error("GPU counts, batch sizes, --iters and --warmup must be >= 1")
+    if a.profile < 0 or (a.profile and a.device == "cpu"):
+        p.error("--profile takes a number of steps >= 0 and needs CUDA (not --device cpu)")
     if not (REPO / "benchmarks" / a.workload / "workload.py").is_file():
         p.error(f"no workload {a.workload!r}: benchmarks/{a.workload}/workload.py not found")
 
@@ -172,6 +177,8 @@ def launch(a, p: dict, out: Path, cuda_here: bool) -> tuple[dict | None, str]:
              "--warmup", str(a.warmup), f"--workload-args={a.workload_args}",
              "--out", str(result)]
     external = external_worker(a.workload, p["implementation"])
+    if a.profile and not external:
+        flags += ["--profile", str(a.profile)]
     if external:
         cmd = [str(external.python(REPO)), "-m", external.module, *flags]
     else:
@@ -234,6 +241,9 @@ def sweep(a) -> int:
             points.append(record)
             print(f"{record['samples_per_s']:.1f} samples/s, "
                   f"{record['latency_ms']['mean']:.2f} ms/step", flush=True)
+            for rank, t in enumerate(record.get("profile", [])):
+                print(f"    rank {rank}: " + ", ".join(f"{k} {v:.2f}" for k, v in t.items())
+                      + " ms/step", flush=True)
         files = write_report(a, probed, points, skipped, failed)  # kept current point by point
     if not todo:
         files = write_report(a, probed, points, skipped, failed)

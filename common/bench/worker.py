@@ -30,6 +30,7 @@ from common.bench.record import point_record
 from common.cli import OneLineParser
 from common.cuda_graph import graphed_step
 from common.errors import UserError, one_line
+from common.kernel_profile import profile_overlap
 from common.metering import peak_memory_bytes, reset_peak_memory
 from common.precision import PRECISIONS, Precision
 from common.streams import work_stream
@@ -142,8 +143,11 @@ def measure(a, env: dist.DistEnv) -> dict:
     torch.backends.cudnn.benchmark = env.device.type == "cuda"
     step, batches, flops, min_warmup, local, per_step, close = build_point(a, env, precision)
     try:
-        return _time_point(a, env, step, batches, flops, max(a.warmup, min_warmup), local,
-                           per_step)
+        record = _time_point(a, env, step, batches, flops, max(a.warmup, min_warmup), local,
+                             per_step)
+        if a.profile:
+            record["profile"] = profile_ranks(step, batches, a.profile, env)
+        return record
     finally:
         close()   # the workload's loader processes, before this process exits
 
@@ -184,6 +188,21 @@ def _time_point(a, env: dist.DistEnv, step, batches, flops, warmup: int, local: 
                         mode=a.mode, finite=finite)
 
 
+def profile_ranks(step, batches, steps: int, env: dist.DistEnv) -> list[dict]:
+    """Every rank's device timeline over ``steps`` more steps (``kernel_profile``): how
+    much of a step is communication, how much of that nothing else hides, and how long the
+    GPU waits."""
+    if env.device.type != "cuda":
+        raise UserError("--profile needs CUDA (it reads the GPU's kernel timeline)")
+    dist.barrier()
+    mine = profile_overlap(step, batches, steps)
+    if not torch.distributed.is_initialized():
+        return [mine]
+    every = [None] * env.world_size
+    torch.distributed.all_gather_object(every, mine)
+    return every
+
+
 def parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m common.bench.worker", description=__doc__.splitlines()[0])
     p.add_argument("--workload", required=True)
@@ -197,14 +216,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--workload-args", default="", help="extra workload flags, one string")
+    p.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                   help="then profile this many steps: communication, overlap, idle time")
     p.add_argument("--out", type=Path, required=True)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
-    if a.iters < 1 or a.warmup < 1 or a.batch_size < 1:
-        print("error: --iters, --warmup and --batch-size must be >= 1", file=sys.stderr)
+    if a.iters < 1 or a.warmup < 1 or a.batch_size < 1 or a.profile < 0:
+        print("error: --iters, --warmup and --batch-size must be >= 1, --profile >= 0",
+              file=sys.stderr)
         return 2
     env = dist.init_distributed(a.device)
     try:

@@ -100,6 +100,10 @@ def test_bad_flags():
     proc = subprocess.run([sys.executable, "-m", "common.bench", "nope"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no workload 'nope'" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "common.bench", "resnet", "--device", "cpu",
+                           "--profile", "3"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2 and "--profile" in proc.stderr and "needs CUDA" in proc.stderr
 
 
 def test_failure_line_is_the_workers_exception_not_torchruns_summary():

@@ -2,7 +2,7 @@ import types
 
 import torch
 
-from common.kernel_profile import family, kernel_times, region, region_times
+from common.kernel_profile import family, kernel_times, overlap_summary, region, region_times
 
 
 def test_kernel_names_fall_into_families():
@@ -53,3 +53,20 @@ def test_kernel_times_leave_out_the_gpu_spans_of_annotations():
     events = [event("gemm", 10.0), event("gemm", 6.0), event("region:proposals", 30.0, True),
               event("Optimizer.step#SGD.step", 5.0, True), event("aten::mm", 4.0, device="CPU")]
     assert kernel_times(events, steps=2) == {"gemm": 8.0}
+
+
+def test_overlap_summary_splits_the_timeline_into_hidden_and_exposed_communication():
+    def kernel(name, start, end, annotation=False, device="CUDA"):
+        return types.SimpleNamespace(name=name, is_user_annotation=annotation,
+                                     time_range=types.SimpleNamespace(start=start, end=end),
+                                     device_type=types.SimpleNamespace(name=device))
+    # 2 steps over 0..4000 us: compute 0-1000 and 1500-2500 (overlapping kernels), an
+    # all-reduce 2000-3000 (half hidden), a gap 3000-3500, compute 3500-4000
+    events = [kernel("gemm", 0, 800), kernel("relu", 500, 1000), kernel("gemm", 1500, 2500),
+              kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 2000, 3000),
+              kernel("gemm", 3500, 4000), kernel("region:loss", 0, 4000, annotation=True),
+              kernel("aten::mm", 0, 9000, device="CPU")]
+    got = overlap_summary(events, steps=2)
+    assert got == {"span": 2.0, "busy": 1.5, "communication": 0.5,
+                   "exposed_communication": 0.25, "idle": 0.5}
+    assert overlap_summary(events[-2:], steps=2) == {}
