@@ -125,7 +125,10 @@ class GraphedStep:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self._pool, stream=self._side_stream):
+            # thread_local: other threads' CUDA calls during the capture (a loader's pinned
+            # host allocations, NCCL's watchdog) are not the step's and must not void it
+            with torch.cuda.graph(graph, pool=self._pool, stream=self._side_stream,
+                                  capture_error_mode="thread_local"):
                 output = self.step(*tree_unflatten(static, spec))
         except RuntimeError as exc:
             first = next((line for line in str(exc).splitlines() if line.strip()), repr(exc))

@@ -30,6 +30,7 @@ FAMILIES = (
 
 
 REGION = "region:"     # the prefix of region() ranges among the profiler's events
+STEPS = "profiled steps"   # profile_overlap's range around the steps it reads
 
 
 def region(name: str):
@@ -79,14 +80,16 @@ def _covered(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-def overlap_summary(events, steps: int) -> dict[str, float]:
-    """Milliseconds per step of the device timeline of ``steps`` profiled steps: ``span``
+def overlap_summary(events, steps: int, since: float = float("-inf")) -> dict[str, float]:
+    """Milliseconds per step of the device timeline of ``steps`` profiled steps, from the
+    kernels that start at ``since`` (microseconds, the profiler's clock) or later: ``span``
     (first kernel's start to last kernel's end), ``busy`` (some kernel or copy running),
     ``communication`` (NCCL kernels running), ``exposed_communication`` (NCCL running and
     nothing else) and ``idle`` (nothing running: host gaps and waits)."""
     spans, comm = [], []
     for event in events:
-        if event.device_type.name == "CUDA" and not event.is_user_annotation:
+        if (event.device_type.name == "CUDA" and not event.is_user_annotation
+                and event.time_range.start >= since):
             span = (event.time_range.start, event.time_range.end)
             (comm if family(event.name) == "communication" else spans).append(span)
     every = spans + comm
@@ -99,16 +102,23 @@ def overlap_summary(events, steps: int) -> dict[str, float]:
             "exposed_communication": (busy - _covered(spans)) / ms, "idle": (span - busy) / ms}
 
 
-def profile_overlap(step: Callable[..., torch.Tensor], batches, steps: int) -> dict[str, float]:
+def profile_overlap(step: Callable[..., torch.Tensor], batches, steps: int,
+                    sync: Callable[[], None] = torch.cuda.synchronize) -> dict[str, float]:
     """:func:`overlap_summary` of ``steps`` calls of an already warmed-up ``step``, each on
-    the next of ``batches``."""
+    the next of ``batches``. ``sync`` (e.g. a barrier of all ranks, then a device
+    synchronize) runs once the profiler is up and before the steps, so that one rank's
+    slower profiler start is not counted as the others' communication."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step(*next(batches))
-        torch.cuda.synchronize()
-    return overlap_summary(prof.events(), steps)
+        sync()
+        with torch.profiler.record_function(STEPS):
+            for _ in range(steps):
+                step(*next(batches))
+            torch.cuda.synchronize()
+    events = prof.events()
+    since = min(e.time_range.start for e in events if e.name == STEPS)
+    return overlap_summary(events, steps, since)
 
 
 def kernel_breakdown(step: Callable[..., torch.Tensor], batch: tuple[torch.Tensor, ...],

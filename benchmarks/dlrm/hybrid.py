@@ -41,9 +41,14 @@ class Plan:
 
     def to(self, device, non_blocking: bool = False) -> Plan:
         move = dict(device=device, non_blocking=non_blocking)
-        return Plan(self.local_batch, self.freq_pos.to(**move), self.freq_rows.to(**move),
-                    self.recv_pos.to(**move), self.recv_counts, self.serve_rows.to(**move),
-                    self.send_counts)
+        return self._map(lambda t: t.to(**move))
+
+    def pin_memory(self) -> Plan:
+        return self._map(torch.Tensor.pin_memory)
+
+    def _map(self, fn) -> Plan:
+        return Plan(self.local_batch, fn(self.freq_pos), fn(self.freq_rows), fn(self.recv_pos),
+                    self.recv_counts, fn(self.serve_rows), self.send_counts)
 
 
 def frequent_rows(sparse: torch.Tensor, sizes: list[int], threshold: float) -> torch.Tensor:

@@ -45,7 +45,9 @@ def lr_at(step: torch.Tensor, base: float, warmup: int, decay_start: int, decay_
 
 
 class _Epoch:
-    """The batches of one epoch; the next batch's index plan is built ahead."""
+    """The batches of one epoch; the next batches' index plans are built ahead, in a thread
+    that touches host memory only: the copies to the device are issued here, on the
+    consumer's stream, so no batch is read before it lands or overwritten while in use."""
 
     def __init__(self, wl: DLRMWorkload, ranges: list[tuple[int, int]]):
         self.wl, self.ranges = wl, ranges
@@ -59,13 +61,15 @@ class _Epoch:
             for r in self.ranges:
                 yield wl.prepare(*r)
             return
-        with ThreadPoolExecutor(1) as pool:
-            pending = [pool.submit(wl.prepare, *r) for r in self.ranges[:2]]
+        dev = wl.env.device   # the thread pins host memory in this device's context
+        init = (lambda: torch.cuda.set_device(dev)) if dev.type == "cuda" else None
+        with ThreadPoolExecutor(1, initializer=init) as pool:
+            pending = [pool.submit(wl.prepare_host, *r) for r in self.ranges[:2]]
             for i in range(len(self.ranges)):
                 batch = pending.pop(0).result()
                 if i + 2 < len(self.ranges):
-                    pending.append(pool.submit(wl.prepare, *self.ranges[i + 2]))
-                yield batch
+                    pending.append(pool.submit(wl.prepare_host, *self.ranges[i + 2]))
+                yield wl.to_device(batch)
 
 
 class DLRMWorkload(Workload):
@@ -249,25 +253,35 @@ class DLRMWorkload(Workload):
 
     # -- data -----------------------------------------------------------------------------
     def prepare(self, start: int, stop: int, log: data.BinaryClickLog | None = None):
-        """(dense, labels, plan or ids) of this rank for the global batch ``[start, stop)``."""
-        return self._place((log or self.train_log).read(start, stop))
+        """(dense, labels, plan or ids) of this rank for the global batch ``[start, stop)``,
+        on the device."""
+        return self.to_device(self.prepare_host(start, stop, log))
 
-    def _place(self, batch: data.Batch):
-        """This rank's slice of a global batch (its index plan for hybrid), on the device."""
+    def prepare_host(self, start: int, stop: int, log: data.BinaryClickLog | None = None):
+        """:meth:`prepare`'s batch in host memory (pinned for CUDA); no device work, so it
+        may run in another thread."""
+        return self._host_slice((log or self.train_log).read(start, stop))
+
+    def _host_slice(self, batch: data.Batch):
+        """This rank's slice of a global batch (its index plan for hybrid), in host memory."""
         n = batch.labels.numel()
         bounds = (self.bounds if n == self.args.batch_size
                   else data.split_bounds(n, self.env.world_size))
         lo, hi = bounds[self.env.rank], bounds[self.env.rank + 1]
+        dense, labels = batch.dense[lo:hi], batch.labels[lo:hi]
+        if isinstance(self.emb, HybridEmbedding):
+            idx = self.emb.plan(batch.sparse, bounds)
+        else:
+            idx = batch.sparse[lo:hi]
+        if self.env.device.type == "cuda":
+            dense, labels, idx = dense.pin_memory(), labels.pin_memory(), idx.pin_memory()
+        return dense, labels, idx
+
+    def to_device(self, batch):
+        """A :meth:`prepare_host` batch copied to the device on the current stream."""
         dev = self.env.device
         move = dict(device=dev, non_blocking=dev.type == "cuda")
-        dense, labels = batch.dense[lo:hi], batch.labels[lo:hi]
-        if dev.type == "cuda":
-            dense, labels = dense.pin_memory(), labels.pin_memory()
-        if isinstance(self.emb, HybridEmbedding):
-            idx = self.emb.plan(batch.sparse, bounds).to(**move)
-        else:
-            idx = batch.sparse[lo:hi].to(**move)
-        return dense.to(**move), labels.to(**move), idx
+        return tuple(x.to(**move) for x in batch)
 
     # -- steps ----------------------------------------------------------------------------
     def _forward(self, dense: torch.Tensor, idx) -> torch.Tensor:
@@ -347,7 +361,8 @@ class DLRMWorkload(Workload):
         if batch_size != self.args.batch_size:
             raise UserError(f"dlrm's synthetic batch is the global --batch-size "
                             f"{self.args.batch_size}, not {batch_size}: pass the same value")
-        return self._place(data.synthetic_batch(batch_size, self.sizes, self.synthetic_rng))
+        return self.to_device(self._host_slice(
+            data.synthetic_batch(batch_size, self.sizes, self.synthetic_rng)))
 
     def infer_step(self, dense, labels, idx) -> torch.Tensor:
         with torch.no_grad():

@@ -194,8 +194,10 @@ def profile_ranks(step, batches, steps: int, env: dist.DistEnv) -> list[dict]:
     GPU waits."""
     if env.device.type != "cuda":
         raise UserError("--profile needs CUDA (it reads the GPU's kernel timeline)")
-    dist.barrier()
-    mine = profile_overlap(step, batches, steps)
+    def sync():
+        dist.barrier()
+        torch.cuda.synchronize()
+    mine = profile_overlap(step, batches, steps, sync)
     if not torch.distributed.is_initialized():
         return [mine]
     every = [None] * env.world_size
