@@ -110,6 +110,18 @@ class GraphedStep:
         captured.graph.replay()
         return captured.output
 
+    def release(self) -> None:
+        """Destroy the captured graphs (the step runs eagerly again, from its warm-up). Needed
+        before the process group is destroyed: ``destroy_process_group`` waits forever while a
+        graph that holds NCCL collectives (DDP's all-reduce) is alive (pytorch#115388)."""
+        if self.graphs:
+            torch.cuda.synchronize()
+        for captured in self.graphs.values():
+            captured.graph.reset()
+        self.graphs.clear()
+        self._seen.clear()
+        self._calls = 0
+
     def _run_on_side_stream(self, inputs):
         stream = self._side_stream
         stream.wait_stream(torch.cuda.current_stream())

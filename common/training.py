@@ -347,7 +347,7 @@ def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
     log = MLLog(args.log_file, rank=env.rank)
     status, run_started, code = constants.ABORTED, False, EXIT_ABORTED
     t_run = 0.0
-    wl = scorer = None
+    wl = scorer = step = None
     outcome = _Outcome()
     with handling_signals(_stop), work_stream(env.device):
         try:
@@ -398,6 +398,8 @@ def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
             log.close()
             if wl is not None:
                 wl.close()
+            if step is not None:
+                step.release()
             # keep what the closing lines need, and no reference to the process groups
             wl = (_Closing(", ".join(map(str, wl.targets)), wl.dataset,
                            wl.describe(outcome.metrics) if outcome.metrics else "none")

@@ -58,6 +58,11 @@ def test_captured_graph_equals_eager_on_gpu():
     want, got = run(plain, data), run(graphed, data)
     assert graphed.captured
     torch.testing.assert_close(got, want)
+    graphed.release()   # graphs destroyed; the step warms up and captures again
+    assert not graphed.captured
+    more = batches("cuda", 6)
+    torch.testing.assert_close(run(graphed, more), run(plain, more))
+    assert graphed.captured
 
 
 @pytest.mark.gpu

@@ -70,3 +70,6 @@ def test_overlap_summary_splits_the_timeline_into_hidden_and_exposed_communicati
     assert got == {"span": 2.0, "busy": 1.5, "communication": 0.5,
                    "exposed_communication": 0.25, "idle": 0.5}
     assert overlap_summary(events[-2:], steps=2) == {}
+    # a kernel before ``since`` (a barrier waiting for a slower rank) is left out
+    late = overlap_summary([kernel("ncclDevKernel_AllReduce", -9000, -100), *events], 2, 0)
+    assert late == got
