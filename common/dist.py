@@ -105,11 +105,29 @@ def barrier() -> None:
         dist.barrier()
 
 
+def broadcast_module(module: torch.nn.Module, src: int = 0) -> None:
+    """Rank ``src``'s parameters and buffers on every rank: the same initial weights for
+    replicas that no DDP wrapper synchronises (a no-op on one process)."""
+    if dist.is_initialized():
+        with torch.no_grad():
+            for t in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(t, src)
+
+
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     """In-place sum across ranks (a no-op on one process)."""
     if dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
+
+
+def all_reduce_sum_async(t: torch.Tensor):
+    """Start an in-place sum across ranks; the work to ``wait()`` on (None on one process).
+    On CUDA the sum runs on NCCL's stream while the current stream goes on; ``wait()``
+    makes the current stream wait for it."""
+    if dist.is_initialized():
+        return dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True)
+    return None
 
 
 def gather_rows(t: torch.Tensor) -> torch.Tensor | None:

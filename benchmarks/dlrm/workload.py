@@ -152,6 +152,7 @@ class DLRMWorkload(Workload):
         except ValueError as exc:
             raise UserError(f"--arch-mlp-bot/--arch-mlp-top: {exc}") from None
         self.dense_arch.to(env.device)
+        dist.broadcast_module(self.dense_arch)   # the replicas start alike (no DDP here)
         dev, lp = env.device, self.precision.autocast_dtype
         if a.embedding == "plain":
             self.emb = PlainEmbeddings(self.sizes, a.embedding_dim, a.seed, dev)
@@ -313,14 +314,17 @@ class DLRMWorkload(Workload):
     def _hybrid_update(self) -> None:
         params = list(self.dense_arch.parameters())
         grads = [p.grad for p in params] + [self.emb.frequent_grad()]
-        if self.env.distributed:   # one all-reduce for the MLPs and the frequent rows
-            flat = dist.all_reduce_sum(torch.cat([g.flatten() for g in grads]))
+        if self.env.distributed:   # one all-reduce for the MLPs and the frequent rows ...
+            flat = torch.cat([g.flatten() for g in grads])
+            work = dist.all_reduce_sum_async(flat)
+        rows, rare = self.emb.rare_grad()   # ... in flight while this rank's rare rows update
+        sparse_sgd_(self.emb.rare_weight, self.emb.rare_lp, rows, rare, self.lr)
+        if self.env.distributed:
+            work.wait()
             grads = list(torch.split(flat, [g.numel() for g in grads]))
             grads = [g.view_as(p) for g, p in zip(grads, params + [self.emb.freq_weight])]
         dense_sgd_(params, grads[:-1], self.lr)
         table_sgd_(self.emb.freq_weight, self.emb.freq_lp, grads[-1], self.lr)
-        rows, rare = self.emb.rare_grad()
-        sparse_sgd_(self.emb.rare_weight, self.emb.rare_lp, rows, rare, self.lr)
         for p in params:
             p.grad = None
 

@@ -71,3 +71,51 @@ def test_table_estimate_bounds_the_tables_built(variant):
     estimate = throughput.table_bytes(args, world=1, lp_bytes=0)
     exact = variant in ("ours-plain", "ours-model-parallel")    # no frequent rows to bound
     assert built == estimate if exact else 0 < built <= estimate
+
+
+def _train_and_keep(rank, world, port, out):
+    """3 steps of the hybrid workload on a synthetic global batch of 64; the weights after."""
+    import os
+
+    from common import dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    env = dist.init_distributed("cpu")
+    torch.manual_seed(rank)   # as the driver seeds each rank: rank 1's MLPs differ until broadcast
+    args = throughput.workload_args("ours", argparse.Namespace(
+        precision="fp32", batch_size=64, max_ind_range=50))
+    wl = DLRMWorkload(args, env, Precision("fp32", "cpu"))
+    wl.build()
+    batch = wl.synthetic_batch(64)
+    for _ in range(3):
+        wl.train_step(*batch)
+    out[rank] = dict(mlp={k: v.clone() for k, v in wl.dense_arch.state_dict().items()},
+                     frequent=wl.emb.freq_weight.clone(), rare=wl.emb.rare_weight.clone())
+    dist.shutdown()
+
+
+def test_two_gloo_ranks_train_as_one_process():
+    """Data parallelism with global-batch semantics: the MLPs, the replicated frequent rows
+    and the sharded rare rows after 3 steps on 2 ranks equal one process's."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    results = {}
+    for world in (1, 2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with mp.Manager() as manager:
+            out = manager.dict()
+            mp.spawn(_train_and_keep, args=(world, port, out), nprocs=world, join=True)
+            results[world] = dict(out)
+    one, two = results[1][0], results[2]
+    for k, v in one["mlp"].items():
+        for rank in (0, 1):
+            torch.testing.assert_close(two[rank]["mlp"][k], v, rtol=1e-4, atol=1e-5)
+    for rank in (0, 1):
+        torch.testing.assert_close(two[rank]["frequent"], one["frequent"], rtol=1e-4, atol=1e-5)
+        # rank r holds the rows g with g % 2 == r, at g // 2
+        torch.testing.assert_close(two[rank]["rare"], one["rare"][rank::2], rtol=1e-4, atol=1e-5)
+    assert not torch.equal(one["rare"], torch.zeros_like(one["rare"]))
