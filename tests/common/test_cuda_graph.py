@@ -1,7 +1,9 @@
 import copy
+import time
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 from common.cuda_graph import GraphedStep, graphed_step
 from common.errors import UserError
@@ -113,3 +115,40 @@ def test_capture_policy_decides_graphs_and_refuses_uncapturable_fp16():
     assert not graphed_step(step, CapturePolicy("static"), False, cuda, "amp-fp16", "t").enabled
     cpu = graphed_step(step, CapturePolicy("bucketed", 4), True, torch.device("cpu"), "fp32", "t")
     assert not cpu.enabled and cpu.max_graphs == 4
+
+
+def _ddp_graph_worker(rank, world, port, out):
+    import os
+
+    from common import dist
+    from common.cuda_graph import DEFAULT_WARMUP_STEPS
+    from common.streams import work_stream
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    env = dist.init_distributed("cuda")
+    with work_stream(env.device):
+        torch.manual_seed(0)
+        model = dist.data_parallel(torch.nn.Linear(8, 1).to(env.device), env)
+        step = GraphedStep(make_step(model, torch.optim.SGD(model.parameters(), lr=0.1)))
+        for x, y in batches("cuda", DEFAULT_WARMUP_STEPS + 3):
+            step(x, y)
+        assert step.captured   # DDP's all-reduce is inside the graph
+        step.release()
+    dist.shutdown()            # waits forever while such a graph lives (pytorch#115388)
+    out[rank] = True
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_released_graph_with_nccl_lets_the_process_group_close_on_two_gpus():
+    from tests.common.test_dist import _free_port
+    with mp.Manager() as manager:
+        out = manager.dict()
+        ctx = mp.spawn(_ddp_graph_worker, args=(2, _free_port(), out), nprocs=2, join=False)
+        start = time.monotonic()
+        while not ctx.join(timeout=5):
+            if time.monotonic() - start > 120:
+                for p in ctx.processes:
+                    p.kill()
+                pytest.fail("the ranks did not close their process group within 120 s")
+        assert dict(out) == {0: True, 1: True}
