@@ -46,9 +46,13 @@ class Plan:
     def pin_memory(self) -> Plan:
         return self._map(torch.Tensor.pin_memory)
 
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.freq_pos, self.freq_rows, self.recv_pos, self.serve_rows]
+
     def _map(self, fn) -> Plan:
-        return Plan(self.local_batch, fn(self.freq_pos), fn(self.freq_rows), fn(self.recv_pos),
-                    self.recv_counts, fn(self.serve_rows), self.send_counts)
+        freq_pos, freq_rows, recv_pos, serve_rows = map(fn, self.tensors())
+        return Plan(self.local_batch, freq_pos, freq_rows, recv_pos, self.recv_counts,
+                    serve_rows, self.send_counts)
 
 
 def frequent_rows(sparse: torch.Tensor, sizes: list[int], threshold: float) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from benchmarks.dlrm import data
 from benchmarks.dlrm.auc import roc_auc
 from benchmarks.dlrm.fused_sgd import dense_sgd_, sparse_sgd_, table_sgd_
-from benchmarks.dlrm.hybrid import HybridEmbedding, frequent_rows
+from benchmarks.dlrm.hybrid import HybridEmbedding, Plan, frequent_rows
 from benchmarks.dlrm.model import DenseArch, PlainEmbeddings, mllog_tensor_names, parse_mlp
 from benchmarks.dlrm.split_linear import wait_for_weight_grads
 from common import dist
@@ -45,9 +45,10 @@ def lr_at(step: torch.Tensor, base: float, warmup: int, decay_start: int, decay_
 
 
 class _Epoch:
-    """The batches of one epoch; the next batches' index plans are built ahead, in a thread
-    that touches host memory only: the copies to the device are issued here, on the
-    consumer's stream, so no batch is read before it lands or overwritten while in use."""
+    """The batches of one epoch, each read, planned and (on CUDA) copied to the device ahead
+    of its step by a thread. The copies go on a stream of their own; the consumer's stream
+    waits for each batch's copy before using it, and the batch's memory is marked as used
+    there, so it is not handed to a later copy while a step still reads it."""
 
     def __init__(self, wl: DLRMWorkload, ranges: list[tuple[int, int]]):
         self.wl, self.ranges = wl, ranges
@@ -56,20 +57,43 @@ class _Epoch:
         return len(self.ranges)
 
     def __iter__(self):
-        wl = self.wl
+        wl, dev = self.wl, self.wl.env.device
         if not wl.args.prefetch:
             for r in self.ranges:
                 yield wl.prepare(*r)
             return
-        dev = wl.env.device   # the thread pins host memory in this device's context
-        init = (lambda: torch.cuda.set_device(dev)) if dev.type == "cuda" else None
+        if dev.type != "cuda":
+            load, init = wl.prepare, None
+        else:
+            copies = torch.cuda.Stream(dev)
+
+            def load(*r):
+                host = wl.prepare_host(*r)
+                with torch.cuda.stream(copies):
+                    batch = wl.to_device(host)
+                    ready = torch.cuda.Event()
+                    ready.record(copies)
+                return batch, ready
+
+            def init():   # the thread's CUDA calls in this rank's device context
+                torch.cuda.set_device(dev)
         with ThreadPoolExecutor(1, initializer=init) as pool:
-            pending = [pool.submit(wl.prepare_host, *r) for r in self.ranges[:2]]
+            pending = [pool.submit(load, *r) for r in self.ranges[:2]]
             for i in range(len(self.ranges)):
                 batch = pending.pop(0).result()
                 if i + 2 < len(self.ranges):
-                    pending.append(pool.submit(wl.prepare_host, *self.ranges[i + 2]))
-                yield wl.to_device(batch)
+                    pending.append(pool.submit(load, *self.ranges[i + 2]))
+                if dev.type == "cuda":
+                    batch, ready = batch
+                    stream = torch.cuda.current_stream(dev)
+                    stream.wait_event(ready)
+                    for t in _tensors(batch):
+                        t.record_stream(stream)
+                yield batch
+
+
+def _tensors(batch) -> list[torch.Tensor]:
+    return [t for x in batch for t in (x.tensors() if isinstance(x, Plan) else [x])]
 
 
 class DLRMWorkload(Workload):

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from benchmarks.dlrm import data
 from benchmarks.dlrm.fixture import write_fixture
@@ -109,3 +110,33 @@ def test_epoch_cap_without_target_aborts(tmp_path, small_fixture):
     assert proc.returncode != 0
     assert "run_stop: aborted" in proc.stdout and ",aborted," in proc.stdout
     assert summarize(tmp_path / "result_0.txt").status == "aborted"
+
+
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_prefetched_batches_equal_the_batches_read_in_place(small_fixture, device):
+    """The prefetch thread (on CUDA: its own copy stream, joined by the consumer's) gives
+    the batches ``prepare`` reads directly, in order, while steps run between them."""
+    from benchmarks.dlrm.workload import DLRMWorkload, _tensors
+    from common.dist import DistEnv
+    from common.precision import Precision
+    from common.streams import work_stream
+    from common.training import build_parser
+
+    args = build_parser(DLRMWorkload).parse_args(
+        ["--data-dir", str(small_fixture), *SMALL_FLAGS, "--device", device, "--seed", "1",
+         "--precision", "fp32", "--max-ind-range", "50"])
+    env = DistEnv(device=torch.device(device))
+    with work_stream(env.device):
+        wl = DLRMWorkload(args, env, Precision("fp32", device))
+        wl.build()
+        epoch = wl.epoch_batches(1)
+        seen = 0
+        for batch, r in zip(epoch, epoch.ranges):
+            wl.train_step(*batch)   # device work between the batches, as in training
+            want = wl.prepare(*r)
+            for got, exp in zip(_tensors(batch), _tensors(want), strict=True):
+                assert torch.equal(got, exp)
+            seen += 1
+    assert seen == len(epoch) > 2
