@@ -9,11 +9,12 @@ replicas that start apart, gradients averaged wrongly and sharded optimizers tha
 
 import json
 import os
-import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+
+from tests.common.test_dist import _free_port
 
 TINY_BERT = {"vocab_size": 61, "hidden_size": 32, "num_hidden_layers": 1,
              "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 16}
@@ -32,12 +33,6 @@ CASES = [
     ("bert", 2, "--max-seq-length 16 --max-predictions 3 --flat-params --sharded-optimizer "
                 "--lr 5e-3"),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _train(rank, world, port, name, batch, flags, out):

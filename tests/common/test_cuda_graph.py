@@ -8,6 +8,7 @@ import torch.multiprocessing as mp
 from common.cuda_graph import GraphedStep, graphed_step
 from common.errors import UserError
 from common.workload import CapturePolicy
+from tests.common.test_dist import _free_port
 
 
 def make_step(model, opt):
@@ -141,7 +142,6 @@ def _ddp_graph_worker(rank, world, port, out):
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 def test_released_graph_with_nccl_lets_the_process_group_close_on_two_gpus():
-    from tests.common.test_dist import _free_port
     with mp.Manager() as manager:
         out = manager.dict()
         ctx = mp.spawn(_ddp_graph_worker, args=(2, _free_port(), out), nprocs=2, join=False)

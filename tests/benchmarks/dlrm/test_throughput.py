@@ -2,15 +2,19 @@
 
 import argparse
 import math
+import os
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
 from benchmarks.dlrm import data, throughput
 from benchmarks.dlrm.workload import DLRMWorkload
+from common import dist
 from common.dist import DistEnv
 from common.errors import UserError
 from common.precision import Precision
+from tests.common.test_dist import _free_port
 from tests.entry_points import assert_needs_cuda
 
 
@@ -75,9 +79,6 @@ def test_table_estimate_bounds_the_tables_built(variant):
 
 def _train_and_keep(rank, world, port, out):
     """3 steps of the hybrid workload on a synthetic global batch of 64; the weights after."""
-    import os
-
-    from common import dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     env = dist.init_distributed("cpu")
@@ -97,18 +98,11 @@ def _train_and_keep(rank, world, port, out):
 def test_two_gloo_ranks_train_as_one_process():
     """Data parallelism with global-batch semantics: the MLPs, the replicated frequent rows
     and the sharded rare rows after 3 steps on 2 ranks equal one process's."""
-    import socket
-
-    import torch.multiprocessing as mp
-
     results = {}
     for world in (1, 2):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
         with mp.Manager() as manager:
             out = manager.dict()
-            mp.spawn(_train_and_keep, args=(world, port, out), nprocs=world, join=True)
+            mp.spawn(_train_and_keep, args=(world, _free_port(), out), nprocs=world, join=True)
             results[world] = dict(out)
     one, two = results[1][0], results[2]
     for k, v in one["mlp"].items():
