@@ -63,7 +63,9 @@ class _Epoch:
                 yield wl.prepare(*r)
             return
         if dev.type != "cuda":
-            load, init = wl.prepare, None
+            def load(*r):
+                return wl.prepare(*r), None
+            init = None
         else:
             copies = torch.cuda.Stream(dev)
 
@@ -80,11 +82,10 @@ class _Epoch:
         with ThreadPoolExecutor(1, initializer=init) as pool:
             pending = [pool.submit(load, *r) for r in self.ranges[:2]]
             for i in range(len(self.ranges)):
-                batch = pending.pop(0).result()
+                batch, ready = pending.pop(0).result()
                 if i + 2 < len(self.ranges):
                     pending.append(pool.submit(load, *self.ranges[i + 2]))
-                if dev.type == "cuda":
-                    batch, ready = batch
+                if ready is not None:
                     stream = torch.cuda.current_stream(dev)
                     stream.wait_event(ready)
                     for t in _tensors(batch):
