@@ -67,7 +67,8 @@ class _Epoch:
                 return wl.prepare(*r), None
             init = None
         else:
-            copies = torch.cuda.Stream(dev)
+            index = torch.cuda.current_device() if dev.index is None else dev.index
+            copies = torch.cuda.Stream(index)
 
             def load(*r):
                 host = wl.prepare_host(*r)
@@ -78,7 +79,7 @@ class _Epoch:
                 return batch, ready
 
             def init():   # the thread's CUDA calls in this rank's device context
-                torch.cuda.set_device(dev)
+                torch.cuda.set_device(index)
         with ThreadPoolExecutor(1, initializer=init) as pool:
             pending = [pool.submit(load, *r) for r in self.ranges[:2]]
             for i in range(len(self.ranges)):
@@ -86,7 +87,7 @@ class _Epoch:
                 if i + 2 < len(self.ranges):
                     pending.append(pool.submit(load, *self.ranges[i + 2]))
                 if ready is not None:
-                    stream = torch.cuda.current_stream(dev)
+                    stream = torch.cuda.current_stream(index)
                     stream.wait_event(ready)
                     for t in _tensors(batch):
                         t.record_stream(stream)
