@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common import dist
+from common import dist, gc_pauses
 from common.cli import OneLineParser
 from common.cuda_graph import GraphedStep, graphed_step
 from common.errors import UserError, one_line
@@ -95,6 +95,10 @@ def build_parser(workload_cls: type[Workload]) -> argparse.ArgumentParser:
                    help="before run_start, train this many steps on synthetic batches and run "
                         "one evaluation forward (compilation, autotuning, CUDA-graph capture), "
                         "then restore the initial training state; 0: off")
+    g.add_argument("--gc-freeze", action="store_true",
+                   help="before run_start, freeze every object setup made out of the garbage "
+                        "collector's reach, so its full collections stay short "
+                        "(common/gc_pauses.py)")
     s = p.add_argument_group("submission (mllog submission_* keys)")
     s.add_argument("--submission-org", default=os.environ.get("SUBMISSION_ORG", "unknown-org"))
     s.add_argument("--submission-platform",
@@ -369,6 +373,8 @@ def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
                 warm_up(wl, step, args.init_steps, env)
             if args.background_scoring:
                 scorer = BackgroundScorer(type(wl).scorer, env)
+            if args.gc_freeze:
+                gc_pauses.freeze()
             dist.barrier()
             log.end(constants.INIT_STOP)
             log.start(constants.RUN_START)

@@ -57,6 +57,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
                    help="capture our training step as one CUDA graph (as the trainer does)")
+    p.add_argument("--gc-freeze", action="store_true",
+                   help="freeze the objects setup made out of the garbage collector's reach "
+                        "before timing (as the trainer's --gc-freeze does)")
     p.add_argument("--workload-args", default="", help="extra workload flags, one string")
     p.add_argument("--baseline", type=csv_list(str), default=[],
                    help="baselines from benchmarks/<name>/throughput.py, e.g. torchvision,mxnet")
@@ -186,7 +189,8 @@ def launch(a, p: dict, out: Path, cuda_here: bool) -> tuple[dict | None, str]:
                "--nproc_per_node", str(p["gpus"]), "-m", "common.bench.worker",
                "--workload", a.workload, "--implementation", p["implementation"],
                "--data", a.data, "--device", a.device,
-               "--cuda-graph" if a.cuda_graph else "--no-cuda-graph", *flags]
+               "--cuda-graph" if a.cuda_graph else "--no-cuda-graph",
+               *(["--gc-freeze"] if a.gc_freeze else []), *flags]
     log = out / "logs" / f"{pid}.txt"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
@@ -244,6 +248,11 @@ def sweep(a) -> int:
             for rank, t in enumerate(record.get("profile", [])):
                 print(f"    rank {rank}: " + ", ".join(f"{k} {v:.2f}" for k, v in t.items())
                       + " ms/step", flush=True)
+            if "gc" in record:
+                print("    gc pauses while timed (rank: collections, full ones, ms, longest ms): "
+                      + "; ".join(f"{r}: {g['collections']}, {g['full']}, {g['ms']:.1f}, "
+                                  f"{g['longest_ms']:.1f}" for r, g in enumerate(record["gc"])),
+                      flush=True)
         files = write_report(a, probed, points, skipped, failed)  # kept current point by point
     if not todo:
         files = write_report(a, probed, points, skipped, failed)
@@ -260,7 +269,8 @@ def write_report(a, probed: dict, points: list, skipped: list, failed: list) -> 
            "command": " ".join(["python -m common.bench", *sys.argv[1:]]),
            "workload": a.workload, "environment": env, "peak_tflops": probed["peak_tflops"],
            "config": {"iters": a.iters, "warmup": a.warmup, "data": a.data,
-                      "cuda_graph": a.cuda_graph, "workload_args": a.workload_args},
+                      "cuda_graph": a.cuda_graph, "gc_freeze": a.gc_freeze,
+                      "workload_args": a.workload_args},
            "points": points, "skipped": skipped, "failed": failed}
     return report.write(doc, a.out)
 

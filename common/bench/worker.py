@@ -5,7 +5,8 @@
 
 Each rank runs ``--batch-size`` samples per step (weak scaling). Figures:
 ``seconds`` is the timed window (all ranks, slowest), ``core_seconds`` the sum
-of per-step device times (excluding waits for data), latencies per step.
+of per-step device times (excluding waits for data), latencies per step, and
+``gc``, each rank's garbage-collector pauses while timed.
 Bad input exits 2 with one line; a point the workload cannot run is written
 as ``{"skipped": reason}``.
 """
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from common import dist
+from common import dist, gc_pauses
 from common.bench.external import ExternalWorker, baseline_groups
 from common.bench.record import point_record
 from common.cli import OneLineParser
@@ -163,18 +164,21 @@ def _time_point(a, env: dist.DistEnv, step, batches, flops, warmup: int, local: 
     out = step(*first)
     for _ in range(warmup - 1):
         out = step(*next(batches))
+    if a.gc_freeze:
+        gc_pauses.freeze()
     clock = Clock(env.device)
     dist.barrier()
     if env.device.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for _ in range(a.iters):
-        batch = next(batches)
-        begin = clock.start()
-        out = step(*batch)
-        clock.stop(begin)
-    if env.device.type == "cuda":
-        torch.cuda.synchronize()
+    with gc_pauses.PauseMeter() as pauses:
+        for _ in range(a.iters):
+            batch = next(batches)
+            begin = clock.start()
+            out = step(*batch)
+            clock.stop(begin)
+        if env.device.type == "cuda":
+            torch.cuda.synchronize()
     window = time.perf_counter() - t0
     steps = clock.seconds()
     finite = bool(torch.isfinite(out.float()).all().item())
@@ -183,9 +187,20 @@ def _time_point(a, env: dist.DistEnv, step, batches, flops, warmup: int, local: 
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(stats, op=torch.distributed.ReduceOp.MAX)
     window, core, peak = stats.tolist()
-    return point_record(iters=a.iters, warmup=warmup, per_step=per_step, window=window,
-                        core=core, steps=steps, peak_memory=int(peak), flops=flops,
-                        mode=a.mode, finite=finite)
+    record = point_record(iters=a.iters, warmup=warmup, per_step=per_step, window=window,
+                          core=core, steps=steps, peak_memory=int(peak), flops=flops,
+                          mode=a.mode, finite=finite)
+    record["gc"] = _every_rank(pauses.summary(), env)
+    return record
+
+
+def _every_rank(mine, env: dist.DistEnv) -> list:
+    """``mine`` from every rank, in rank order."""
+    if not torch.distributed.is_initialized():
+        return [mine]
+    every = [None] * env.world_size
+    torch.distributed.all_gather_object(every, mine)
+    return every
 
 
 def profile_ranks(step, batches, steps: int, env: dist.DistEnv) -> list[dict]:
@@ -197,12 +212,7 @@ def profile_ranks(step, batches, steps: int, env: dist.DistEnv) -> list[dict]:
     def sync():
         dist.barrier()
         torch.cuda.synchronize()
-    mine = profile_overlap(step, batches, steps, sync)
-    if not torch.distributed.is_initialized():
-        return [mine]
-    every = [None] * env.world_size
-    torch.distributed.all_gather_object(every, mine)
-    return every
+    return _every_rank(profile_overlap(step, batches, steps, sync), env)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -217,6 +227,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--data", choices=("synthetic", "real"), default="synthetic")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--gc-freeze", action="store_true",
+                   help="freeze the objects setup made out of the garbage collector's reach "
+                        "before timing")
     p.add_argument("--workload-args", default="", help="extra workload flags, one string")
     p.add_argument("--profile", type=int, default=0, metavar="STEPS",
                    help="then profile this many steps: communication, overlap, idle time")

@@ -54,6 +54,11 @@ def test_report_files_and_fields(sweep):
         assert 0 < lat["p50"] <= lat["p90"] <= lat["p95"] <= lat["p99"]
         assert p["flops_per_sample"] > 0 and 0 < p["mfu"] < 1
         assert p["output_finite"]
+        # the collector's pauses while timed, from every rank
+        assert len(p["gc"]) == p["gpus"]
+        for g in p["gc"]:
+            assert g["collections"] >= g["full"] >= 0 and g["ms"] >= g["longest_ms"] >= 0
+    assert "gc pauses while timed" in stdout and doc["config"]["gc_freeze"] is False
     train1 = next(p for p in points if p["stage"] == "train" and p["gpus"] == 1)
     train2 = next(p for p in points if p["stage"] == "train" and p["gpus"] == 2)
     assert train1["weak_scaling_efficiency"] == pytest.approx(1.0)
@@ -172,10 +177,13 @@ def test_dlrm_weak_scales_under_the_harness_with_its_global_batch(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "common.bench", "dlrm", "-n", "1,2", "-b", "64", "--precision",
          "fp32", "--mode", "train", "--iters", "2", "--warmup", "1", "--device", "cpu",
-         "--workload-args", "--max-ind-range 1000 --embedding-dim 8 --arch-mlp-bot 13-16-8 "
-                            "--arch-mlp-top 16-8-1 --stats-batches 2", "-o", str(out)],
+         "--gc-freeze", "--workload-args",
+         "--max-ind-range 1000 --embedding-dim 8 --arch-mlp-bot 13-16-8 --arch-mlp-top 16-8-1 "
+         "--stats-batches 2", "-o", str(out)],
         cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
         timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    points = json.loads((out / "report.json").read_text())["points"]
+    doc = json.loads((out / "report.json").read_text())
+    points = doc["points"]
     assert sorted((p["gpus"], p["samples"]) for p in points) == [(1, 128), (2, 256)]
+    assert doc["config"]["gc_freeze"] is True

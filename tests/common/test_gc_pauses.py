@@ -1,0 +1,51 @@
+import gc
+import weakref
+
+from common import gc_pauses
+
+
+class Node:
+    def __init__(self):
+        self.me = self   # a reference cycle: only the cyclic collector frees it
+
+
+def test_the_meter_times_each_collection_and_lets_go_of_the_collector():
+    with gc_pauses.PauseMeter() as meter:
+        gc.collect()
+        gc.collect(0)
+    assert meter._callback not in gc.callbacks
+    s = meter.summary()
+    assert s["collections"] == 2 and s["full"] == 1
+    assert s["ms"] >= s["longest_ms"] > 0
+    gc.collect()
+    assert meter.summary() == s   # nothing counted after the block
+
+
+def test_freeze_puts_what_exists_out_of_the_collectors_reach():
+    before, after = Node(), None
+    try:
+        assert gc_pauses.freeze() == gc.get_freeze_count() > 1000   # torch's, pytest's
+        after = Node()
+        frozen, fresh = weakref.ref(before), weakref.ref(after)
+        del before, after
+        gc.collect()
+        assert frozen() is not None   # a frozen cycle stays: full collections skip it
+        assert fresh() is None        # a cycle made after the freeze is collected
+    finally:
+        gc.unfreeze()
+    gc.collect()
+    assert frozen() is None
+
+
+def test_the_trainer_freezes_only_when_asked(tmp_path, monkeypatch):
+    from common.training import main
+    from compliance.logs import summarize
+    from tests.common.toy_workload import ToyWorkload
+
+    calls = []
+    monkeypatch.setattr(gc_pauses, "freeze", lambda: calls.append("freeze"))
+    for flags, frozen in (([], []), (["--gc-freeze"], ["freeze"])):
+        log = tmp_path / f"log{len(flags)}.txt"
+        code = main(ToyWorkload, ["--device", "cpu", "--precision", "fp32", "--seed", "3",
+                                  "--log-file", str(log), *flags])
+        assert code == 0 and summarize(log).status == "success" and calls == frozen
