@@ -102,19 +102,23 @@ def compute_plan(sparse: torch.Tensor, bounds: list[int], rank: int, world: int,
 
 
 class _Exchange(torch.autograd.Function):
-    """Links the (already received) forward all-to-all into autograd; backward sends grads home."""
+    """Links the (already received) forward all-to-all into autograd; backward starts sending
+    the gradients home and hands the exchange to ``owner`` (``HybridEmbedding``), so the rest
+    of backward runs while it is in flight. ``send`` gets no ``.grad``: ``rare_grad`` waits."""
 
     @staticmethod
-    def forward(ctx, send, received, send_counts, recv_counts):
-        ctx.counts = send_counts, recv_counts
+    def forward(ctx, send, received, send_counts, recv_counts, owner):
+        ctx.counts, ctx.owner = (send_counts, recv_counts), owner
         return received
 
     @staticmethod
     def backward(ctx, grad):
         send_counts, recv_counts = ctx.counts
         out = grad.new_empty(sum(send_counts), grad.shape[1])
-        dist.all_to_all_single(out, grad.contiguous(), send_counts, recv_counts)
-        return out, None, None, None
+        work = dist.all_to_all_single(out, grad.contiguous(), send_counts, recv_counts,
+                                      async_op=True)
+        ctx.owner._returning = out, work
+        return None, None, None, None, None
 
 
 class HybridEmbedding(torch.nn.Module):
@@ -146,13 +150,14 @@ class HybridEmbedding(torch.nn.Module):
         self.lp_dtype = lp_dtype
         self.freq_lp = self.freq_weight.to(lp_dtype) if lp_dtype else None
         self.rare_lp = self.rare_weight.to(lp_dtype) if lp_dtype else None
-        self._freq_vals = self._send = self._plan = None
+        self._freq_vals = self._send = self._plan = self._returning = None
 
     def plan(self, sparse: torch.Tensor, bounds: list[int]) -> Plan:
         return compute_plan(sparse, bounds, self.rank, self.world, self.offsets, self.freq_map)
 
     def forward(self, plan: Plan, overlap=None):
-        """This rank's [b, T, d] lookups; ``overlap()`` runs while the all-to-all is in flight.
+        """This rank's [b, T, d] lookups; ``overlap()`` and the frequent rows' lookups run
+        while the all-to-all is in flight.
 
         Returns ``(lookups, overlap())``.
         """
@@ -165,15 +170,16 @@ class HybridEmbedding(torch.nn.Module):
             work = dist.all_to_all_single(received, send.detach(), plan.recv_counts,
                                           plan.send_counts, async_op=True)
         extra = overlap() if overlap is not None else None
-        if work is not None:
-            work.wait()
-        rare = (_Exchange.apply(send, received, plan.send_counts, plan.recv_counts)
-                if self.world > 1 else send)
         freq = freq_src[plan.freq_rows].requires_grad_(torch.is_grad_enabled())
         T = len(self.sizes)
-        out = send.new_zeros(plan.local_batch * T, self.dim)
-        out = out.index_copy(0, plan.freq_pos, freq).index_copy(0, plan.recv_pos, rare)
-        self._freq_vals, self._send, self._plan = freq, send, plan
+        out = send.new_zeros(plan.local_batch * T, self.dim).index_copy(0, plan.freq_pos, freq)
+        self._freq_vals, self._send, self._plan, self._returning = freq, send, plan, None
+        if work is not None:
+            work.wait()
+            rare = _Exchange.apply(send, received, plan.send_counts, plan.recv_counts, self)
+        else:
+            rare = send
+        out = out.index_copy(0, plan.recv_pos, rare)
         return out.view(plan.local_batch, T, self.dim), extra
 
     def frequent_grad(self) -> torch.Tensor:
@@ -182,5 +188,11 @@ class HybridEmbedding(torch.nn.Module):
         return grad.index_add_(0, self._plan.freq_rows, self._freq_vals.grad.float())
 
     def rare_grad(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(rows, grads)`` of this rank's shard, one per served lookup (rows may repeat)."""
-        return self._plan.serve_rows, self._send.grad.float()
+        """``(rows, grads)`` of this rank's shard, one per served lookup (rows may repeat);
+        on several ranks, once backward's all-to-all has brought them home."""
+        if self._returning is None:
+            return self._plan.serve_rows, self._send.grad.float()
+        grads, work = self._returning
+        work.wait()
+        self._returning = None
+        return self._plan.serve_rows, grads.float()
