@@ -258,20 +258,23 @@ def _train_block(wl: Workload, step, stream: _Stream, point: EvalPoint, done: in
     window = _LossWindow(args.log_every, env.device)
     meter = Throughput(env.device)
     meter.start()
-    for n in range(1, steps + 1):
-        window.add(step(*stream.next()), done + n)
-        stream.stepped()
-        if n % args.log_every == 0 or n == steps:
-            window.read_back(stream.epoch)
-            progress.update(window.read - progress.n, loss=f"{window.mean:.3f}")
-            if scorer and any(_evaluated(wl, log, env, p, m, outcome, late=True)
-                              for p, m in scorer.poll()):
-                progress.close()
-                return True
+    with gc_pauses.PauseMeter() as pauses:
+        for n in range(1, steps + 1):
+            window.add(step(*stream.next()), done + n)
+            stream.stepped()
+            if n % args.log_every == 0 or n == steps:
+                window.read_back(stream.epoch)
+                progress.update(window.read - progress.n, loss=f"{window.mean:.3f}")
+                if scorer and any(_evaluated(wl, log, env, p, m, outcome, late=True)
+                                  for p, m in scorer.poll()):
+                    progress.close()
+                    return True
     seconds = meter.stop(steps * wl.global_batch_size)
     progress.close()
+    gc = pauses.summary()
     say(f"{label}: {steps} steps, {meter.samples_per_second:.1f} samples/s, {seconds:.1f} s, "
-        f"mean loss {window.mean:.4f}", env.is_main)
+        f"mean loss {window.mean:.4f}, garbage-collector pauses {gc['ms']:.0f} ms "
+        f"({gc['full']} full collections)", env.is_main)
     return False
 
 

@@ -1,4 +1,5 @@
 import gc
+import re
 import weakref
 
 from common import gc_pauses
@@ -37,7 +38,7 @@ def test_freeze_puts_what_exists_out_of_the_collectors_reach():
     assert frozen() is None
 
 
-def test_the_trainer_freezes_only_when_asked(tmp_path, monkeypatch):
+def test_the_trainer_freezes_only_when_asked_and_reports_the_pauses(tmp_path, monkeypatch, capsys):
     from common.training import main
     from compliance.logs import summarize
     from tests.common.toy_workload import ToyWorkload
@@ -49,3 +50,6 @@ def test_the_trainer_freezes_only_when_asked(tmp_path, monkeypatch):
         code = main(ToyWorkload, ["--device", "cpu", "--precision", "fp32", "--seed", "3",
                                   "--log-file", str(log), *flags])
         assert code == 0 and summarize(log).status == "success" and calls == frozen
+    # each training block's line reports the collector's pauses in it
+    assert re.search(r"training to epoch_num 1: .*, garbage-collector pauses \d+ ms "
+                     r"\(\d+ full collections\)", capsys.readouterr().out)
