@@ -253,6 +253,9 @@ def sweep(a) -> int:
                       + "; ".join(f"{r}: {g['collections']}, {g['full']}, {g['ms']:.1f}, "
                                   f"{g['longest_ms']:.1f}" for r, g in enumerate(record["gc"])),
                       flush=True)
+            for rank, h in enumerate(record.get("host_ms", [])):
+                print(f"    rank {rank} host ms per step: median {h['median']:.2f}, slowest "
+                      + ", ".join(f"{ms:.1f} (step {i})" for i, ms in h["slowest"]), flush=True)
         files = write_report(a, probed, points, skipped, failed)  # kept current point by point
     if not todo:
         files = write_report(a, probed, points, skipped, failed)

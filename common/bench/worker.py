@@ -5,8 +5,9 @@
 
 Each rank runs ``--batch-size`` samples per step (weak scaling). Figures:
 ``seconds`` is the timed window (all ranks, slowest), ``core_seconds`` the sum
-of per-step device times (excluding waits for data), latencies per step, and
-``gc``, each rank's garbage-collector pauses while timed.
+of per-step device times (excluding waits for data), latencies per step,
+``gc``, each rank's garbage-collector pauses while timed, and ``host_ms``, each
+rank's median host time per step and its three slowest steps (index, ms).
 Bad input exits 2 with one line; a point the workload cannot run is written
 as ``{"skipped": reason}``.
 """
@@ -27,7 +28,7 @@ import torch
 
 from common import dist, gc_pauses
 from common.bench.external import ExternalWorker, baseline_groups
-from common.bench.record import point_record
+from common.bench.record import percentile, point_record
 from common.cli import OneLineParser
 from common.cuda_graph import graphed_step
 from common.errors import UserError, one_line
@@ -171,11 +172,13 @@ def _time_point(a, env: dist.DistEnv, step, batches, flops, warmup: int, local: 
     if env.device.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    with gc_pauses.PauseMeter() as pauses:
+    host = []   # each step's host time: where a rank's own stall shows (its GPU waits show
+    with gc_pauses.PauseMeter() as pauses:   # in every rank's device times)
         for _ in range(a.iters):
             batch = next(batches)
-            begin = clock.start()
+            begin, h0 = clock.start(), time.perf_counter()
             out = step(*batch)
+            host.append(time.perf_counter() - h0)
             clock.stop(begin)
         if env.device.type == "cuda":
             torch.cuda.synchronize()
@@ -191,6 +194,9 @@ def _time_point(a, env: dist.DistEnv, step, batches, flops, warmup: int, local: 
                           core=core, steps=steps, peak_memory=int(peak), flops=flops,
                           mode=a.mode, finite=finite)
     record["gc"] = _every_rank(pauses.summary(), env)
+    slowest = sorted(range(len(host)), key=host.__getitem__)[-3:][::-1]
+    record["host_ms"] = _every_rank({"median": percentile(sorted(x * 1e3 for x in host), 50),
+                                     "slowest": [[i, host[i] * 1e3] for i in slowest]}, env)
     return record
 
 

@@ -58,7 +58,14 @@ def test_report_files_and_fields(sweep):
         assert len(p["gc"]) == p["gpus"]
         for g in p["gc"]:
             assert g["collections"] >= g["full"] >= 0 and g["ms"] >= g["longest_ms"] >= 0
-    assert "gc pauses while timed" in stdout and doc["config"]["gc_freeze"] is False
+        # each rank's host time per step: the median and the three slowest steps, slowest first
+        assert len(p["host_ms"]) == p["gpus"]
+        for h in p["host_ms"]:
+            steps, ms = zip(*h["slowest"])
+            assert sorted(steps) == [0, 1, 2]   # --iters 3: every timed step, by index
+            assert list(ms) == sorted(ms, reverse=True) and ms[-1] <= h["median"] <= ms[0]
+    assert "gc pauses while timed" in stdout and "host ms per step: median" in stdout
+    assert doc["config"]["gc_freeze"] is False
     train1 = next(p for p in points if p["stage"] == "train" and p["gpus"] == 1)
     train2 = next(p for p in points if p["stage"] == "train" and p["gpus"] == 2)
     assert train1["weak_scaling_efficiency"] == pytest.approx(1.0)
