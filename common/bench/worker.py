@@ -172,8 +172,10 @@ def _time_point(a, env: dist.DistEnv, step, batches, flops, warmup: int, local: 
     if env.device.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    host = []   # each step's host time: where a rank's own stall shows (its GPU waits show
-    with gc_pauses.PauseMeter() as pauses:   # in every rank's device times)
+    # each step's host time: a rank's own stall shows there, while the GPU waits it causes
+    # show in every rank's device times
+    host = []
+    with gc_pauses.PauseMeter() as pauses:
         for _ in range(a.iters):
             batch = next(batches)
             begin, h0 = clock.start(), time.perf_counter()
@@ -193,32 +195,24 @@ def _time_point(a, env: dist.DistEnv, step, batches, flops, warmup: int, local: 
     record = point_record(iters=a.iters, warmup=warmup, per_step=per_step, window=window,
                           core=core, steps=steps, peak_memory=int(peak), flops=flops,
                           mode=a.mode, finite=finite)
-    record["gc"] = _every_rank(pauses.summary(), env)
+    record["gc"] = dist.gather_objects(pauses.summary())   # every rank's, on rank 0
     slowest = sorted(range(len(host)), key=host.__getitem__)[-3:][::-1]
-    record["host_ms"] = _every_rank({"median": percentile(sorted(x * 1e3 for x in host), 50),
-                                     "slowest": [[i, host[i] * 1e3] for i in slowest]}, env)
+    record["host_ms"] = dist.gather_objects(
+        {"median": percentile(sorted(x * 1e3 for x in host), 50),
+         "slowest": [[i, host[i] * 1e3] for i in slowest]})
     return record
 
 
-def _every_rank(mine, env: dist.DistEnv) -> list:
-    """``mine`` from every rank, in rank order."""
-    if not torch.distributed.is_initialized():
-        return [mine]
-    every = [None] * env.world_size
-    torch.distributed.all_gather_object(every, mine)
-    return every
-
-
-def profile_ranks(step, batches, steps: int, env: dist.DistEnv) -> list[dict]:
-    """Every rank's device timeline over ``steps`` more steps (``kernel_profile``): how
-    much of a step is communication, how much of that nothing else hides, and how long the
-    GPU waits."""
+def profile_ranks(step, batches, steps: int, env: dist.DistEnv) -> list[dict] | None:
+    """Every rank's device timeline over ``steps`` more steps (``kernel_profile``): how much
+    of a step is communication, how much of that nothing else hides, and how long the GPU
+    waits. On rank 0, in rank order; None on the other ranks."""
     if env.device.type != "cuda":
         raise UserError("--profile needs CUDA (it reads the GPU's kernel timeline)")
     def sync():
         dist.barrier()
         torch.cuda.synchronize()
-    return _every_rank(profile_overlap(step, batches, steps, sync), env)
+    return dist.gather_objects(profile_overlap(step, batches, steps, sync))
 
 
 def parser() -> argparse.ArgumentParser:
