@@ -8,13 +8,12 @@ replicas that start apart, gradients averaged wrongly and sharded optimizers tha
 """
 
 import json
-import os
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.common.test_dist import _free_port
+from tests.common.test_dist import _free_port, _rendezvous
 
 TINY_BERT = {"vocab_size": 61, "hidden_size": 32, "num_hidden_layers": 1,
              "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 16}
@@ -41,8 +40,7 @@ def _train(rank, world, port, name, batch, flags, out):
     from common.precision import Precision
     from common.training import build_parser
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    _rendezvous(rank, world, port)
     torch.set_num_threads(1)
     env = dist.init_distributed("cpu")
     cls = workload_class(name)

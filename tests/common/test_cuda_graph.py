@@ -8,7 +8,7 @@ import torch.multiprocessing as mp
 from common.cuda_graph import GraphedStep, graphed_step
 from common.errors import UserError
 from common.workload import CapturePolicy
-from tests.common.test_dist import _free_port
+from tests.common.test_dist import _free_port, _rendezvous
 
 
 def make_step(model, opt):
@@ -119,13 +119,10 @@ def test_capture_policy_decides_graphs_and_refuses_uncapturable_fp16():
 
 
 def _ddp_graph_worker(rank, world, port, out):
-    import os
-
     from common import dist
     from common.cuda_graph import DEFAULT_WARMUP_STEPS
     from common.streams import work_stream
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    _rendezvous(rank, world, port)
     env = dist.init_distributed("cuda")
     with work_stream(env.device):
         torch.manual_seed(0)

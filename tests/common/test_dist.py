@@ -16,9 +16,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world, port, out):
+def _rendezvous(rank: int, world: int, port: int) -> None:
+    """The environment a spawned process needs to join a ``world``-process group on this
+    host's ``port`` as ``rank`` (what torchrun sets)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+
+
+def _worker(rank, world, port, out):
+    _rendezvous(rank, world, port)
     env = dist.init_distributed("cpu")
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
@@ -65,8 +71,7 @@ COUNTS = [(3, 0), (0, 2), (0, 0)]
 
 
 def _gather_worker(rank, world, port, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    _rendezvous(rank, world, port)
     dist.init_distributed("cpu")
     results = []
     for counts in COUNTS:

@@ -1,14 +1,12 @@
 """LAMB: flat/sharded implementation vs the per-tensor reference, on 1 and 2 gloo processes."""
 
-import os
-import socket
-
 import torch
 import torch.multiprocessing as mp
 
 from common import dist
 from common.flat_params import FlatParameters
 from common.lamb import Lamb, LambHyper, ShardedLamb
+from tests.common.test_dist import _free_port, _rendezvous
 
 H = LambHyper(beta1=0.9, beta2=0.999, eps=1e-6, weight_decay=0.01, max_grad_norm=1.0)
 STEPS = 4
@@ -115,15 +113,8 @@ def test_trust_ratio_and_clipping_matter():
     assert not torch.equal(after, w0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _worker(rank, world, port, sharded, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    _rendezvous(rank, world, port)
     dist.init_distributed("cpu")
     out[(rank, sharded)] = _run_flat(rank, world, sharded)
     dist.shutdown()

@@ -1,8 +1,6 @@
 """Hybrid embeddings over 2 gloo processes == one plain nn.EmbeddingBag per table."""
 
 import math
-import os
-import socket
 
 import pytest
 import torch
@@ -12,15 +10,10 @@ from benchmarks.dlrm.data import split_bounds
 from benchmarks.dlrm.hybrid import HybridEmbedding, Plan, compute_plan, frequent_rows
 from benchmarks.dlrm.model import PlainEmbeddings, table_chunks
 from common import dist
+from tests.common.test_dist import _free_port, _rendezvous
 
 SIZES = [7, 3, 50, 1, 20]
 DIM, BATCH, SEED = 4, 10, 5
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _batch():
@@ -36,8 +29,7 @@ def _stats():
 
 
 def _worker(rank, world, port, threshold, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    _rendezvous(rank, world, port)
     dist.init_distributed("cpu")
     ids, weight = _batch()
     emb = HybridEmbedding(SIZES, DIM, frequent_rows(_stats(), SIZES, threshold), rank, world,

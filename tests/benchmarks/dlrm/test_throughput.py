@@ -2,7 +2,6 @@
 
 import argparse
 import math
-import os
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from common import dist
 from common.dist import DistEnv
 from common.errors import UserError
 from common.precision import Precision
-from tests.common.test_dist import _free_port
+from tests.common.test_dist import _free_port, _rendezvous
 from tests.entry_points import assert_needs_cuda
 
 
@@ -79,8 +78,7 @@ def test_table_estimate_bounds_the_tables_built(variant):
 
 def _train_and_keep(rank, world, port, out):
     """3 steps of the hybrid workload on a synthetic global batch of 64; the weights after."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    _rendezvous(rank, world, port)
     env = dist.init_distributed("cpu")
     torch.manual_seed(rank)   # as the driver seeds each rank: rank 1's MLPs differ until broadcast
     args = throughput.workload_args("ours", argparse.Namespace(

@@ -4,8 +4,6 @@ batch: SSD300's outputs, its gradients and the running statistics, in fp64 (in f
 sides differ from the exact gradients by up to 1% of a tensor's largest element at this
 batch of 4, which would hide a real error)."""
 
-import os
-
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -13,7 +11,7 @@ import torch.multiprocessing as mp
 from benchmarks.ssd.model import SSD300
 from common import dist
 from common.group_bn import GroupBatchNorm2d
-from tests.common.test_dist import _free_port
+from tests.common.test_dist import _free_port, _rendezvous
 
 WIDTH, CLASSES, SIZE, PER_RANK = 8, 4, 300, 2
 
@@ -34,8 +32,7 @@ def _loss(model, images):
 
 
 def _worker(rank, world, port, device, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    _rendezvous(rank, world, port)
     env = dist.init_distributed(device)
     model = dist.group_norm_layers(_model().to(env.device), env, 2)
     layer = torch.nn.SyncBatchNorm if device == "cuda" else GroupBatchNorm2d

@@ -1,8 +1,5 @@
 """Spatial parallelism over two gloo processes equals the single-process model and loss."""
 
-import os
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -11,15 +8,10 @@ from benchmarks.unet3d import inference, spatial
 from benchmarks.unet3d.loss import dice_ce_loss, dice_score
 from benchmarks.unet3d.model import Unet3D
 from common import dist
+from tests.common.test_dist import _free_port, _rendezvous
 
 FILTERS = (4, 8, 16, 32, 40)
 SHAPE = (1, 1, 64, 32, 32)   # depth 64 over 2 ranks: one slice per rank at the bottleneck
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _inputs():
@@ -43,8 +35,7 @@ def _half(index: int) -> torch.Tensor:
 
 
 def _worker(rank, world, port, out):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    _rendezvous(rank, world, port)
     torch.set_num_threads(1)
     dist.init_distributed("cpu")
     sg = spatial.new_spatial_group(world)
