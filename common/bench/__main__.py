@@ -249,9 +249,11 @@ def sweep(a) -> int:
                 print(f"    rank {rank}: " + ", ".join(f"{k} {v:.2f}" for k, v in t.items())
                       + " ms/step", flush=True)
             if "gc" in record:
-                print("    gc pauses while timed (rank: collections, full ones, ms, longest ms): "
-                      + "; ".join(f"{r}: {g['collections']}, {g['full']}, {g['ms']:.1f}, "
-                                  f"{g['longest_ms']:.1f}" for r, g in enumerate(record["gc"])),
+                print("    gc pauses while timed (rank: collections, full ones, ms, longest ms, "
+                      "in steps): " + "; ".join(
+                          f"{r}: {g['collections']}, {g['full']}, {g['ms']:.1f}, "
+                          f"{g['longest_ms']:.1f}, {g['steps']}"
+                          for r, g in enumerate(record["gc"])),
                       flush=True)
             for rank, h in enumerate(record.get("host_ms", [])):
                 print(f"    rank {rank} host ms per step: median {h['median']:.2f}, slowest "

@@ -174,14 +174,17 @@ def _time_point(a, env: dist.DistEnv, step, batches, flops, warmup: int, local: 
     t0 = time.perf_counter()
     # each step's host time: a rank's own stall shows there, while the GPU waits it causes
     # show in every rank's device times
-    host = []
+    host, gc_steps = [], []
     with gc_pauses.PauseMeter() as pauses:
-        for _ in range(a.iters):
+        for i in range(a.iters):
             batch = next(batches)
+            collections = sum(pauses.counts)
             begin, h0 = clock.start(), time.perf_counter()
             out = step(*batch)
             host.append(time.perf_counter() - h0)
             clock.stop(begin)
+            if sum(pauses.counts) > collections:
+                gc_steps.append(i)
         if env.device.type == "cuda":
             torch.cuda.synchronize()
     window = time.perf_counter() - t0
@@ -195,7 +198,7 @@ def _time_point(a, env: dist.DistEnv, step, batches, flops, warmup: int, local: 
     record = point_record(iters=a.iters, warmup=warmup, per_step=per_step, window=window,
                           core=core, steps=steps, peak_memory=int(peak), flops=flops,
                           mode=a.mode, finite=finite)
-    record["gc"] = dist.gather_objects(pauses.summary())   # every rank's, on rank 0
+    record["gc"] = dist.gather_objects({**pauses.summary(), "steps": gc_steps})  # on rank 0
     slowest = sorted(range(len(host)), key=host.__getitem__)[-3:][::-1]
     record["host_ms"] = dist.gather_objects(
         {"median": percentile(sorted(x * 1e3 for x in host), 50),

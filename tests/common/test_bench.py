@@ -58,6 +58,8 @@ def test_report_files_and_fields(sweep):
         assert len(p["gc"]) == p["gpus"]
         for g in p["gc"]:
             assert g["collections"] >= g["full"] >= 0 and g["ms"] >= g["longest_ms"] >= 0
+            # the timed steps a collection ran in: at most one per collection, by index
+            assert len(g["steps"]) <= g["collections"] and set(g["steps"]) <= {0, 1, 2}
         # each rank's host time per step: the median and the three slowest steps, slowest first
         assert len(p["host_ms"]) == p["gpus"]
         for h in p["host_ms"]:
