@@ -20,6 +20,7 @@ import inspect
 import itertools
 import json
 import shlex
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ from common.errors import UserError, one_line
 from common.kernel_profile import profile_overlap
 from common.metering import peak_memory_bytes, reset_peak_memory
 from common.precision import PRECISIONS, Precision
+from common.stalls import StallWatch
 from common.streams import work_stream
 from common.training import build_parser
 from common.workload import Workload
@@ -174,14 +176,18 @@ def _time_point(a, env: dist.DistEnv, step, batches, flops, warmup: int, local: 
     t0 = time.perf_counter()
     # each step's host time: a rank's own stall shows there, while the GPU waits it causes
     # show in every rank's device times
-    host, gc_steps = [], []
-    with gc_pauses.PauseMeter() as pauses:
+    host, gc_steps, limits = [], [], []
+    with gc_pauses.PauseMeter() as pauses, StallWatch() as watch:
         for i in range(a.iters):
             batch = next(batches)
             collections = sum(pauses.counts)
+            # a step past twice the median so far has its stack sampled
+            limits.append(2 * statistics.median(host) if len(host) >= 3 else None)
+            watch.begin(i, limits[-1])
             begin, h0 = clock.start(), time.perf_counter()
             out = step(*batch)
             host.append(time.perf_counter() - h0)
+            watch.end()
             clock.stop(begin)
             if sum(pauses.counts) > collections:
                 gc_steps.append(i)
@@ -200,9 +206,11 @@ def _time_point(a, env: dist.DistEnv, step, batches, flops, warmup: int, local: 
                           mode=a.mode, finite=finite)
     record["gc"] = dist.gather_objects({**pauses.summary(), "steps": gc_steps})  # on rank 0
     slowest = sorted(range(len(host)), key=host.__getitem__)[-3:][::-1]
+    stalls = {i: watch.samples.get(i, ["no sample: the step held the GIL"]) for i in slowest
+              if limits[i] is not None and host[i] > limits[i]}
     record["host_ms"] = dist.gather_objects(
         {"median": percentile(sorted(x * 1e3 for x in host), 50),
-         "slowest": [[i, host[i] * 1e3] for i in slowest]})
+         "slowest": [[i, host[i] * 1e3] for i in slowest], "stalls": stalls})
     return record
 
 

@@ -1,0 +1,57 @@
+"""Where a slow step's host time went: a watcher thread samples the stepping thread's Python
+stack while a step runs past a limit.
+
+In a data-parallel step a stall on one rank stalls every rank at the next collective, so the
+rank that starts it shows it one step earlier than the others, and its stack says whether it
+waited on the GPU (a synchronising call), on Python or on a lock. A stepping thread that holds
+the GIL for the whole stall (a long C call that does not release it) leaves no sample, and
+that is reported too.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+
+FRAMES = 4   # innermost frames kept per sample
+
+
+class StallWatch:
+    """``with StallWatch() as w:`` then ``w.begin(step, limit_s)`` / ``w.end()`` around each
+    step; ``w.samples[step]`` is the innermost frames ("file:line function", innermost
+    first) of the last sample taken after that step passed its limit."""
+
+    def __init__(self, period_s: float = 0.01):
+        self.period_s = period_s
+        self.samples: dict[int, list[str]] = {}
+        self._thread_id = threading.get_ident()
+        self._current: tuple[int, float, float] | None = None   # step, start, limit
+        self._stop = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="stall-watch", daemon=True)
+
+    def __enter__(self) -> StallWatch:
+        self._watcher.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._watcher.join()
+
+    def begin(self, step: int, limit_s: float | None) -> None:
+        self._current = None if limit_s is None else (step, time.perf_counter(), limit_s)
+
+    def end(self) -> None:
+        self._current = None
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.period_s):
+            current = self._current
+            if current is None or time.perf_counter() - current[1] < current[2]:
+                continue
+            frame = sys._current_frames().get(self._thread_id)
+            if frame is not None and self._current is current:
+                stack = traceback.extract_stack(frame)[-FRAMES:][::-1]
+                self.samples[current[0]] = [f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}"
+                                            for f in stack]
