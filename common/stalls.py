@@ -15,13 +15,14 @@ import threading
 import time
 import traceback
 
-FRAMES = 4   # innermost frames kept per sample
+FRAMES = 6   # innermost frames kept per sample
 
 
 class StallWatch:
     """``with StallWatch() as w:`` then ``w.begin(step, limit_s)`` / ``w.end()`` around each
-    step; ``w.samples[step]`` is the innermost frames ("file:line function", innermost
-    first) of the last sample taken after that step passed its limit."""
+    step; ``w.samples[step]`` is the last sample taken after that step passed its limit: one
+    line per busy thread of its innermost frames ("file:line function", innermost first),
+    the stepping thread's first."""
 
     def __init__(self, period_s: float = 0.01):
         self.period_s = period_s
@@ -50,8 +51,25 @@ class StallWatch:
             current = self._current
             if current is None or time.perf_counter() - current[1] < current[2]:
                 continue
-            frame = sys._current_frames().get(self._thread_id)
-            if frame is not None and self._current is current:
-                stack = traceback.extract_stack(frame)[-FRAMES:][::-1]
-                self.samples[current[0]] = [f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}"
-                                            for f in stack]
+            sample = self._sample()
+            if self._current is current:
+                self.samples[current[0]] = sample
+
+    def _sample(self) -> list[str]:
+        """The stepping thread's innermost frames, then those of every other thread that
+        runs Python outside ``threading``'s waits (autograd's device threads run backward's
+        Python code while the stepping thread waits in ``backward``)."""
+        names = {t.ident: t.name for t in threading.enumerate()}
+        out = []
+        for ident, frame in sys._current_frames().items():
+            if ident == threading.get_ident():
+                continue
+            stack = traceback.extract_stack(frame)[-FRAMES:][::-1]
+            if ident != self._thread_id and stack[0].filename.endswith("threading.py"):
+                continue
+            where = [f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in stack]
+            if ident == self._thread_id:
+                out.insert(0, " <- ".join(where))
+            else:
+                out.append(f"[{names.get(ident, ident)}] " + " <- ".join(where))
+        return out

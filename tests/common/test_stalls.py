@@ -1,3 +1,4 @@
+import threading
 import time
 
 from common.stalls import StallWatch
@@ -19,5 +20,26 @@ def test_a_step_past_its_limit_is_sampled_where_it_waits():
         _slow_part()
         watch.end()
     assert set(watch.samples) == {1}
-    innermost = watch.samples[1][0]
-    assert innermost.startswith("test_stalls.py:") and innermost.endswith("_slow_part")
+    stepping = watch.samples[1][0]   # the stepping thread's line first, innermost frame first
+    assert stepping.split(" <- ")[0].startswith("test_stalls.py:")
+    assert stepping.split(" <- ")[0].endswith("_slow_part")
+
+
+def test_a_busy_side_thread_is_sampled_beside_the_waiting_one():
+    done = threading.Event()
+
+    def spin():
+        while not done.is_set():
+            sum(range(1000))
+
+    side = threading.Thread(target=spin, name="side")
+    side.start()
+    with StallWatch(period_s=0.005) as watch:
+        watch.begin(0, 0.02)
+        _slow_part()
+        watch.end()
+    done.set()
+    side.join()
+    lines = watch.samples[0]
+    assert "_slow_part" in lines[0]
+    assert any(line.startswith("[side] ") and "spin" in line for line in lines[1:])
