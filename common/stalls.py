@@ -6,6 +6,10 @@ rank that starts it shows it one step earlier than the others, and its stack say
 waited on the GPU (a synchronising call), on Python or on a lock. A stepping thread that holds
 the GIL for the whole stall (a long C call that does not release it) leaves no sample, and
 that is reported too.
+
+The watch also records every subprocess started while it is open (an audit hook), with the
+step and the starting thread's frames: a step that starts a compiler (a kernel specialised
+anew, its launcher built) shows that way even when no sample lands in it.
 """
 
 from __future__ import annotations
@@ -16,35 +20,62 @@ import time
 import traceback
 
 FRAMES = 6   # innermost frames kept per sample
+_open: list[StallWatch] = []   # the watches open now; one audit hook serves them all
+_hooked = False
+
+
+def _audit(event: str, args: tuple) -> None:
+    if event == "subprocess.Popen" and _open:
+        argv = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
+        command = " ".join(str(a) for a in argv)[:200]
+        where = _frames([f for f in traceback.extract_stack()[:-1]
+                         if not f.filename.endswith("subprocess.py")])
+        for watch in _open:
+            watch.spawned.append((watch._step, command, where))
+
+
+def _frames(stack: list[traceback.FrameSummary]) -> str:
+    return " <- ".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}"
+                       for f in stack[-FRAMES:][::-1])
 
 
 class StallWatch:
     """``with StallWatch() as w:`` then ``w.begin(step, limit_s)`` / ``w.end()`` around each
     step; ``w.samples[step]`` is the last sample taken after that step passed its limit: one
     line per busy thread of its innermost frames ("file:line function", innermost first),
-    the stepping thread's first."""
+    the stepping thread's first. ``w.spawned`` lists ``(step or None, command, frames)`` of
+    each subprocess started while the watch is open."""
 
     def __init__(self, period_s: float = 0.01):
         self.period_s = period_s
         self.samples: dict[int, list[str]] = {}
+        self.spawned: list[tuple[int | None, str, str]] = []
+        self._step: int | None = None
         self._thread_id = threading.get_ident()
         self._current: tuple[int, float, float] | None = None   # step, start, limit
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="stall-watch", daemon=True)
 
     def __enter__(self) -> StallWatch:
+        global _hooked
+        if not _hooked:   # an audit hook cannot be removed: one for the process
+            sys.addaudithook(_audit)
+            _hooked = True
+        _open.append(self)
         self._watcher.start()
         return self
 
     def __exit__(self, *exc) -> None:
+        _open.remove(self)
         self._stop.set()
         self._watcher.join()
 
     def begin(self, step: int, limit_s: float | None) -> None:
+        self._step = step
         self._current = None if limit_s is None else (step, time.perf_counter(), limit_s)
 
     def end(self) -> None:
-        self._current = None
+        self._step = self._current = None
 
     def _watch(self) -> None:
         while not self._stop.wait(self.period_s):
@@ -64,12 +95,11 @@ class StallWatch:
         for ident, frame in sys._current_frames().items():
             if ident == threading.get_ident():
                 continue
-            stack = traceback.extract_stack(frame)[-FRAMES:][::-1]
-            if ident != self._thread_id and stack[0].filename.endswith("threading.py"):
+            stack = traceback.extract_stack(frame)
+            if ident != self._thread_id and stack[-1].filename.endswith("threading.py"):
                 continue
-            where = [f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno} {f.name}" for f in stack]
             if ident == self._thread_id:
-                out.insert(0, " <- ".join(where))
+                out.insert(0, _frames(stack))
             else:
-                out.append(f"[{names.get(ident, ident)}] " + " <- ".join(where))
+                out.append(f"[{names.get(ident, ident)}] " + _frames(stack))
         return out

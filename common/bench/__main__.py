@@ -258,6 +258,8 @@ def sweep(a) -> int:
             for rank, h in enumerate(record.get("host_ms", [])):
                 print(f"    rank {rank} host ms per step: median {h['median']:.2f}, slowest "
                       + ", ".join(f"{ms:.1f} (step {i})" for i, ms in h["slowest"]), flush=True)
+                for i, command, where in h.get("spawned", []):
+                    print(f"      step {i} started {command!r} from: {where}", flush=True)
                 for i, threads in h.get("stalls", {}).items():
                     print(f"      step {i} past 2x the median, at: " + "\n        ".join(threads),
                           flush=True)

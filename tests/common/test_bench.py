@@ -68,6 +68,7 @@ def test_report_files_and_fields(sweep):
             assert list(ms) == sorted(ms, reverse=True) and ms[-1] <= h["median"] <= ms[0]
             # stacks of those slowest steps that passed twice the median (steps 0-2 have none)
             assert h["stalls"] == {}
+            assert h["spawned"] == []   # no subprocess started in a timed step
     assert "gc pauses while timed" in stdout and "host ms per step: median" in stdout
     assert doc["config"]["gc_freeze"] is False
     train1 = next(p for p in points if p["stage"] == "train" and p["gpus"] == 1)

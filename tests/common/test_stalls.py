@@ -1,3 +1,5 @@
+import subprocess
+import sys
 import threading
 import time
 
@@ -43,3 +45,20 @@ def test_a_busy_side_thread_is_sampled_beside_the_waiting_one():
     lines = watch.samples[0]
     assert "_slow_part" in lines[0]
     assert any(line.startswith("[side] ") and "spin" in line for line in lines[1:])
+
+
+def _start_child():
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+
+def test_subprocesses_started_while_open_are_listed_with_their_step_and_caller():
+    with StallWatch() as watch:
+        watch.begin(3, None)
+        _start_child()
+        watch.end()
+        _start_child()            # between steps
+    _start_child()                # after the watch: not listed
+    assert [step for step, _, _ in watch.spawned] == [3, None]
+    step, command, where = watch.spawned[0]
+    assert command.startswith(sys.executable) and command.endswith("-c pass")
+    assert where.split(" <- ")[0].endswith("_start_child")
