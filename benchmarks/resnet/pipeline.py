@@ -251,7 +251,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=10.0, help="timed seconds per stage")
     p.add_argument("--cpu-decode-share", type=float, default=0.0,
                    help="nvjpeg-train/-eval: the share of each batch the loader processes "
-                        "decode, crop and resize (as the turbo backend)")
+                        "decode (libjpeg-turbo) instead of nvJPEG")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", type=Path, help="write the table and the dataset's statistics here")
     a = p.parse_args(argv)

@@ -100,3 +100,45 @@ def test_unreadable_files_are_named(bad_folder, content):
                 list(loader.epoch(0))
         finally:
             loader.close()
+
+
+class _Whole(torch.utils.data.Dataset):
+    def __init__(self, paths):
+        self.paths = paths
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, _):
+        blobs = [open(p, "rb").read() for p in self.paths]
+        flat, dims = turbo.decode_whole(blobs, self.paths)
+        return flat, torch.tensor(dims), flat.is_shared()
+
+
+def test_whole_images_are_decoded_into_one_shared_buffer_in_a_loader_process(index):
+    """Each image as Pillow decodes it (greyscale and CMYK files included), one after another;
+    inside a loader process the buffer is made in shared memory, so it crosses without a
+    copy."""
+    paths = [p for p, _ in index.train[:12]]
+    modes = {Image.open(p).mode for p in paths}
+    assert {"L", "CMYK"} <= modes, modes
+    for workers in (0, 1):
+        loader = torch.utils.data.DataLoader(_Whole(paths), batch_size=None,
+                                             num_workers=workers)
+        flat, dims, shared = next(iter(loader))
+        assert shared == (workers == 1)
+        at = 0
+        for p, (h, w) in zip(paths, dims.tolist()):
+            want = np.asarray(Image.open(p).convert("RGB"))
+            assert np.array_equal(flat[at:at + 3 * h * w].view(h, w, 3).numpy(), want)
+            at += 3 * h * w
+        assert at == len(flat)
+
+
+@pytest.mark.parametrize("content", [b"", b"not a jpeg", b"\xff\xd8\xff\xdb\x00\x43",
+                                     _jpeg(64, 48)[:900]])
+def test_whole_decoding_names_an_unreadable_file(tmp_path, content):
+    bad = tmp_path / "x.JPEG"
+    bad.write_bytes(content)
+    with pytest.raises(UserError, match=r"x\.JPEG: cannot decode JPEG"):
+        turbo.decode_whole([content], [str(bad)])
