@@ -235,10 +235,10 @@ class BatchAssembler:
         ``images`` ([3, H, W]) at positions ``todo``, then the loader process's ``pixels``
         ([H, W, 3] each) at the others, one after another in one flat buffer."""
         dev = self.device
-        decoded_here = torch.ones(len(dims), dtype=torch.bool)
-        decoded_here[todo] = False
+        from_loader = torch.ones(len(dims), dtype=torch.bool)
+        from_loader[todo] = False
         order = torch.cat([torch.tensor(todo, dtype=torch.long),
-                           torch.nonzero(decoded_here).view(-1)])
+                           torch.nonzero(from_loader).view(-1)])
         n = 3 * dims[order, 0] * dims[order, 1]
         offsets = torch.empty_like(n)
         offsets[order] = torch.cumsum(n, 0) - n
@@ -249,7 +249,7 @@ class BatchAssembler:
         move = dict(device=dev, non_blocking=True)
         return crop_resize_normalize(flat, offsets.to(**move), dims.to(**move),
                                      boxes.to(**move), flips.to(**move), self.size,
-                                     decoded_here.to(**move))
+                                     from_loader.to(**move))
 
     def __call__(self, item) -> tuple[torch.Tensor, torch.Tensor]:
         images, rest = self.decode_batch(item)

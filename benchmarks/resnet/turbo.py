@@ -85,9 +85,10 @@ def decode_whole(blobs: list[bytes], paths: list[str]) -> tuple[torch.Tensor, li
     one's (height, width). In a loader process the tensor is made in shared memory and
     libjpeg-turbo decodes straight into it, so the batch reaches the main process without
     a copy."""
-    early = {j: pillow_rgb(b, p) for j, (b, p) in enumerate(zip(blobs, paths))
-             if rgb_size(b) is None}
-    dims = [early[j].shape[:2] if j in early else rgb_size(b) for j, b in enumerate(blobs)]
+    sizes = [rgb_size(b) for b in blobs]
+    early = {j: pillow_rgb(b, p) for j, (b, p, hw) in enumerate(zip(blobs, paths, sizes))
+             if hw is None}
+    dims = [early[j].shape[:2] if j in early else hw for j, hw in enumerate(sizes)]
     total = sum(3 * h * w for h, w in dims)
     flat = torch.empty(total, dtype=torch.uint8)
     if torch.utils.data.get_worker_info() is not None:
