@@ -9,7 +9,12 @@ each cell of diagonal ``d`` is computed from its two neighbours on diagonal ``d 
 written to the output, and a barrier makes the diagonal visible to the program's threads
 before the next. The arithmetic is the reference's, an fp32 add per move and
 ``torch.logaddexp``'s formula with libdevice's ``exp`` and ``log1p``, so the result is
-the reference path's bit for bit (a GPU test)."""
+the reference path's bit for bit (a GPU test).
+
+Every batch has its own lengths, so the sizes are not specialised on (Triton would compile
+a variant the first time ``T`` or ``U + 1`` is 1 or a multiple of 16, inside a timed
+step: 300-500 ms that stalled every rank of a 4-GPU run), and the block is at least the
+program's 128 threads, so one compiled kernel serves every batch of up to 127 labels."""
 
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["T", "U1"])
     def lattice_kernel(wt, wu, init, out, T, U1, BLOCK_U: tl.constexpr):
         base = tl.program_id(0).to(tl.int64) * T * U1
         u = tl.arange(0, BLOCK_U)
@@ -58,7 +63,7 @@ def lattice(wt: Tensor, wu: Tensor, init: Tensor) -> Tensor:
     out = torch.empty_like(wt)
     if out.numel():
         _kernel()[(B,)](wt, wu, init.to(wt.dtype).contiguous(), out, T, U1,
-                        BLOCK_U=triton.next_power_of_2(U1), num_warps=4,
+                        BLOCK_U=max(128, triton.next_power_of_2(U1)), num_warps=4,
                         enable_fp_fusion=False)
     return out
 

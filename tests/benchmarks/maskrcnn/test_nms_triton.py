@@ -77,3 +77,21 @@ def test_more_boxes_per_category_than_a_program_holds_is_one_line():
     boxes = torch.zeros(1, MAX_WIDTH + 1, 4, device="cuda")
     with pytest.raises(ValueError, match="--nms reference"):
         nms_keep(boxes, torch.ones(boxes.shape[:2], dtype=torch.bool, device="cuda"), 0.5)
+
+
+def test_new_row_widths_compile_no_new_variant():
+    """A width of 1 or a multiple of 16 would each be a Triton specialisation."""
+    from benchmarks.maskrcnn.nms_triton import _nms_rows, nms_keep
+    from tests.triton_variants import compiled_variants
+
+    def rows(width):
+        boxes, _, _ = clustered_boxes(2 * width, 1, torch.Generator().manual_seed(width))
+        nms_keep(boxes.view(2, width, 4), torch.ones(2, width, dtype=torch.bool,
+                                                     device="cuda"), 0.5)
+
+    rows(3)
+    before = compiled_variants(_nms_rows)
+    for width in (1, 16, 5):                                    # the same block of 16
+        rows(width)
+    torch.cuda.synchronize()
+    assert compiled_variants(_nms_rows) == before

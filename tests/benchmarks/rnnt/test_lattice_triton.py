@@ -53,3 +53,22 @@ def test_the_packed_loss_through_the_triton_lattice_matches_the_reference():
     assert loss.isfinite().all()
     torch.testing.assert_close(loss, ref_loss, rtol=0, atol=0)
     torch.testing.assert_close(grad, ref_grad, rtol=0, atol=0)
+
+
+def test_new_lengths_compile_no_new_variant():
+    """Sizes of 1 and multiples of 16 would each be a Triton specialisation, compiled inside
+    whichever timed step first brings them."""
+    from benchmarks.rnnt.lattice_triton import _kernel
+    from benchmarks.rnnt.lattice_triton import lattice as fused
+    from tests.triton_variants import compiled_variants
+
+    def walk(T, U1):
+        wt, wu = torch.randn(2, 3, T, U1, device="cuda")
+        fused(wt, wu, torch.zeros(3, device="cuda"))
+
+    walk(37, 13)
+    before = compiled_variants(_kernel())
+    for T, U1 in [(16, 16), (1, 1), (32, 101), (206, 128), (5, 64)]:
+        walk(T, U1)
+    torch.cuda.synchronize()
+    assert compiled_variants(_kernel()) == before

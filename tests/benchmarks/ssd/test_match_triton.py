@@ -58,3 +58,17 @@ def test_match_with_fused_overlaps_gives_the_same_targets(compiled):
     assert torch.equal(labels_out, ref_labels)
     torch.testing.assert_close(boxes, ref_boxes)
     assert (labels_out > 0).sum() > valid.sum()
+
+
+def test_new_ground_truth_counts_compile_no_new_variant():
+    """A padded count of 1 or a multiple of 16 would each be a Triton specialisation."""
+    from benchmarks.ssd.match_triton import _kernel, fused_overlaps
+    from tests.triton_variants import compiled_variants
+
+    dboxes = xywh_to_ltrb(DBOXES).cuda()
+    fused_overlaps(*batch([2, 3], 3, seed=1)[::2], dboxes)
+    before = compiled_variants(_kernel())
+    for max_boxes in (1, 16, 32, 7):
+        fused_overlaps(*batch([1, 1], max_boxes, seed=max_boxes)[::2], dboxes)
+    torch.cuda.synchronize()
+    assert compiled_variants(_kernel()) == before
