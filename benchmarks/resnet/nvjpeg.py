@@ -14,13 +14,12 @@
   runs, so the decode call's host time (and any wait in it) is off the thread that
   launches the step.
 
-A share of each batch (``cpu_share``, evenly spread over its positions) can be decoded in
-the loader processes instead (libjpeg-turbo straight into one shared buffer per batch:
-``turbo.decode_whole``), so that host cores take part of the decoding and nvJPEG's
-per-image work in the main process shrinks with it (share 1: none at all). Those whole
-images reach the device with the batch (pinned, copied asynchronously) and are cropped,
-resized and normalised there in the same pass as nvJPEG's: only the decode moves to the
-host, so a batch's crops are the same whichever decoder made each image.
+A share of each batch (``cpu_share``, evenly spread over its positions) can be decoded,
+cropped and resized in the loader processes instead, as the ``turbo`` backend does
+(libjpeg-turbo, then torch's antialiased resize: ``turbo.decode_crop``), so that host cores
+take part of the decoding and nvJPEG's per-image work in the main process shrinks with it;
+those crops reach the device with the batch as one uint8 buffer (pinned, copied
+asynchronously) and are normalised there.
 
 Files nvJPEG cannot take go the same way: CMYK/YCCK JPEGs (4 components) in the loader
 process; any file that nvJPEG rejects is decoded by Pillow in the main process. A file that
@@ -92,11 +91,12 @@ def pillow_chw(blob: bytes, path: str) -> torch.Tensor:
 
 class PlannedBatches(torch.utils.data.Dataset):
     """Item ``(epoch, indices)``: that batch's files in one buffer with each file's size (0
-    where the image was decoded here instead); every image's (height, width), crop box
-    (left, top, w, h) and flip for ``epoch``, in batch order; the labels; the images decoded
-    here, uint8 [H, W, 3] one after another in one flat buffer (``turbo.decode_whole``); and
-    the sample indices. The key carries the epoch, so persistent workers serve every epoch.
-    ``cpu_share`` of the positions are decoded here whatever their files."""
+    where the image was decoded here instead); for the files left to nvJPEG, in batch order,
+    the images' (height, width), crop boxes (left, top, w, h) and flips for ``epoch``; the
+    labels; the positions in the batch of the images decoded here and their crops (uint8
+    [n, size, size, 3]); and the sample indices. The key carries the epoch, so persistent
+    workers serve every epoch. ``cpu_share`` of the positions are decoded here whatever
+    their files."""
 
     def __init__(self, samples, size: int, train: bool, seed: int, cpu_share: float = 0.0):
         if not 0 <= cpu_share <= 1:
@@ -107,47 +107,47 @@ class PlannedBatches(torch.utils.data.Dataset):
     def __getitem__(self, key):
         epoch, batch = key
         blobs = data.read_files(self.samples, batch)
-        dims, here = [], []
-        for j, blob in enumerate(blobs):
+        dims, boxes, flips, decoded_at, crops = [], [], [], [], []
+        for j, (blob, i) in enumerate(zip(blobs, batch)):
+            def plan(width, height, i=i):
+                return data.crop_plan(width, height, self.size, self.train, self.seed, epoch,
+                                      i)
             try:
                 width, height, components = jpeg_header(blob)
             except ValueError:
-                width = height = components = None
-            if int((j + 1) * self.cpu_share) > int(j * self.cpu_share) \
-                    or components not in _NVJPEG_COMPONENTS:
-                here.append(j)
+                components = None
+            on_cpu = int((j + 1) * self.cpu_share) > int(j * self.cpu_share)
+            if on_cpu or components not in _NVJPEG_COMPONENTS:
+                crops.append(turbo.decode_crop(blob, self.samples[i][0], self.size, plan))
+                decoded_at.append(j)
+                blobs[j] = b""
+                continue
+            box, flip = plan(width, height)
             dims.append((height, width))
-        pixels, decoded = turbo.decode_whole([blobs[j] for j in here],
-                                             [self.samples[batch[j]][0] for j in here])
-        for j, hw in zip(here, decoded):
-            dims[j], blobs[j] = hw, b""
-        boxes, flips = zip(*(data.crop_plan(w, h, self.size, self.train, self.seed, epoch, i)
-                             for (h, w), i in zip(dims, batch)))
+            boxes.append(box)
+            flips.append(flip)
         labels = [self.samples[i][1] for i in batch]
+        crops = torch.from_numpy(np.stack(crops)) if crops else torch.empty(
+            0, self.size, self.size, 3, dtype=torch.uint8)
         return (data.pack(blobs), [len(x) for x in blobs], torch.tensor(dims).view(-1, 2),
                 torch.tensor(boxes).view(-1, 4), torch.tensor(flips, dtype=torch.bool),
-                torch.tensor(labels), pixels, list(batch))
+                torch.tensor(labels), decoded_at, crops, list(batch))
 
 
 def crop_resize_normalize(flat: torch.Tensor, offsets: torch.Tensor, dims: torch.Tensor,
-                          boxes: torch.Tensor, flips: torch.Tensor, size: int,
-                          hwc: torch.Tensor | None = None) -> torch.Tensor:
-    """A batch of images, each uint8 [3, H, W] (or [H, W, 3] where ``hwc`` [B] is true)
-    stored at ``offsets[b]`` in the 1-D ``flat``, with ``dims`` (H, W) [B, 2], crop
-    ``boxes`` (left, top, w, h) [B, 4] and ``flips`` [B] (all on ``flat``'s device) ->
-    normalised float32 [B, 3, size, size] in channels-last memory. Each crop is resized
-    bilinearly as ``F.interpolate`` (half-pixel centres, no antialiasing) would resize it,
-    mirrored where flipped; no per-image loop."""
+                          boxes: torch.Tensor, flips: torch.Tensor, size: int) -> torch.Tensor:
+    """A batch of images, each uint8 [3, H, W] stored at ``offsets[b]`` in the 1-D
+    ``flat``, with ``dims`` (H, W) [B, 2], crop ``boxes`` (left, top, w, h) [B, 4] and
+    ``flips`` [B] (all on ``flat``'s device) -> normalised float32 [B, 3, size, size] in
+    channels-last memory. Each crop is resized bilinearly as ``F.interpolate`` (half-pixel
+    centres, no antialiasing) would resize it, mirrored where flipped; no per-image loop."""
     out = torch.empty(len(boxes), size, size, 3, device=flat.device)
-    if hwc is None:
-        hwc = torch.zeros(len(boxes), dtype=torch.bool, device=flat.device)
     chunk = max(1, _GATHER_ELEMENTS // (size * size))
     mean = torch.tensor(data.MEAN, device=flat.device)
     inv_std = 1 / torch.tensor(data.STD, device=flat.device)
     for s in range(0, len(boxes), chunk):
         e = s + chunk
-        pixels = _bilinear_crops(flat, offsets[s:e], dims[s:e], boxes[s:e], flips[s:e],
-                                 hwc[s:e], size)
+        pixels = _bilinear_crops(flat, offsets[s:e], dims[s:e], boxes[s:e], flips[s:e], size)
         torch.mul(pixels - mean, inv_std, out=out[s:e])
     return out.permute(0, 3, 1, 2)
 
@@ -166,20 +166,17 @@ def _axis(start: torch.Tensor, length: torch.Tensor, size: int, mirror: torch.Te
     return start[:, None] + lo, start[:, None] + hi, src - lo
 
 
-def _bilinear_crops(flat, offsets, dims, boxes, flips, hwc, size) -> torch.Tensor:
+def _bilinear_crops(flat, offsets, dims, boxes, flips, size) -> torch.Tensor:
     """float [b, size, size, 3] in pixel values: the crops of one chunk of the batch."""
     height, width = dims[:, 0], dims[:, 1]
     x0, x1, wx = _axis(boxes[:, 0], boxes[:, 2], size, flips)
     y0, y1, wy = _axis(boxes[:, 1], boxes[:, 3], size, None)
-    # planar [3, H, W]: a channel is a plane, a pixel one element; [H, W, 3]: the reverse
-    channel_step = torch.where(hwc, 1, height * width).view(-1, 1, 1, 1)
-    pixel_step = torch.where(hwc, 3, 1).view(-1, 1, 1, 1)
-    channel = torch.arange(3, device=flat.device).view(1, 1, 1, 3) * channel_step
+    plane = (height * width)[:, None, None, None]
+    channel = torch.arange(3, device=flat.device).view(1, 1, 1, 3) * plane
     base = offsets.view(-1, 1, 1, 1) + channel
 
     def at(rows, cols):
-        pixel = (rows * width[:, None])[:, :, None, None] + cols[:, None, :, None]
-        return flat[base + pixel * pixel_step]
+        return flat[base + (rows * width[:, None])[:, :, None, None] + cols[:, None, :, None]]
 
     wx, wy = wx[:, None, :, None], wy[:, :, None, None]
     top = torch.lerp(at(y0, x0).float(), at(y0, x1).float(), wx)
@@ -217,39 +214,41 @@ class BatchAssembler:
 
     def decode_batch(self, item) -> tuple[list[torch.Tensor], tuple]:
         """The images left to the device decoder, decoded there, and the rest of the item:
-        ``(dims, boxes, flips, their positions, the loader process's images, labels)``."""
-        buf, sizes, dims, boxes, flips, labels, pixels, indices = item
+        ``(dims, boxes, flips, their positions, the positions decoded in the loader process,
+        those crops, labels)``."""
+        buf, sizes, dims, boxes, flips, labels, decoded_at, decoded, indices = item
         blobs = torch.split(buf, sizes)
         todo = [j for j, n in enumerate(sizes) if n]
         paths = [self.samples[indices[j]][0] for j in todo]
         images = self.decode([blobs[j] for j in todo], paths, self.device) if todo else []
-        for image, (h, w), path in zip(images, dims[todo].tolist(), paths):
+        for image, (h, w), path in zip(images, dims.tolist(), paths):
             if tuple(image.shape[1:]) != (h, w):
                 raise UserError(f"{path}: decoded as {tuple(image.shape[1:])} pixels but its "
                                 f"header says {(h, w)}; re-extract this file")
-        return images, (dims, boxes, flips, todo, pixels, labels)
+        return images, (dims, boxes, flips, todo, decoded_at, decoded, labels)
 
-    def crops(self, images: list[torch.Tensor], dims, boxes, flips, todo,
-              pixels) -> torch.Tensor:
-        """The batch's normalised crops, in one pass over every image: the decoded
-        ``images`` ([3, H, W]) at positions ``todo``, then the loader process's ``pixels``
-        ([H, W, 3] each) at the others, one after another in one flat buffer."""
+    def crops(self, images: list[torch.Tensor], dims, boxes, flips, todo, decoded_at,
+              decoded) -> torch.Tensor:
+        """The batch's normalised crops: those of the decoded ``images`` at positions
+        ``todo``, and the loader process's ``decoded`` crops at ``decoded_at``."""
         dev = self.device
-        from_loader = torch.ones(len(dims), dtype=torch.bool)
-        from_loader[todo] = False
-        order = torch.cat([torch.tensor(todo, dtype=torch.long),
-                           torch.nonzero(from_loader).view(-1)])
-        n = 3 * dims[order, 0] * dims[order, 1]
-        offsets = torch.empty_like(n)
-        offsets[order] = torch.cumsum(n, 0) - n
-        parts = [image.reshape(-1) for image in images]
-        if pixels.numel():
-            parts.append(pixels.to(dev, non_blocking=True))
-        flat = parts[0] if len(parts) == 1 else torch.cat(parts)
-        move = dict(device=dev, non_blocking=True)
-        return crop_resize_normalize(flat, offsets.to(**move), dims.to(**move),
-                                     boxes.to(**move), flips.to(**move), self.size,
-                                     from_loader.to(**move))
+        parts = []
+        if todo:
+            flat = torch.cat([image.reshape(-1) for image in images])
+            dims = dims.to(dev, non_blocking=True)
+            offsets = torch.cumsum(3 * dims[:, 0] * dims[:, 1], 0) - 3 * dims[:, 0] * dims[:, 1]
+            parts.append((todo, crop_resize_normalize(
+                flat, offsets, dims, boxes.to(dev, non_blocking=True),
+                flips.to(dev, non_blocking=True), self.size)))
+        if decoded_at:
+            parts.append((decoded_at, data.normalize_on_device(decoded, dev)))
+        if len(parts) == 1:
+            return parts[0][1]
+        out = torch.empty(len(todo) + len(decoded_at), 3, self.size, self.size, device=dev,
+                          memory_format=torch.channels_last)
+        for at, crops in parts:
+            out[torch.tensor(at, device=dev)] = crops
+        return out
 
     def __call__(self, item) -> tuple[torch.Tensor, torch.Tensor]:
         images, rest = self.decode_batch(item)

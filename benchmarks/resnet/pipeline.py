@@ -13,8 +13,6 @@
 | decode-pillow | loader processes decoding whole images with Pillow (RGB) |
 | decode-pillow-draft | the same, DCT-downscaled (Pillow's ``draft``) to at least the output size |
 | decode-turbo | loader processes decoding whole images with libjpeg-turbo (``simplejpeg``) |
-| decode-whole | the ``nvjpeg`` backend's loader processes at ``--cpu-decode-share 1``: each batch
-  planned and decoded whole into one shared buffer, which crosses to this process |
 | crops-pillow | one thread of this process: the ``cpu`` backend's work per training image
   (read, Pillow decode, crop and resize, flip), what each of its loader processes does |
 | crops-turbo | the same for the ``turbo`` backend (libjpeg-turbo decode, torch's resize) |
@@ -53,10 +51,10 @@ from common.errors import UserError, one_line
 
 DECODE_STAGES = ("decode-pillow", "decode-pillow-draft", "decode-turbo")
 CROP_STAGES = ("crops-pillow", "crops-turbo")
-WORKER_STAGES = ("read", "plan", "decode-whole", *DECODE_STAGES, "cpu-train", "turbo-train",
-                 "turbo-eval", "nvjpeg-train", "nvjpeg-eval")
+WORKER_STAGES = ("read", "plan", *DECODE_STAGES, "cpu-train", "turbo-train", "turbo-eval",
+                 "nvjpeg-train", "nvjpeg-eval")
 MEMORY_STAGES = ("h2d", "decode-nvjpeg", "crop-resize")
-STAGES = ("read", "plan", "decode-whole", *DECODE_STAGES, *CROP_STAGES, "cpu-train", "turbo-train",
+STAGES = ("read", "plan", *DECODE_STAGES, *CROP_STAGES, "cpu-train", "turbo-train",
           "turbo-eval", "h2d", "decode-nvjpeg", "crop-resize", "nvjpeg-train", "nvjpeg-eval")
 GPU_STAGES = ("h2d", "decode-nvjpeg", "nvjpeg-train", "nvjpeg-eval")
 IN_MEMORY_BATCHES = 8   # batches held in memory for the in-process stages
@@ -106,10 +104,9 @@ class _Decoded(_PackedBytes):
 
 def _worker_loader(stage, samples, batches, size, workers):
     """The stage's DataLoader, its workers kept from one pass to the next."""
-    if stage in ("plan", "decode-whole"):
+    if stage == "plan":
         return nvjpeg.planned_loader(samples, size, True, 0, workers, False,
-                                     loaders.Keys([(1, b) for b in batches]),
-                                     cpu_share=1.0 if stage == "decode-whole" else 0.0)
+                                     loaders.Keys([(1, b) for b in batches]))
     if stage == "read":
         ds = _PackedBytes(samples, batches)
     else:
@@ -182,7 +179,7 @@ def run_stage(stage, index, args, device, workers: int | None) -> dict:
     if not batches:
         raise UserError(f"{index.root}: {len(samples)} images are fewer than one batch of "
                         f"{batch}; lower --batch-size or write more images")
-    if stage in ("read", "plan", "decode-whole", *DECODE_STAGES):
+    if stage in ("read", "plan", *DECODE_STAGES):
         loader = _worker_loader(stage, samples, batches, size, workers)
         try:
             return _timed(lambda: loader, lambda item: _count(stage, item), args.seconds,
@@ -254,7 +251,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=10.0, help="timed seconds per stage")
     p.add_argument("--cpu-decode-share", type=float, default=0.0,
                    help="nvjpeg-train/-eval: the share of each batch the loader processes "
-                        "decode (libjpeg-turbo) instead of nvJPEG")
+                        "decode, crop and resize (as the turbo backend)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", type=Path, help="write the table and the dataset's statistics here")
     a = p.parse_args(argv)

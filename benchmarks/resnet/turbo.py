@@ -39,76 +39,25 @@ from PIL import Image
 
 from benchmarks.resnet import data
 from common import loaders
-from common.errors import UserError
 
 _RGB_CONVERTIBLE = ("YCbCr", "Gray", "RGB")   # colour spaces libjpeg-turbo turns into RGB
-
-
-def rgb_size(blob: bytes) -> tuple[int, int] | None:
-    """(height, width) of a JPEG that libjpeg-turbo decodes to RGB; None for any other file
-    (CMYK, YCCK, not a JPEG), which :func:`pillow_rgb` decodes."""
-    try:
-        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(blob)
-    except ValueError:
-        return None
-    return (height, width) if colorspace in _RGB_CONVERTIBLE else None
-
-
-def pillow_rgb(blob: bytes, path: str) -> np.ndarray:
-    """uint8 [H, W, 3] by Pillow (any mode); a file Pillow rejects is a ``UserError``."""
-    try:
-        with Image.open(io.BytesIO(blob)) as im:
-            return np.array(im.convert("RGB"))   # writable, for torch
-    except (OSError, SyntaxError, ValueError) as exc:
-        raise data._decode_error(path, exc) from None
-
-
-def decode_rgb(blob: bytes, path: str, out: np.ndarray | None = None) -> np.ndarray:
-    """uint8 [H, W, 3]: libjpeg-turbo where it converts the file to RGB, Pillow otherwise or
-    where libjpeg-turbo fails; written into ``out`` (a writable uint8 array of H x W x 3
-    elements) when given and the size fits."""
-    if rgb_size(blob) is not None:
-        try:
-            return simplejpeg.decode_jpeg(blob, colorspace="RGB", buffer=out)
-        except ValueError:   # not a JPEG libjpeg-turbo takes without complaint: Pillow decides
-            pass
-    pixels = pillow_rgb(blob, path)
-    if out is None or out.size != pixels.size:
-        return pixels
-    out = out.reshape(pixels.shape)
-    out[...] = pixels
-    return out
-
-
-def decode_whole(blobs: list[bytes], paths: list[str]) -> tuple[torch.Tensor, list]:
-    """The images decoded as uint8 [H, W, 3] one after another in one flat tensor, and each
-    one's (height, width). In a loader process the tensor is made in shared memory and
-    libjpeg-turbo decodes straight into it, so the batch reaches the main process without
-    a copy."""
-    sizes = [rgb_size(b) for b in blobs]
-    early = {j: pillow_rgb(b, p) for j, (b, p, hw) in enumerate(zip(blobs, paths, sizes))
-             if hw is None}
-    dims = [early[j].shape[:2] if j in early else hw for j, hw in enumerate(sizes)]
-    total = sum(3 * h * w for h, w in dims)
-    flat = torch.empty(total, dtype=torch.uint8)
-    if torch.utils.data.get_worker_info() is not None:
-        flat.set_(torch.UntypedStorage._new_shared(total))
-    at = 0
-    for j, ((h, w), blob, path) in enumerate(zip(dims, blobs, paths)):
-        out = flat[at:at + 3 * h * w].numpy()
-        if j in early:
-            out.reshape(h, w, 3)[...] = early[j]
-        elif decode_rgb(blob, path, out).shape != (h, w, 3):
-            raise UserError(f"{path}: decodes to another size than its header's {w}x{h}; "
-                            "re-extract this file")
-        at += 3 * h * w
-    return flat, dims
 
 
 def decode_crop(blob: bytes, path: str, size: int, plan) -> np.ndarray:
     """uint8 [size, size, 3]: the crop that ``plan(width, height) -> (box, flip)`` gives,
     resized to ``size`` and mirrored where flipped."""
-    pixels = decode_rgb(blob, path)
+    pixels = None
+    try:
+        if simplejpeg.decode_jpeg_header(blob)[2] in _RGB_CONVERTIBLE:
+            pixels = simplejpeg.decode_jpeg(blob, colorspace="RGB")
+    except ValueError:   # not a JPEG libjpeg-turbo takes without complaint: Pillow decides
+        pixels = None
+    if pixels is None:
+        try:
+            with Image.open(io.BytesIO(blob)) as im:
+                pixels = np.array(im.convert("RGB"))   # writable, for torch
+        except (OSError, SyntaxError, ValueError) as exc:
+            raise data._decode_error(path, exc) from None
     (left, top, w, h), flip = plan(pixels.shape[1], pixels.shape[0])
     crop = torch.from_numpy(pixels[top:top + h, left:left + w]).permute(2, 0, 1)[None]
     out = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True,

@@ -51,8 +51,8 @@ class ResNetWorkload(Workload):
                             "crops, overlapped with the step; dali: NVIDIA DALI")
         p.add_argument("--cpu-decode-share", type=float, default=0.0,
                        help="nvjpeg backend: the share of each batch (0 to 1) that the loader "
-                            "processes decode (libjpeg-turbo) instead of nvJPEG; every image "
-                            "is cropped on the device")
+                            "processes decode, crop and resize as the turbo backend does, "
+                            "instead of nvJPEG")
         p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
         p.add_argument("--image-size", type=int, default=224)
         p.add_argument("--batch-size", type=int, default=408, help="per-rank batch per step")

@@ -189,65 +189,40 @@ def test_jpeg_headers_and_the_colour_modes_the_worker_routes(index):
         with pytest.raises(ValueError):
             nvjpeg.jpeg_header(bad)
     batch = list(range(len(index.train)))
-    sizes, dims, pixels = (nvjpeg.PlannedBatches(index.train, 32, True, 0)[1, batch][i]
-                           for i in (1, 2, 6))
+    sizes, dims, decoded_at = (nvjpeg.PlannedBatches(index.train, 32, True, 0)[1, batch][i]
+                               for i in (1, 2, 6))
     cmyk = [j for j, (path, _) in enumerate(index.train) if Image.open(path).mode == "CMYK"]
-    assert [j for j, n in enumerate(sizes) if n == 0] == cmyk   # decoded in the worker
-    assert pixels.dtype == torch.uint8 and len(pixels) == sum(3 * h * w for h, w in
-                                                              dims[cmyk].tolist())
-    assert dims.tolist() == [list(Image.open(p).size[::-1]) for p, _ in index.train]
+    assert decoded_at == cmyk and all(sizes[j] == 0 for j in cmyk)
+    assert all(n > 0 for j, n in enumerate(sizes) if j not in cmyk)
 
 
 @pytest.mark.parametrize("share", [0.25, 0.5, 1.0])
-def test_a_cpu_decode_share_is_decoded_in_the_workers_and_cropped_with_the_rest(index, share):
-    """``cpu_share`` of each batch's positions, spread evenly, is decoded whole in the loader
-    process (CMYK files too, wherever they are), each image exactly as Pillow decodes it, and
-    cropped with the rest of the batch: the batches equal the backend's without a share."""
+def test_a_cpu_decode_share_is_decoded_in_the_workers_as_the_turbo_backend_does(index, share):
+    """``cpu_share`` of each batch's positions, spread evenly, is decoded, cropped and resized
+    in the loader process (CMYK files too, wherever they are): those crops equal the
+    ``turbo`` backend's bit for bit, the others the backend's without a share."""
     batch = list(range(8))
     cmyk = {j for j in batch if Image.open(index.train[j][0]).mode == "CMYK"}
     item = nvjpeg.PlannedBatches(index.train, 32, True, 0, share)[1, batch]
-    sizes, dims, pixels = item[1], item[2], item[6]
+    sizes, dims, decoded_at, crops = item[1], item[2], item[6], item[7]
     chosen = {j for j in batch if int((j + 1) * share) > int(j * share)}
-    assert len(chosen) == round(share * len(batch))
-    here = sorted(chosen | cmyk)
-    assert [j for j, n in enumerate(sizes) if n == 0] == here and len(dims) == 8
-    at = 0
-    for j in here:
-        h, w = dims[j].tolist()
-        with Image.open(index.train[j][0]) as im:
-            want = np.asarray(im.convert("RGB"))
-        assert np.array_equal(pixels[at:at + 3 * h * w].view(h, w, 3).numpy(), want)
-        at += 3 * h * w
-    assert at == len(pixels)
+    assert len(chosen) == round(share * len(batch)) and set(decoded_at) == chosen | cmyk
+    assert all((n == 0) == (j in chosen | cmyk) for j, n in enumerate(sizes))
+    assert crops.shape == (len(decoded_at), 32, 32, 3) and len(dims) == 8 - len(decoded_at)
+    samples = index.train
     _, plain = _loaders(index, True, workers=1)
-    split = data.Loader(index.train, True, 6, 0, 1, 7, nvjpeg.BatchedDecoder(
-        index.train, 32, True, 7, 6, 1, CPU, nvjpeg.pillow_decode, cpu_share=share))
-    for (a, la), (b, lb) in zip(plain.epoch(1), split.epoch(1), strict=True):
-        assert torch.equal(la, lb) and torch.equal(a, b)
+    ref = data.build_train_loader(index=index, backend="turbo", image_size=32, batch_size=6,
+                                  rank=0, world_size=1, seed=7, workers=0, device=CPU)
+    split = data.Loader(samples, True, 6, 0, 1, 7, nvjpeg.BatchedDecoder(
+        samples, 32, True, 7, 6, 1, CPU, nvjpeg.pillow_decode, cpu_share=share))
+    on_cpu = torch.tensor([int((j + 1) * share) > int(j * share) for j in range(6)])
+    for (r, lr), (a, la), (b, lb) in zip(ref.epoch(1), plain.epoch(1), split.epoch(1),
+                                         strict=True):
+        assert torch.equal(la, lb) and torch.equal(lr, lb)
+        assert torch.equal(b[on_cpu], r[on_cpu]) and torch.equal(b[~on_cpu], a[~on_cpu])
         assert b.is_contiguous(memory_format=torch.channels_last)
     plain.close()
     split.close()
-
-
-def test_batched_crops_read_planar_and_interleaved_images_alike():
-    """The same images stored [3, H, W] or [H, W, 3] (per image, mixed in one buffer) give
-    the same crops."""
-    g = torch.Generator().manual_seed(1)
-    shapes = [(37, 50), (120, 80), (5, 400)]
-    images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g)
-              for h, w in shapes]
-    dims = torch.tensor(shapes)
-    boxes = torch.tensor([[3, 2, 40, 30], [5, 7, 30, 100], [100, 1, 250, 4]])
-    flips = torch.tensor([True, False, True])
-    n = 3 * dims[:, 0] * dims[:, 1]
-    offsets = torch.cumsum(n, 0) - n
-    planar = torch.cat([im.reshape(-1) for im in images])
-    hwc = torch.tensor([False, True, True])
-    mixed = torch.cat([im.permute(1, 2, 0).reshape(-1) if interleaved else im.reshape(-1)
-                       for im, interleaved in zip(images, hwc)])
-    want = nvjpeg.crop_resize_normalize(planar, offsets, dims, boxes, flips, 16)
-    got = nvjpeg.crop_resize_normalize(mixed, offsets, dims, boxes, flips, 16, hwc)
-    assert torch.equal(got, want)
 
 
 def test_a_cpu_decode_share_is_checked(index):

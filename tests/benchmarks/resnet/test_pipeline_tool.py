@@ -12,7 +12,7 @@ def test_cpu_stages_write_a_table_and_json(tmp_path, capsys):
     root = write_fixture(tmp_path / "fx", num_classes=2, train_per_class=6, val_per_class=2,
                          image_size=64)
     out = tmp_path / "stages.json"
-    stages = ["read", "plan", "decode-whole", "decode-pillow-draft", "decode-turbo", "crops-pillow",
+    stages = ["read", "plan", "decode-pillow-draft", "decode-turbo", "crops-pillow",
               "crops-turbo", "turbo-train", "turbo-eval", "crop-resize"]
     assert pipeline.main([str(root), "--device", "cpu", "--stages", ",".join(stages),
                           "--workers", "0", "--eval-batch-size", "2", "--batch-size", "4",
