@@ -9,8 +9,11 @@ FUSION=()
 # Inductor autotunes its kernels (3% faster steps on the H100): minutes on a machine's
 # first run, then Inductor's on-disk cache. COMPILE=default skips the autotuning.
 # Compiling, autotuning and CUDA-graph capture happen before run_start (--init-steps).
+# Input: the turbo backend (libjpeg-turbo and the crops in 15 loader processes, no GPU
+# decode): on 16 host cores it fed 4,016-4,096 img/s end to end against 3,342 for nvjpeg
+# (docs/performance.md, ResNet input pipeline, session 19); DATA_BACKEND=nvjpeg for that.
 TRAIN_ARGS=(
-    --precision "$PRECISION" --data-backend "${DATA_BACKEND:-nvjpeg}" --workers 12
+    --precision "$PRECISION" --data-backend "${DATA_BACKEND:-turbo}" --workers 15
     --batch-size 1632 --grad-accum 4 --eval-batch-size 500
     --optimizer lars --lr 7.4 --end-lr 0.0001 --warmup-epochs 2 --poly-power 2
     --momentum 0.9 --weight-decay 5e-5 --lars-eta 0.001 --label-smoothing 0.1
