@@ -17,13 +17,16 @@
 # not yet tuned (a 1066-pixel side is padded to 1152 instead of 1088). The heads record a graph
 # per RoI count and shape: at batch 12, up to 12 box-head counts and 12 mask-head counts per
 # shape, recorded when first met (their number and memory on COCO are not yet measured).
+# --gc-freeze: on 4 H200s without it a full garbage collection took 475 ms inside a timed
+# step on two ranks, and every rank waited for it (docs/performance.md, session 19); frozen,
+# setup's objects (compiled code, graphs) are not scanned again. Not yet A/B-measured.
 NPROC=8
 PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
     --precision "$PRECISION" --workers 12 --fold-frozen-bn --channels-last --nms triton
     --compile default --loss-streams --backbone-graphs --head-graphs
     --box-roi-multiple 512 --mask-roi-multiple 128
-    --size-buckets 4 --init-steps 14
+    --size-buckets 4 --init-steps 14 --gc-freeze
     --backbone-checkpoint "${BACKBONE_CHECKPOINT:?set BACKBONE_CHECKPOINT to a torchvision resnet50 state dict (docs/data.md#maskrcnn)}"
     --batch-size 12 --eval-batch-size 8
     --lr 0.12 --warmup-steps 625 --warmup-factor 0.000192 --lr-decay-steps 12000,16000
