@@ -50,3 +50,30 @@ def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     return 0
+
+
+ALLOCATOR_CALLS = {"num_device_alloc": "cudaMalloc", "num_device_free": "cudaFree",
+                   "num_alloc_retries": "retries"}
+
+
+class AllocatorCalls:
+    """How often the CUDA caching allocator went to the driver between ``__init__`` and
+    ``stop``: its ``cudaMalloc`` and ``cudaFree`` calls and its retries (an allocation that
+    failed, freed the cache and synchronised the device). Each may take milliseconds, and
+    on several GPUs every rank waits for it. Two reads of the allocator's statistics, so it
+    costs the steps nothing; all zeros on the CPU."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._start = self._read()
+
+    def _read(self) -> dict[str, int]:
+        if self.device.type != "cuda":
+            return dict.fromkeys(ALLOCATOR_CALLS.values(), 0)
+        stats = torch.cuda.memory_stats(self.device)
+        return {name: int(stats.get(key, 0)) for key, name in ALLOCATOR_CALLS.items()}
+
+    def stop(self) -> dict[str, int]:
+        """The calls of each kind since ``__init__``."""
+        end = self._read()
+        return {name: end[name] - self._start[name] for name in end}

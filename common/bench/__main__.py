@@ -255,6 +255,11 @@ def sweep(a) -> int:
                           f"{g['longest_ms']:.1f}, {g['steps']}"
                           for r, g in enumerate(record["gc"])),
                       flush=True)
+            if "allocator" in record:
+                print("    CUDA allocator calls while timed (rank: cudaMalloc, cudaFree, "
+                      "retries): " + "; ".join(
+                          f"{r}: {c['cudaMalloc']}, {c['cudaFree']}, {c['retries']}"
+                          for r, c in enumerate(record["allocator"])), flush=True)
             for rank, h in enumerate(record.get("host_ms", [])):
                 print(f"    rank {rank} host ms per step: median {h['median']:.2f}, slowest "
                       + ", ".join(f"{ms:.1f} (step {i})" for i, ms in h["slowest"]), flush=True)

@@ -34,7 +34,7 @@ from common.cli import OneLineParser
 from common.cuda_graph import graphed_step
 from common.errors import UserError, one_line
 from common.kernel_profile import profile_overlap
-from common.metering import peak_memory_bytes, reset_peak_memory
+from common.metering import AllocatorCalls, peak_memory_bytes, reset_peak_memory
 from common.precision import PRECISIONS, Precision
 from common.stalls import StallWatch
 from common.streams import work_stream
@@ -177,6 +177,7 @@ def _time_point(a, env: dist.DistEnv, step, batches, flops, warmup: int, local: 
     # each step's host time: a rank's own stall shows there, while the GPU waits it causes
     # show in every rank's device times
     host, gc_steps, limits = [], [], []
+    allocator = AllocatorCalls(env.device)
     with gc_pauses.PauseMeter() as pauses, StallWatch() as watch:
         for i in range(a.iters):
             batch = next(batches)
@@ -194,6 +195,7 @@ def _time_point(a, env: dist.DistEnv, step, batches, flops, warmup: int, local: 
         if env.device.type == "cuda":
             torch.cuda.synchronize()
     window = time.perf_counter() - t0
+    allocator_calls = allocator.stop()
     steps = clock.seconds()
     finite = bool(torch.isfinite(out.float()).all().item())
     stats = torch.tensor([window, sum(steps), float(peak_memory_bytes(env.device))],
@@ -205,6 +207,7 @@ def _time_point(a, env: dist.DistEnv, step, batches, flops, warmup: int, local: 
                           core=core, steps=steps, peak_memory=int(peak), flops=flops,
                           mode=a.mode, finite=finite)
     record["gc"] = dist.gather_objects({**pauses.summary(), "steps": gc_steps})  # on rank 0
+    record["allocator"] = dist.gather_objects(allocator_calls)
     slowest = sorted(range(len(host)), key=host.__getitem__)[-3:][::-1]
     # steps past their limit by two sampling periods: the watcher woke in them, so a step
     # without a sample held the GIL throughout

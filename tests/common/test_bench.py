@@ -69,7 +69,10 @@ def test_report_files_and_fields(sweep):
             # stacks of those slowest steps that passed twice the median (steps 0-2 have none)
             assert h["stalls"] == {}
             assert h["spawned"] == []   # no subprocess started in a timed step
+        # the CUDA allocator's driver calls while timed, from every rank (none on the CPU)
+        assert p["allocator"] == [{"cudaMalloc": 0, "cudaFree": 0, "retries": 0}] * p["gpus"]
     assert "gc pauses while timed" in stdout and "host ms per step: median" in stdout
+    assert "CUDA allocator calls while timed" in stdout
     assert doc["config"]["gc_freeze"] is False
     train1 = next(p for p in points if p["stage"] == "train" and p["gpus"] == 1)
     train2 = next(p for p in points if p["stage"] == "train" and p["gpus"] == 2)
