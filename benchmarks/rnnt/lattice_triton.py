@@ -13,7 +13,7 @@ the reference path's bit for bit (a GPU test).
 
 Every batch has its own lengths, so the sizes are not specialised on (Triton would compile
 a variant the first time ``T`` or ``U + 1`` is 1 or a multiple of 16, inside a timed
-step: 300-500 ms that stalled every rank of a 4-GPU run), and the block is at least the
+step: a 520 ms step that every rank of a 4-GPU run waited for), and the block is at least the
 program's 128 threads, so one compiled kernel serves every batch of up to 127 labels."""
 
 from __future__ import annotations
