@@ -57,10 +57,12 @@ def _env_from_launcher() -> tuple[int, int, int]:
     return 0, 1, 0
 
 
-def init_distributed(device: str = "auto") -> DistEnv:
+def init_distributed(device: str = "auto", bind_cpus: bool = False) -> DistEnv:
     """Join the process group the launcher describes and pick this rank's device.
 
-    ``device``: ``auto`` (CUDA when present), ``cuda`` or ``cpu``.
+    ``device``: ``auto`` (CUDA when present), ``cuda`` or ``cpu``. ``bind_cpus``: first bind
+    this process to its share of its GPU's local CPU cores (:mod:`common.cpu_binding`), so
+    the communication library's threads start there too, and say which.
     """
     if device not in ("auto", "cuda", "cpu"):
         raise ValueError(f"device must be auto, cuda or cpu, not {device!r}")
@@ -74,6 +76,10 @@ def init_distributed(device: str = "auto") -> DistEnv:
         dev = torch.device("cuda", torch.cuda.current_device())
     else:
         dev = torch.device("cpu")
+    if bind_cpus:
+        from common import cpu_binding
+        cpus = cpu_binding.bind(dev, local_rank, cpu_binding.local_world_size())
+        print(f"rank {rank}: bound to CPUs {cpu_binding.format_cpulist(cpus)}", flush=True)
     if world > 1 and not dist.is_initialized():
         if use_cuda:  # NCCL collectives inside captured CUDA graphs need this off
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")

@@ -95,6 +95,9 @@ def build_parser(workload_cls: type[Workload]) -> argparse.ArgumentParser:
                    help="before run_start, train this many steps on synthetic batches and run "
                         "one evaluation forward (compilation, autotuning, CUDA-graph capture), "
                         "then restore the initial training state; 0: off")
+    g.add_argument("--bind-cpus", action="store_true",
+                   help="bind each rank to its own share of its GPU's NUMA-local CPU cores, "
+                        "loader processes included (common/cpu_binding.py)")
     g.add_argument("--gc-freeze", action="store_true",
                    help="before run_start, freeze every object setup made out of the garbage "
                         "collector's reach, so its full collections stay short "
@@ -347,7 +350,7 @@ def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
     if args.seed is None:
         args.seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
     try:
-        env = dist.init_distributed(args.device)
+        env = dist.init_distributed(args.device, bind_cpus=args.bind_cpus)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -60,6 +60,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gc-freeze", action="store_true",
                    help="freeze the objects setup made out of the garbage collector's reach "
                         "before timing (as the trainer's --gc-freeze does)")
+    p.add_argument("--bind-cpus", action="store_true",
+                   help="bind each rank to its share of its GPU's local CPU cores (as the "
+                        "trainer's --bind-cpus does)")
     p.add_argument("--workload-args", default="", help="extra workload flags, one string")
     p.add_argument("--baseline", type=csv_list(str), default=[],
                    help="baselines from benchmarks/<name>/throughput.py, e.g. torchvision,mxnet")
@@ -87,6 +90,8 @@ def validate(p, a) -> None:
         p.error("GPU counts, batch sizes, --iters and --warmup must be >= 1")
     if a.profile < 0 or (a.profile and a.device == "cpu"):
         p.error("--profile takes a number of steps >= 0 and needs CUDA (not --device cpu)")
+    if a.bind_cpus and a.device == "cpu":
+        p.error("--bind-cpus places each rank next to its GPU: it needs CUDA (not --device cpu)")
     if not (REPO / "benchmarks" / a.workload / "workload.py").is_file():
         p.error(f"no workload {a.workload!r}: benchmarks/{a.workload}/workload.py not found")
 
@@ -190,7 +195,8 @@ def launch(a, p: dict, out: Path, cuda_here: bool) -> tuple[dict | None, str]:
                "--workload", a.workload, "--implementation", p["implementation"],
                "--data", a.data, "--device", a.device,
                "--cuda-graph" if a.cuda_graph else "--no-cuda-graph",
-               *(["--gc-freeze"] if a.gc_freeze else []), *flags]
+               *(["--gc-freeze"] if a.gc_freeze else []),
+               *(["--bind-cpus"] if a.bind_cpus else []), *flags]
     log = out / "logs" / f"{pid}.txt"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
@@ -285,6 +291,7 @@ def write_report(a, probed: dict, points: list, skipped: list, failed: list) -> 
            "workload": a.workload, "environment": env, "peak_tflops": probed["peak_tflops"],
            "config": {"iters": a.iters, "warmup": a.warmup, "data": a.data,
                       "cuda_graph": a.cuda_graph, "gc_freeze": a.gc_freeze,
+                      "bind_cpus": a.bind_cpus,
                       "workload_args": a.workload_args},
            "points": points, "skipped": skipped, "failed": failed}
     return report.write(doc, a.out)

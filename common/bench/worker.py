@@ -244,6 +244,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--data", choices=("synthetic", "real"), default="synthetic")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--bind-cpus", action="store_true",
+                   help="bind each rank to its share of its GPU's local CPU cores")
     p.add_argument("--gc-freeze", action="store_true",
                    help="freeze the objects setup made out of the garbage collector's reach "
                         "before timing")
@@ -260,7 +262,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --iters, --warmup and --batch-size must be >= 1, --profile >= 0",
               file=sys.stderr)
         return 2
-    env = dist.init_distributed(a.device)
+    try:
+        env = dist.init_distributed(a.device, bind_cpus=a.bind_cpus)
+    except UserError as exc:
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return 2
     try:
         with work_stream(env.device):
             record = measure(a, env)

@@ -124,6 +124,9 @@ def test_bad_flags():
                            "--profile", "3"], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 2 and "--profile" in proc.stderr and "needs CUDA" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "common.bench", "resnet", "--device", "cpu",
+                           "--bind-cpus"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--bind-cpus" in proc.stderr and "needs CUDA" in proc.stderr
 
 
 def test_failure_line_is_the_workers_exception_not_torchruns_summary():

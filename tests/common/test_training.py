@@ -10,7 +10,7 @@ import torch
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
 from common.precision import Precision
-from common.training import EXIT_ABORTED, build_parser, main, warm_up
+from common.training import EXIT_ABORTED, EXIT_USER_ERROR, build_parser, main, warm_up
 from compliance.check import check_log
 from compliance.logs import read_events, summarize
 from tests.common.toy_workload import BackgroundToy, DictToy, NestedToy, ToyWorkload, WerToy
@@ -83,6 +83,13 @@ def test_bad_precision_is_one_line_error(tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "fp64" in err[0]
+
+
+def test_bind_cpus_without_a_gpu_is_one_line_error(tmp_path, capsys):
+    code, log = run_toy(tmp_path, "--bind-cpus")
+    assert code == EXIT_USER_ERROR and not log.exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--bind-cpus" in err[0] and "--device cuda" in err[0]
 
 
 def test_one_line_keeps_worker_user_errors_and_joins_other_messages():
