@@ -15,6 +15,7 @@ import torch
 from common.errors import UserError, require_cuda
 
 SYSFS = Path("/sys/bus/pci/devices")
+PROC = Path("/proc/driver/nvidia/gpus")
 
 
 def parse_cpulist(text: str) -> list[int]:
@@ -62,10 +63,20 @@ def share(node_cpus, allowed, index: int, count: int) -> list[int]:
     return usable[index * per:(index + 1) * per]
 
 
-def bus_id(device_index: int) -> str:
-    """The PCI address of CUDA device ``device_index`` as sysfs names it."""
+def bus_id(device_index: int, proc: Path = PROC) -> str:
+    """The PCI address of CUDA device ``device_index`` as sysfs names it: from torch's device
+    properties where they carry it, else the NVIDIA driver's file of the GPU with that UUID."""
     p = torch.cuda.get_device_properties(device_index)
-    return f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+    if hasattr(p, "pci_bus_id"):
+        return f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+    uuid = str(p.uuid).lower().removeprefix("gpu-")
+    for info in sorted(proc.glob("*/information")):
+        for line in info.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "GPU UUID" and value.strip().lower().removeprefix("gpu-") == uuid:
+                return info.parent.name.lower()
+    raise UserError(f"{proc}: no GPU with UUID {uuid} (NVIDIA's driver files); run without "
+                    "--bind-cpus")
 
 
 def bind(device: torch.device, local_rank: int, local_world_size: int,

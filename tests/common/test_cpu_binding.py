@@ -42,6 +42,23 @@ def test_a_gpus_local_cpus_come_from_its_pci_device(tmp_path):
         cpu_binding.gpu_cpus("0000:00:01.0", sysfs)
 
 
+def test_a_gpus_pci_address_from_torch_or_the_drivers_files(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+    with_pci = SimpleNamespace(pci_domain_id=0, pci_bus_id=0x1B, pci_device_id=0, uuid="x")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: with_pci)
+    assert cpu_binding.bus_id(0, tmp_path) == "0000:1b:00.0"
+    for bus, uuid in [("0000:18:00.0", "GPU-aaaa-1"), ("0000:9A:00.0", "GPU-bbbb-2")]:
+        (tmp_path / bus).mkdir()
+        (tmp_path / bus / "information").write_text(
+            f"Model: \t\t NVIDIA H100\nGPU UUID: \t {uuid}\nBus Location: \t {bus}\n")
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: SimpleNamespace(uuid=["aaaa-1", "BBBB-2", "cccc-3"][i]))
+    assert cpu_binding.bus_id(1, tmp_path) == "0000:9a:00.0"
+    assert cpu_binding.bus_id(0, tmp_path) == "0000:18:00.0"
+    with pytest.raises(UserError, match="no GPU with UUID cccc-3"):
+        cpu_binding.bus_id(2, tmp_path)
+
+
 def test_ranks_sharing_a_node_split_it(tmp_path, monkeypatch):
     """4 GPUs, two on each socket's 16 CPUs: local rank 1 takes the second half of socket
     0's CPUs, local rank 2 the first half of socket 1's."""
