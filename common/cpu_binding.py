@@ -93,10 +93,3 @@ def bind(device: torch.device, local_rank: int, local_world_size: int,
     os.sched_setaffinity(0, cpus)
     return cpus
 
-
-def local_world_size() -> int:
-    """Ranks on this machine, as the launcher says (torchrun, then SLURM; else 1)."""
-    for key in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
-        if os.environ.get(key, "").isdigit():
-            return int(os.environ[key])
-    return 1

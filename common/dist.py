@@ -43,18 +43,28 @@ def _first_slurm_host(nodelist: str) -> str:
     return prefix + ranges.split(",")[0].split("-")[0]
 
 
-def _env_from_launcher() -> tuple[int, int, int]:
-    """(rank, world_size, local_rank) from torchrun, else SLURM, else a single process."""
+def _local_count(key: str, local_rank: int) -> int:
+    """Ranks on this machine from the launcher's variable ``key``, at least ``local_rank + 1``
+    (SLURM writes counts such as ``4(x2)``, which are not read)."""
+    value = os.environ.get(key, "")
+    return max(int(value) if value.isdigit() else 0, local_rank + 1)
+
+
+def _env_from_launcher() -> tuple[int, int, int, int]:
+    """(rank, world_size, local_rank, local_world_size) from torchrun, else SLURM, else a
+    single process."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
-                int(os.environ.get("LOCAL_RANK", 0)))
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        return (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), local_rank,
+                _local_count("LOCAL_WORLD_SIZE", local_rank))
     if "SLURM_PROCID" in os.environ and int(os.environ.get("SLURM_NTASKS", 1)) > 1:
         rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
         os.environ.setdefault("MASTER_ADDR", _first_slurm_host(os.environ["SLURM_JOB_NODELIST"]))
         os.environ.setdefault("MASTER_PORT", "29500")
         os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(world)
-        return rank, world, int(os.environ.get("SLURM_LOCALID", 0))
-    return 0, 1, 0
+        local_rank = int(os.environ.get("SLURM_LOCALID", 0))
+        return rank, world, local_rank, _local_count("SLURM_NTASKS_PER_NODE", local_rank)
+    return 0, 1, 0, 1
 
 
 def init_distributed(device: str = "auto", bind_cpus: bool = False) -> DistEnv:
@@ -70,7 +80,7 @@ def init_distributed(device: str = "auto", bind_cpus: bool = False) -> DistEnv:
     if use_cuda and not torch.cuda.is_available():
         from common.errors import UserError
         raise UserError("--device cuda was asked for but no CUDA device is visible")
-    rank, world, local_rank = _env_from_launcher()
+    rank, world, local_rank, local_world = _env_from_launcher()
     if use_cuda:
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -78,7 +88,7 @@ def init_distributed(device: str = "auto", bind_cpus: bool = False) -> DistEnv:
         dev = torch.device("cpu")
     if bind_cpus:
         from common import cpu_binding
-        cpus = cpu_binding.bind(dev, local_rank, cpu_binding.local_world_size())
+        cpus = cpu_binding.bind(dev, local_rank, local_world)
         print(f"rank {rank}: bound to CPUs {cpu_binding.format_cpulist(cpus)}", flush=True)
     if world > 1 and not dist.is_initialized():
         if use_cuda:  # NCCL collectives inside captured CUDA graphs need this off

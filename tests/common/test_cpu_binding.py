@@ -83,10 +83,3 @@ def test_binding_needs_a_gpu_and_says_so_in_one_line(monkeypatch):
                                         "with --device cuda, or run without --bind-cpus"):
         dist.init_distributed("cpu", bind_cpus=True)
 
-
-def test_local_world_size_from_the_launcher(monkeypatch):
-    monkeypatch.delenv("SLURM_NTASKS_PER_NODE", raising=False)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
-    assert cpu_binding.local_world_size() == 8
-    monkeypatch.delenv("LOCAL_WORLD_SIZE")
-    assert cpu_binding.local_world_size() == 1

@@ -116,3 +116,29 @@ def test_single_process_without_launcher(monkeypatch):
         monkeypatch.delenv(k, raising=False)
     env = dist.init_distributed("cpu")
     assert (env.rank, env.world_size, env.device.type) == (0, 1, "cpu")
+
+
+def test_local_world_size_from_the_launcher(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "LOCAL_RANK",
+              "LOCAL_WORLD_SIZE", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"):
+        monkeypatch.delenv(k, raising=False)
+    assert dist._env_from_launcher() == (0, 1, 0, 1)
+    monkeypatch.setenv("RANK", "9")
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert dist._env_from_launcher() == (9, 16, 1, 8)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")      # never fewer local ranks than this one's index
+    assert dist._env_from_launcher() == (9, 16, 1, 2)
+    for k in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("MASTER_ADDR", "localhost")   # the SLURM branch sets these if unset
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4")
+    assert dist._env_from_launcher() == (5, 8, 1, 4)
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4(x2)")
+    assert dist._env_from_launcher() == (5, 8, 1, 2)
