@@ -13,7 +13,7 @@ TORCH_SPEC ?= $(TORCH_PIN)
 # CPU machines get no torchvision: its wheels cannot import next to the CPU torch wheel.
 CONFIG ?= cpu_tiny
 
-.PHONY: venv mxnet-venv run test test-dali lint clean compliance-ci
+.PHONY: venv mxnet-venv turbojpeg run test test-dali lint clean compliance-ci
 
 venv: $(VENV)/.installed
 
@@ -39,10 +39,29 @@ $(MXNET_VENV)/.installed: Makefile
 	$(MXNET_VENV)/bin/python -m pip install -q "mxnet==1.9.1" "numpy<1.24"
 	touch $@
 
-run: venv
+# libturbojpeg 3 (ResNet's --region-decode, benchmarks/resnet/region_decode.py), built from the
+# libjpeg-turbo sources in simplejpeg's sdist (PyPI; no wheel exposes the TurboJPEG 3 API) into
+# $(VENV)/lib. SIMD where nasm is installed (apt-get install nasm), plain C otherwise.
+TURBOJPEG_SDIST := https://files.pythonhosted.org/packages/90/64/da60f0ba80570f9a36c9b6e055f4364bda2c547715296d5773d2ea6d5a60/simplejpeg-1.9.0.tar.gz
+TURBOJPEG_SHA256 := 5ac7d9489eeb812c2e7ea5c283994a29d9fefdfe5ed7b86c09d485e0dd366689
+TURBOJPEG := $(VENV)/lib/libturbojpeg.so.0
+turbojpeg: $(TURBOJPEG)
+
+$(TURBOJPEG): $(VENV)/.installed
+	rm -rf $(VENV)/build-turbojpeg && mkdir -p $(VENV)/build-turbojpeg
+	cd $(VENV)/build-turbojpeg && curl -fsSL -o sdist.tar.gz $(TURBOJPEG_SDIST) \
+	  && echo "$(TURBOJPEG_SHA256)  sdist.tar.gz" | sha256sum -c --quiet \
+	  && tar xzf sdist.tar.gz --strip-components=3 simplejpeg-1.9.0/lib/libjpeg-turbo-3.1.2 \
+	  && { cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DENABLE_STATIC=0 > build.log 2>&1 \
+	       && cmake --build build --target turbojpeg -j 2 >> build.log 2>&1 \
+	       || { tail -20 build.log; exit 1; }; }
+	cp -L $(VENV)/build-turbojpeg/build/libturbojpeg.so.0 $@
+	rm -rf $(VENV)/build-turbojpeg
+
+run: venv turbojpeg
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH CONFIG=$(CONFIG) bash benchmarks/resnet/run_and_time.sh
 
-test: venv
+test: venv turbojpeg
 	$(PY) -m pytest -q
 
 # The DALI reader (--data-backend dali) in DALI's CPU mode against the Pillow reader; not part

@@ -309,9 +309,9 @@ def _nvjpeg_decoder(*args, cpu_share: float = 0.0):
     return nvjpeg.BatchedDecoder(*args, cpu_share=cpu_share)
 
 
-def _turbo_decoder(*args):
+def _turbo_decoder(*args, region_decode: bool = False):
     from benchmarks.resnet import turbo
-    return turbo.TurboDecoder(*args)
+    return turbo.TurboDecoder(*args, region_decode=region_decode)
 
 
 _DECODERS = {"cpu": _cpu_decoder, "turbo": _turbo_decoder, "nvjpeg": _nvjpeg_decoder,
@@ -319,7 +319,7 @@ _DECODERS = {"cpu": _cpu_decoder, "turbo": _turbo_decoder, "nvjpeg": _nvjpeg_dec
 
 
 def _build(index, backend, image_size, batch_size, rank, world_size, seed, workers, device,
-           train, cpu_decode_share) -> Loader:
+           train, cpu_decode_share, region_decode) -> Loader:
     if backend not in _DECODERS:
         raise UserError(f"unknown data backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "nvjpeg" and device.type != "cuda":
@@ -328,25 +328,30 @@ def _build(index, backend, image_size, batch_size, rank, world_size, seed, worke
     if cpu_decode_share and backend != "nvjpeg":
         raise UserError(f"--cpu-decode-share splits the decoding of the nvjpeg backend; "
                         f"--data-backend {backend} has no such split: leave it out")
+    if region_decode and backend != "turbo":
+        raise UserError(f"--region-decode crops the turbo backend's decode; --data-backend "
+                        f"{backend} has none: use --data-backend turbo or leave it out")
     samples = index.train if train else index.val
-    share = {"cpu_share": cpu_decode_share} if cpu_decode_share else {}
+    options = {"cpu_share": cpu_decode_share} if cpu_decode_share else {}
+    if region_decode:
+        options["region_decode"] = True
     decode = _DECODERS[backend](samples, image_size, train, seed, batch_size, workers, device,
-                                **share)
+                                **options)
     return Loader(samples, train, batch_size, rank, world_size, seed, decode)
 
 
 def build_train_loader(index, backend: str, image_size: int, batch_size: int, rank: int,
                        world_size: int, seed: int, workers: int, device: torch.device,
-                       cpu_decode_share: float = 0.0) -> Loader:
+                       cpu_decode_share: float = 0.0, region_decode: bool = False) -> Loader:
     return _build(index, backend, image_size, batch_size, rank, world_size, seed, workers,
-                  device, True, cpu_decode_share)
+                  device, True, cpu_decode_share, region_decode)
 
 
 def build_eval_loader(index, backend: str, image_size: int, batch_size: int, rank: int,
                       world_size: int, workers: int, device: torch.device,
-                      cpu_decode_share: float = 0.0) -> Loader:
+                      cpu_decode_share: float = 0.0, region_decode: bool = False) -> Loader:
     return _build(index, backend, image_size, batch_size, rank, world_size, 0, workers,
-                  device, False, cpu_decode_share)
+                  device, False, cpu_decode_share, region_decode)
 
 
 def synthetic_batch(batch_size: int, image_size: int, num_classes: int, device

@@ -16,6 +16,7 @@
 | crops-pillow | one thread of this process: the ``cpu`` backend's work per training image
   (read, Pillow decode, crop and resize, flip), what each of its loader processes does |
 | crops-turbo | the same for the ``turbo`` backend (libjpeg-turbo decode, torch's resize) |
+  (``--region-decode``: only the crop's region decoded, here and in turbo-train/-eval) |
 | cpu-train | the ``cpu`` backend: the Pillow reference training pipeline, whole |
 | turbo-train | the ``turbo`` backend, whole training pipeline |
 | turbo-eval | the ``turbo`` backend, whole evaluation pipeline (resize 256, centre 224) |
@@ -144,7 +145,7 @@ def _timed(passes, count, seconds: float, device) -> dict:
             return {"images": images, "seconds": elapsed, "images_per_second": images / elapsed}
 
 
-def _crops_one_thread(stage, samples, batches, size, seconds) -> dict:
+def _crops_one_thread(stage, samples, batches, size, seconds, region_decode) -> dict:
     """A loader process's work per training image, timed in this process on one thread."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # as in a DataLoader worker
@@ -154,7 +155,7 @@ def _crops_one_thread(stage, samples, batches, size, seconds) -> dict:
             def crop(batch):
                 return [pillow[i] for i in batch]
         else:
-            turbo_slices = turbo.DecodedSlices(samples, size, True, 0)
+            turbo_slices = turbo.DecodedSlices(samples, size, True, 0, region_decode)
             def crop(batch):
                 return turbo_slices[1, batch][1]
         return _timed(lambda: map(crop, batches), len, seconds, torch.device("cpu"))
@@ -187,13 +188,16 @@ def run_stage(stage, index, args, device, workers: int | None) -> dict:
         finally:
             loaders.shut_down(loader)
     if stage in CROP_STAGES:
-        return _crops_one_thread(stage, samples, batches, size, args.seconds)
+        return _crops_one_thread(stage, samples, batches, size, args.seconds,
+                                 args.region_decode)
     if stage in ("cpu-train", "turbo-train", "turbo-eval", "nvjpeg-train", "nvjpeg-eval"):
         backend = stage.split("-")[0]
         build = data.build_train_loader if train else data.build_eval_loader
         kw = dict(seed=0) if train else {}
         if backend == "nvjpeg":
             kw["cpu_decode_share"] = args.cpu_decode_share
+        if backend == "turbo":
+            kw["region_decode"] = args.region_decode
         loader = build(index=index, backend=backend, image_size=size, batch_size=batch,
                        rank=0, world_size=1, workers=workers, device=device, **kw)
         epochs = iter(range(1, 1 << 30))
@@ -252,6 +256,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cpu-decode-share", type=float, default=0.0,
                    help="nvjpeg-train/-eval: the share of each batch the loader processes "
                         "decode, crop and resize (as the turbo backend)")
+    p.add_argument("--region-decode", action="store_true",
+                   help="crops-turbo, turbo-train/-eval: decode only each crop's region "
+                        "(libjpeg-turbo 3; region_decode.py)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", type=Path, help="write the table and the dataset's statistics here")
     a = p.parse_args(argv)
@@ -278,7 +285,8 @@ def main(argv=None) -> int:
         print(f"{a.data_dir}: {stats['train_images']} train images, mean "
               f"{stats['mean_kb']:.1f} KB, mean {stats['mean_width']:.0f}x"
               f"{stats['mean_height']:.0f} px; batch {a.batch_size}, {a.image_size} px, "
-              f"{os.cpu_count()} host cores", flush=True)
+              f"{os.cpu_count()} host cores"
+              f"{', region decode' if a.region_decode else ''}", flush=True)
         print(f"{'stage':20s} {'workers':>7s} {'img/s':>10s}", flush=True)
         rows = []
         for stage in a.stages:
@@ -297,7 +305,8 @@ def main(argv=None) -> int:
         device = torch.cuda.get_device_name(a.device) if a.device.type == "cuda" else "cpu"
         a.json.write_text(json.dumps({"device": device, "torch": torch.__version__,
                                       "batch_size": a.batch_size, "image_size": a.image_size,
-                                      "dataset": stats, "stages": rows}, indent=2))
+                                      "region_decode": a.region_decode, "dataset": stats,
+                                      "stages": rows}, indent=2))
     return 0
 
 

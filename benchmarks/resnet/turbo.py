@@ -38,14 +38,19 @@ import torch.nn.functional as F
 from PIL import Image
 
 from benchmarks.resnet import data
+from benchmarks.resnet.region_decode import RegionDecoder
 from common import loaders
 
 _RGB_CONVERTIBLE = ("YCbCr", "Gray", "RGB")   # colour spaces libjpeg-turbo turns into RGB
 
 
-def decode_crop(blob: bytes, path: str, size: int, plan) -> np.ndarray:
+def decode_crop(blob: bytes, path: str, size: int, plan, region=None) -> np.ndarray:
     """uint8 [size, size, 3]: the crop that ``plan(width, height) -> (box, flip)`` gives,
-    resized to ``size`` and mirrored where flipped."""
+    resized to ``size`` and mirrored where flipped. With ``region`` (a
+    ``RegionDecoder``) only the crop's region is decoded, where it can."""
+    crop = _region_crop(blob, plan, region) if region is not None else None
+    if crop is not None:
+        return _resize(*crop, size)
     pixels = None
     try:
         if simplejpeg.decode_jpeg_header(blob)[2] in _RGB_CONVERTIBLE:
@@ -59,7 +64,21 @@ def decode_crop(blob: bytes, path: str, size: int, plan) -> np.ndarray:
         except (OSError, SyntaxError, ValueError) as exc:
             raise data._decode_error(path, exc) from None
     (left, top, w, h), flip = plan(pixels.shape[1], pixels.shape[0])
-    crop = torch.from_numpy(pixels[top:top + h, left:left + w]).permute(2, 0, 1)[None]
+    return _resize(pixels[top:top + h, left:left + w], flip, size)
+
+
+def _region_crop(blob: bytes, plan, region):
+    """(crop pixels, flip) from a region decode, or ``None`` where the decoder declines."""
+    dims = region.header(blob)
+    if dims is None:
+        return None
+    box, flip = plan(*dims)
+    pixels = region.decode(blob, box, dims[0])
+    return None if pixels is None else (pixels, flip)
+
+
+def _resize(pixels: np.ndarray, flip: bool, size: int) -> np.ndarray:
+    crop = torch.from_numpy(pixels).permute(2, 0, 1)[None]
     out = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True,
                         align_corners=False)[0].permute(1, 2, 0).numpy()
     return out[:, ::-1] if flip else out
@@ -70,8 +89,9 @@ class DecodedSlices(torch.utils.data.Dataset):
     size, 3] tensor, and their labels. The key carries the epoch, so persistent workers serve
     every epoch."""
 
-    def __init__(self, samples, size: int, train: bool, seed: int):
+    def __init__(self, samples, size: int, train: bool, seed: int, region_decode: bool = False):
         self.samples, self.size, self.train, self.seed = samples, size, train, seed
+        self.region = RegionDecoder() if region_decode else None
 
     def __getitem__(self, key):
         epoch, indices = key
@@ -79,7 +99,7 @@ class DecodedSlices(torch.utils.data.Dataset):
         for j, (blob, i) in enumerate(zip(data.read_files(self.samples, indices), indices)):
             def plan(width, height, i=i):
                 return data.crop_plan(width, height, self.size, self.train, self.seed, epoch, i)
-            out[j] = decode_crop(blob, self.samples[i][0], self.size, plan)
+            out[j] = decode_crop(blob, self.samples[i][0], self.size, plan, self.region)
         labels = torch.tensor([self.samples[i][1] for i in indices])
         return torch.from_numpy(out), labels
 
@@ -89,10 +109,11 @@ class TurboDecoder:
     slice per loader process, so every process works on every batch. One DataLoader serves
     every pass (its processes start once); ``close`` stops them."""
 
-    def __init__(self, samples, size, train, seed, batch_size, workers, device):
+    def __init__(self, samples, size, train, seed, batch_size, workers, device,
+                 region_decode: bool = False):
         self.keys = loaders.Keys()
-        self.loader = loaders.persistent(DecodedSlices(samples, size, train, seed), self.keys,
-                                         workers, device.type == "cuda")
+        slices = DecodedSlices(samples, size, train, seed, region_decode)
+        self.loader = loaders.persistent(slices, self.keys, workers, device.type == "cuda")
         self.batch_size, self.device = batch_size, device
         self.slice = math.ceil(batch_size / max(workers, 1))
 
