@@ -12,8 +12,13 @@ FUSION=()
 # Input: the turbo backend (libjpeg-turbo and the crops in 15 loader processes, no GPU
 # decode): on 16 host cores it fed 4,016-4,096 img/s end to end against 3,342 for nvjpeg
 # (docs/performance.md, ResNet input pipeline, session 19); DATA_BACKEND=nvjpeg for that.
+# With only each crop's region decoded (--region-decode, libjpeg-turbo 3: `make turbojpeg`)
+# 4,429-4,493 img/s against 3,634-3,881 without (session 20).
+REGION=()
+[[ ${DATA_BACKEND:-turbo} == turbo ]] && REGION=(--region-decode)
 TRAIN_ARGS=(
     --precision "$PRECISION" --data-backend "${DATA_BACKEND:-turbo}" --workers 15
+    "${REGION[@]}"
     --batch-size 1632 --grad-accum 4 --eval-batch-size 500
     --optimizer lars --lr 7.4 --end-lr 0.0001 --warmup-epochs 2 --poly-power 2
     --momentum 0.9 --weight-decay 5e-5 --lars-eta 0.001 --label-smoothing 0.1
