@@ -9,7 +9,10 @@ that is reported too.
 
 The watch also records every subprocess started while it is open (an audit hook), with the
 step and the starting thread's frames: a step that starts a compiler (a kernel specialised
-anew, its launcher built) shows that way even when no sample lands in it.
+anew, its launcher built) shows that way even when no sample lands in it. And it records
+every compilation torch runs while it is open (Dynamo's compile callbacks: a frame traced
+anew, a backward compiled lazily at its first call, a CUDA graph recorded), with the step
+and the seconds it took.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import sys
 import threading
 import time
 import traceback
+
+import torch._dynamo.callback as compile_callbacks
 
 FRAMES = 6   # innermost frames kept per sample
 _open: list[StallWatch] = []   # the watches open now; one audit hook serves them all
@@ -44,12 +49,16 @@ class StallWatch:
     step; ``w.samples[step]`` is the last sample taken after that step passed its limit: one
     line per busy thread of its innermost frames ("file:line function", innermost first),
     the stepping thread's first. ``w.spawned`` lists ``(step or None, command, frames)`` of
-    each subprocess started while the watch is open."""
+    each subprocess started while the watch is open, ``w.compiles`` ``(step or None, what,
+    seconds)`` of each compilation (``what``: ``DYNAMO``, ``LAZY_BACKWARD``,
+    ``CUDAGRAPH_RECORDING``)."""
 
     def __init__(self, period_s: float = 0.01):
         self.period_s = period_s
         self.samples: dict[int, list[str]] = {}
         self.spawned: list[tuple[int | None, str, str]] = []
+        self.compiles: list[tuple[int | None, str, float]] = []
+        self._compile_began: tuple[int | None, float] | None = None
         self._step: int | None = None
         self._thread_id = threading.get_ident()
         self._current: tuple[int, float, float] | None = None   # step, start, limit
@@ -62,11 +71,15 @@ class StallWatch:
             sys.addaudithook(_audit)
             _hooked = True
         _open.append(self)
+        compile_callbacks.callback_handler.register_start_callback(self._compile_start)
+        compile_callbacks.callback_handler.register_end_callback(self._compile_end)
         self._watcher.start()
         return self
 
     def __exit__(self, *exc) -> None:
         _open.remove(self)
+        compile_callbacks.callback_handler.remove_start_callback(self._compile_start)
+        compile_callbacks.callback_handler.remove_end_callback(self._compile_end)
         self._stop.set()
         self._watcher.join()
 
@@ -76,6 +89,15 @@ class StallWatch:
 
     def end(self) -> None:
         self._step = self._current = None
+
+    def _compile_start(self, args) -> None:
+        self._compile_began = (self._step, time.perf_counter())
+
+    def _compile_end(self, args) -> None:
+        if self._compile_began is not None:
+            step, began = self._compile_began
+            self.compiles.append((step, args.callback_trigger.name, time.perf_counter() - began))
+            self._compile_began = None
 
     def _watch(self) -> None:
         while not self._stop.wait(self.period_s):

@@ -271,6 +271,8 @@ def sweep(a) -> int:
                       + ", ".join(f"{ms:.1f} (step {i})" for i, ms in h["slowest"]), flush=True)
                 for i, command, where in h.get("spawned", []):
                     print(f"      step {i} started {command!r} from: {where}", flush=True)
+                for i, what, seconds in h.get("compiles", []):
+                    print(f"      step {i} compiled ({what}) for {seconds:.2f} s", flush=True)
                 for i, threads in h.get("stalls", {}).items():
                     print(f"      step {i} past 2x the median, at: " + "\n        ".join(threads),
                           flush=True)

@@ -216,7 +216,7 @@ def _time_point(a, env: dist.DistEnv, step, batches, flops, warmup: int, local: 
     record["host_ms"] = dist.gather_objects(
         {"median": percentile(sorted(x * 1e3 for x in host), 50),
          "slowest": [[i, host[i] * 1e3] for i in slowest], "stalls": stalls,
-         "spawned": watch.spawned})
+         "spawned": watch.spawned, "compiles": watch.compiles})
     return record
 
 

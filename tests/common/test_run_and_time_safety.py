@@ -45,10 +45,11 @@ def group_alive(pgid: int) -> bool:
 def training(tmp_path):
     """run_and_time.sh with NEXP=3, once its first run has logged run_start."""
     # no evaluation before epoch 40: the run cannot reach its target before the signal (it
-    # did once, when the test was slow to send it)
+    # did once, when the test was slow to send it); an offset must stay below the period, or
+    # the run fails at once instead of training
     proc = start(tmp_path, {"CONFIG": "cpu_tiny", "NEXP": "3", "SEED": "7",
                             "LOGDIR": str(tmp_path / "logs"),
-                            "EXTRA_ARGS": "--epochs 40 --eval-offset 39"})
+                            "EXTRA_ARGS": "--epochs 40 --eval-period 40 --eval-offset 39"})
     try:
         log = tmp_path / "logs/result_0.txt"
         deadline = time.monotonic() + WAIT_S
@@ -79,6 +80,7 @@ def last_event(log: Path) -> dict:
 
 def assert_stopped_after_first_run(proc: subprocess.Popen, tmp_path: Path, signum: int):
     rc, out, err = finished(proc, tmp_path)
+    assert "run failed" not in err, err[-3000:]   # the signal, not an error, ended the run
     assert rc == 128 + signum, out[-2000:] + err[-3000:]
     logs = tmp_path / "logs"
     assert sorted(p.name for p in logs.glob("result_*.txt")) == ["result_0.txt"]

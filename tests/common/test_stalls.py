@@ -62,3 +62,22 @@ def test_subprocesses_started_while_open_are_listed_with_their_step_and_caller()
     step, command, where = watch.spawned[0]
     assert command.startswith(sys.executable) and command.endswith("-c pass")
     assert where.split(" <- ")[0].endswith("_start_child")
+
+
+def test_compilations_while_open_are_listed_with_their_step_and_kind():
+    """A function compiled at its first call inside step 2, again for a new input rank in
+    step 4 (Dynamo traces the frame anew); a call after the watch is not listed."""
+    import torch
+
+    torch._dynamo.reset()
+    double = torch.compile(lambda x: x * 2, backend="eager")
+    with StallWatch() as watch:
+        for step, x in enumerate([None, None, torch.ones(3), torch.ones(3), torch.ones(2, 2)]):
+            watch.begin(step, None)
+            if x is not None:
+                double(x)
+            watch.end()
+    double(torch.ones(2, 2, 2))
+    assert [(step, what) for step, what, _ in watch.compiles] == [(2, "DYNAMO"),
+                                                                  (4, "DYNAMO")]
+    assert all(seconds > 0 for _, _, seconds in watch.compiles)
