@@ -83,23 +83,19 @@ class RegionDecoder:
     def __setstate__(self, state):
         self.path, self._lib, self._handle = state["path"], None, None
 
-    def header(self, blob: bytes) -> tuple[int, int] | None:
-        """(width, height) of a JPEG this decoder can crop into RGB, else ``None``."""
+    def crop(self, blob: bytes, plan) -> tuple[np.ndarray, bool] | None:
+        """``(pixels, flip)``: uint8 [h, w, 3] RGB of the box that ``plan(width, height) ->
+        ((left, top, w, h), flip)`` gives for this JPEG, decoded alone; ``None`` for a file
+        this decoder declines (not a JPEG, damaged, CMYK or YCCK: libjpeg-turbo reports an
+        error or a warning, or cannot convert it to RGB)."""
         if self._handle is None:
             self._open()
         lib, h = self._lib, self._handle
         if (lib.tj3DecompressHeader(h, blob, len(blob))
                 or lib.tj3Get(h, _COLORSPACE) not in _CS_RGB_CONVERTIBLE):
             return None
-        return lib.tj3Get(h, _WIDTH), lib.tj3Get(h, _HEIGHT)
-
-    def decode(self, blob: bytes, box: tuple[int, int, int, int], width: int
-               ) -> np.ndarray | None:
-        """uint8 [h, w, 3] RGB of ``box`` (left, top, w, h) in the image whose :meth:`header`
-        was read last (``width`` its width); ``None`` where libjpeg-turbo reports an error or
-        a warning (a damaged file: the caller's decoder decides)."""
-        lib, h = self._lib, self._handle
-        left, top, w, hh = box
+        width = lib.tj3Get(h, _WIDTH)
+        (left, top, w, hh), flip = plan(width, lib.tj3Get(h, _HEIGHT))
         subsamp = lib.tj3Get(h, _SUBSAMP)
         mcu = _MCU_WIDTH[subsamp] if 0 <= subsamp < len(_MCU_WIDTH) else 0
         x0 = left - left % mcu if mcu else 0
@@ -111,4 +107,4 @@ class RegionDecoder:
         out = np.empty((hh, x1 - x0, 3), dtype=np.uint8)
         if lib.tj3Decompress8(h, blob, len(blob), out.ctypes.data, 0, _PF_RGB):
             return None
-        return out[:, left - x0:left - x0 + w]
+        return out[:, left - x0:left - x0 + w], flip

@@ -48,7 +48,7 @@ def decode_crop(blob: bytes, path: str, size: int, plan, region=None) -> np.ndar
     """uint8 [size, size, 3]: the crop that ``plan(width, height) -> (box, flip)`` gives,
     resized to ``size`` and mirrored where flipped. With ``region`` (a
     ``RegionDecoder``) only the crop's region is decoded, where it can."""
-    crop = _region_crop(blob, plan, region) if region is not None else None
+    crop = region.crop(blob, plan) if region is not None else None
     if crop is not None:
         return _resize(*crop, size)
     pixels = None
@@ -65,16 +65,6 @@ def decode_crop(blob: bytes, path: str, size: int, plan, region=None) -> np.ndar
             raise data._decode_error(path, exc) from None
     (left, top, w, h), flip = plan(pixels.shape[1], pixels.shape[0])
     return _resize(pixels[top:top + h, left:left + w], flip, size)
-
-
-def _region_crop(blob: bytes, plan, region):
-    """(crop pixels, flip) from a region decode, or ``None`` where the decoder declines."""
-    dims = region.header(blob)
-    if dims is None:
-        return None
-    box, flip = plan(*dims)
-    pixels = region.decode(blob, box, dims[0])
-    return None if pixels is None else (pixels, flip)
 
 
 def _resize(pixels: np.ndarray, flip: bool, size: int) -> np.ndarray:
