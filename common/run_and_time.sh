@@ -149,6 +149,14 @@ for ((i = 0; i < NEXP; i++)); do
     # a signal between the launch and the line above found no child to forward to
     [[ -z $stop_name ]] || kill -s "$stop_name" "$child" 2>/dev/null
     wait_child
+    # 130/143: the program was stopped by SIGINT/SIGTERM (its run_stop says aborted). Stop here
+    # too, even where this script's own trap did not run: a shell started with SIGINT ignored
+    # (a background job of a non-interactive shell) cannot trap it, while the program can.
+    if [[ -z $stop_name ]] && ((train_rc == 130 || train_rc == 143)); then
+        stop_name=$([[ $train_rc -eq 130 ]] && echo INT || echo TERM)
+        stop_signal=$((train_rc - 128))
+        echo "run_and_time.sh ($BENCHMARK): the run was stopped by SIG$stop_name: no further runs" >&2
+    fi
     # 2: bad input, already reported in one line by the program; no run to check.
     [[ $train_rc -eq 2 ]] && exit 2
     if [[ -s $log ]]; then

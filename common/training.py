@@ -52,9 +52,15 @@ class NonFiniteLoss(Exception):
     pass
 
 
+_handling_pid = 0   # the process that installed the handlers (not a child forked from it)
+_stopped_by = 0     # the stop signal received, 0 before one
+
+
 @contextlib.contextmanager
 def handling_signals(handler):
     """SIGTERM and SIGINT go to ``handler`` (a function or ``signal.SIG_IGN``) inside."""
+    global _handling_pid, _stopped_by
+    _handling_pid, _stopped_by = os.getpid(), 0
     previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
     try:
         yield
@@ -65,10 +71,25 @@ def handling_signals(handler):
 
 def _stop(signum, frame):
     """Raise ``Stopped`` once; later signals are ignored, so that they cannot cut the
-    closing log lines short."""
+    closing log lines short. Loader processes forked from the trainer inherit this handler:
+    there the signal (a Ctrl-C reaches the whole process group) is ignored, as the trainer
+    stops them; raised there, the trainer would see a loader process fail instead of its
+    own stop. The signal is also remembered for :func:`raise_if_stopped`."""
+    global _stopped_by
     for s in STOP_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
-    raise Stopped(signum)
+    if os.getpid() == _handling_pid:
+        _stopped_by = signum
+        raise Stopped(signum)
+
+
+def raise_if_stopped() -> None:
+    """``Stopped`` again for a stop signal whose first one was lost: Python prints and drops
+    an exception raised where it calls back into Python code on its own (a garbage-collector
+    callback, a ``__del__``), and later signals are ignored. The training loop calls this
+    after every step and evaluation."""
+    if _stopped_by:
+        raise Stopped(_stopped_by)
 
 
 def build_parser(workload_cls: type[Workload]) -> argparse.ArgumentParser:
@@ -265,6 +286,7 @@ def _train_block(wl: Workload, step, stream: _Stream, point: EvalPoint, done: in
         for n in range(1, steps + 1):
             window.add(step(*stream.next()), done + n)
             stream.stepped()
+            raise_if_stopped()
             if n % args.log_every == 0 or n == steps:
                 window.read_back(stream.epoch)
                 progress.update(window.read - progress.n, loss=f"{window.mean:.3f}")
@@ -302,9 +324,11 @@ def run(wl: Workload, step, log: MLLog, args, env,
                 log.event(constants.EVAL_ACCURACY, wl.eval_accuracy(metrics), metadata=at)
         log.end(constants.EVAL_STOP, metadata=at)
         log.end(constants.BLOCK_STOP, metadata={constants.FIRST_EPOCH_NUM: point.first_epoch_num})
+        raise_if_stopped()
         if metrics is not None and _evaluated(wl, log, env, point, metrics, outcome):
             return outcome
     while scorer and scorer.pending:   # at the cap: the results still being scored decide
+        raise_if_stopped()
         if any(_evaluated(wl, log, env, p, m, outcome, late=True)
                for p, m in scorer.poll(block=True)):
             return outcome

@@ -23,14 +23,17 @@ SCRIPT = REPO / "benchmarks/resnet/run_and_time.sh"
 WAIT_S = 45   # for run_start, and again for the script's exit after the signal
 
 
-def start(tmp_path: Path, env_extra: dict) -> subprocess.Popen:
-    """run_and_time.sh in a session of its own (as a terminal's job), output to files."""
+def start(tmp_path: Path, env_extra: dict, sigint=signal.SIG_DFL) -> subprocess.Popen:
+    """run_and_time.sh in a session of its own (as a terminal's job), output to files, with
+    SIGINT's disposition ``sigint`` at its start (a terminal's job: the default; whatever
+    started this test may have left it ignored)."""
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
                **env_extra)
     env.pop("DATADIR", None)
     with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr", "w") as err:
         return subprocess.Popen(["bash", str(SCRIPT)], cwd=REPO, env=env, stdout=out,
-                                stderr=err, start_new_session=True)
+                                stderr=err, start_new_session=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
 
 
 def group_alive(pgid: int) -> bool:
@@ -41,15 +44,17 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-@pytest.fixture
-def training(tmp_path):
-    """run_and_time.sh with NEXP=3, once its first run has logged run_start."""
+@pytest.fixture(params=[signal.SIG_DFL], ids=["sigint-default"])
+def training(tmp_path, request):
+    """run_and_time.sh with NEXP=3, once its first run has logged run_start (SIGINT's
+    disposition at its start: ``request.param``)."""
     # no evaluation before epoch 40: the run cannot reach its target before the signal (it
     # did once, when the test was slow to send it); an offset must stay below the period, or
     # the run fails at once instead of training
     proc = start(tmp_path, {"CONFIG": "cpu_tiny", "NEXP": "3", "SEED": "7",
                             "LOGDIR": str(tmp_path / "logs"),
-                            "EXTRA_ARGS": "--epochs 40 --eval-period 40 --eval-offset 39"})
+                            "EXTRA_ARGS": "--epochs 40 --eval-period 40 --eval-offset 39"},
+                 request.param)
     try:
         log = tmp_path / "logs/result_0.txt"
         deadline = time.monotonic() + WAIT_S
@@ -105,6 +110,16 @@ def test_sigterm_to_the_script_ends_the_run_and_starts_no_other(training, tmp_pa
 def test_ctrl_c_to_the_process_group_ends_the_run_and_starts_no_other(training, tmp_path):
     os.killpg(training.pid, signal.SIGINT)   # what a terminal's Ctrl-C sends
     assert_stopped_after_first_run(training, tmp_path, signal.SIGINT)
+
+
+@pytest.mark.parametrize("training", [signal.SIG_IGN], ids=["sigint-ignored"], indirect=True)
+def test_a_script_that_cannot_trap_sigint_still_stops_when_the_program_was_stopped(
+        training, tmp_path):
+    """Started with SIGINT ignored (a background job of a non-interactive shell), bash cannot
+    trap it; the program still can, and its exit status 130 stops the script."""
+    os.killpg(training.pid, signal.SIGINT)
+    assert_stopped_after_first_run(training, tmp_path, signal.SIGINT)
+    assert "the run was stopped by SIGINT: no further runs" in (tmp_path / "stderr").read_text()
 
 
 @pytest.mark.parametrize("name, value", [("NEXP", "0"), ("NEXP", "abc"), ("NEXP", "-1"),
