@@ -22,8 +22,6 @@ import threading
 import time
 import traceback
 
-import torch._dynamo.callback as compile_callbacks
-
 FRAMES = 6   # innermost frames kept per sample
 _open: list[StallWatch] = []   # the watches open now; one audit hook serves them all
 _hooked = False
@@ -37,6 +35,11 @@ def _audit(event: str, args: tuple) -> None:
                          if not f.filename.endswith("subprocess.py")])
         for watch in _open:
             watch.spawned.append((watch._step, command, where))
+
+
+def _compile_callbacks():
+    from torch._dynamo.callback import callback_handler
+    return callback_handler
 
 
 def _frames(stack: list[traceback.FrameSummary]) -> str:
@@ -71,15 +74,20 @@ class StallWatch:
             sys.addaudithook(_audit)
             _hooked = True
         _open.append(self)
-        compile_callbacks.callback_handler.register_start_callback(self._compile_start)
-        compile_callbacks.callback_handler.register_end_callback(self._compile_end)
+        # Dynamo already loaded (torch.compile was called) or nothing can compile: importing
+        # it here would cost an uncompiled process about 2 s
+        self._compiles = _compile_callbacks() if "torch._dynamo" in sys.modules else None
+        if self._compiles:
+            self._compiles.register_start_callback(self._compile_start)
+            self._compiles.register_end_callback(self._compile_end)
         self._watcher.start()
         return self
 
     def __exit__(self, *exc) -> None:
         _open.remove(self)
-        compile_callbacks.callback_handler.remove_start_callback(self._compile_start)
-        compile_callbacks.callback_handler.remove_end_callback(self._compile_end)
+        if self._compiles:
+            self._compiles.remove_start_callback(self._compile_start)
+            self._compiles.remove_end_callback(self._compile_end)
         self._stop.set()
         self._watcher.join()
 
