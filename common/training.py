@@ -72,15 +72,20 @@ def handling_signals(handler):
 def _stop(signum, frame):
     """Raise ``Stopped`` once; later signals are ignored, so that they cannot cut the
     closing log lines short. Loader processes forked from the trainer inherit this handler:
-    there the signal (a Ctrl-C reaches the whole process group) is ignored, as the trainer
-    stops them; raised there, the trainer would see a loader process fail instead of its
+    there SIGINT (a Ctrl-C reaches the whole process group) is ignored, as the trainer
+    stops them, and SIGTERM ends them (multiprocessing's own stop); raised there, the trainer would see a loader process fail instead of its
     own stop. The signal is also remembered for :func:`raise_if_stopped`."""
     global _stopped_by
+    if os.getpid() != _handling_pid:   # a forked process: Ctrl-C ignored, SIGTERM ends it
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if signum == signal.SIGTERM:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return
     for s in STOP_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
-    if os.getpid() == _handling_pid:
-        _stopped_by = signum
-        raise Stopped(signum)
+    _stopped_by = signum
+    raise Stopped(signum)
 
 
 def raise_if_stopped() -> None:
