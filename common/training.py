@@ -74,7 +74,8 @@ def _stop(signum, frame):
     closing log lines short. Loader processes forked from the trainer inherit this handler:
     there SIGINT (a Ctrl-C reaches the whole process group) is ignored, as the trainer
     stops them, and SIGTERM ends them (multiprocessing's own stop); raised there, the
-    trainer would see a loader process fail instead of its own stop. The signal is also remembered for :func:`raise_if_stopped`."""
+    trainer would see a loader process fail instead of its own stop. The signal is also
+    remembered for :func:`raise_if_stopped`."""
     global _stopped_by
     if os.getpid() != _handling_pid:   # a forked process: Ctrl-C ignored, SIGTERM ends it
         signal.signal(signal.SIGINT, signal.SIG_IGN)
