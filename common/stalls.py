@@ -23,6 +23,7 @@ import time
 import traceback
 
 FRAMES = 6   # innermost frames kept per sample
+_WAITS = ("wait", "_wait_for_tstate_lock")   # threading.py waits: Event, Condition, join
 _open: list[StallWatch] = []   # the watches open now; one audit hook serves them all
 _hooked = False
 
@@ -40,6 +41,11 @@ def _audit(event: str, args: tuple) -> None:
 def _compile_callbacks():
     from torch._dynamo.callback import callback_handler
     return callback_handler
+
+
+def _waiting(frame: traceback.FrameSummary) -> bool:
+    """A thread parked in one of ``threading``'s waits (not one calling ``Event.is_set``)."""
+    return frame.filename.endswith("threading.py") and frame.name in _WAITS
 
 
 def _frames(stack: list[traceback.FrameSummary]) -> str:
@@ -126,7 +132,7 @@ class StallWatch:
             if ident == threading.get_ident():
                 continue
             stack = traceback.extract_stack(frame)
-            if ident != self._thread_id and stack[-1].filename.endswith("threading.py"):
+            if ident != self._thread_id and _waiting(stack[-1]):
                 continue
             if ident == self._thread_id:
                 out.insert(0, _frames(stack))

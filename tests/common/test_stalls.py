@@ -27,24 +27,32 @@ def test_a_step_past_its_limit_is_sampled_where_it_waits():
     assert stepping.split(" <- ")[0].endswith("_slow_part")
 
 
-def test_a_busy_side_thread_is_sampled_beside_the_waiting_one():
+def test_a_busy_side_thread_is_sampled_beside_the_waiting_one_and_a_parked_one_is_not():
+    """The busy thread is listed even when a sample lands inside ``Event.is_set`` (a frame
+    of threading.py that is not a wait)."""
     done = threading.Event()
 
     def spin():
         while not done.is_set():
-            sum(range(1000))
+            sum(range(10))
 
     side = threading.Thread(target=spin, name="side")
+    parked = threading.Thread(target=done.wait, name="parked")
     side.start()
-    with StallWatch(period_s=0.005) as watch:
-        watch.begin(0, 0.02)
-        _slow_part()
-        watch.end()
+    parked.start()
+    with StallWatch(period_s=0.002) as watch:
+        for step in range(5):
+            watch.begin(step, 0.02)
+            _slow_part()
+            watch.end()
     done.set()
     side.join()
-    lines = watch.samples[0]
-    assert "_slow_part" in lines[0]
-    assert any(line.startswith("[side] ") and "spin" in line for line in lines[1:])
+    parked.join()
+    for step in range(5):
+        lines = watch.samples[step]
+        assert "_slow_part" in lines[0]
+        assert [line for line in lines[1:] if line.startswith("[side] ")], lines
+        assert not [line for line in lines if line.startswith("[parked] ")], lines
 
 
 def _start_child():
