@@ -29,6 +29,12 @@ on the host, and an unpadded count is new at almost every step. ``box_roi_multip
 same for the box head's (the sampled RoIs, or the test proposals), so that its graphs are few.
 The plain path runs each head on the count as it is.
 
+``compile_losses`` also compiles the three losses (the RPN's targets, anchor sampling and
+loss; the box head's loss; the mask targets and loss), each a region whose ground-truth,
+RoI and positive counts are marked dynamic, compiled anew for each padded size as the
+backbone is: in eager mode they are some hundred small kernels a step, each launched from
+the host, forward and backward.
+
 ``loss_streams`` computes the RPN's targets and loss, the box head's loss and the mask
 targets and loss each on a CUDA stream of its own (:class:`common.streams.SideStreams`),
 beside the proposal selection and the heads on the current stream, joined before the losses
@@ -90,7 +96,8 @@ class Detector(nn.Module):
                  detections_per_image: int = DETECTIONS_PER_IMG, compile_mode: str = "none",
                  loss_streams: bool = False, nms_keep: Keep | None = None,
                  backbone_graphs: bool = False, head_graphs: bool = False,
-                 box_roi_multiple: int = 0, mask_roi_multiple: int = 0):
+                 box_roi_multiple: int = 0, mask_roi_multiple: int = 0,
+                 compile_losses: bool = False):
         super().__init__()
         self.nms_keep = nms_keep
         self.net, self.rpn, self.sampler = net, rpn, sampler
@@ -108,6 +115,9 @@ class Detector(nn.Module):
                                        **(graphs if backbone_graphs else {}))
         self._heads = tuple(maybe_compile(head, compile_mode, **(graphs if head_graphs else {}))
                             for head in (self._box_head, self._mask_head))
+        loss_mode = compile_mode if compile_losses else "none"
+        self._losses = tuple(maybe_compile(fn, loss_mode, dynamic=False)   # but the counts
+                             for fn in (self.rpn.loss, box_loss, _mask_loss))
 
     def _levels_and_rpn(self, images: torch.Tensor):
         levels = self.net.features(images)
@@ -179,10 +189,11 @@ class Detector(nn.Module):
             return self._detect(levels, proposals, sizes, targets[0])
         gt_boxes, gt_labels, gt_masks = targets
         gt_valid = gt_labels > 0
-        side = self._side
+        side, (rpn_loss, box_loss_fn, mask_loss_fn) = self._side, self._losses
         with region("rpn-loss"):
             loss_objectness, loss_rpn_box_reg = side.run(
-                0, self.rpn.loss, objectness, deltas, anchors, image_sizes, gt_boxes, gt_valid)
+                0, rpn_loss, objectness, deltas, anchors, image_sizes,
+                self._dynamic(gt_boxes, 1), self._dynamic(gt_valid, 1))
         with region("proposals"):
             proposals, valid = self.rpn.padded_proposals(objectness, deltas, anchors,
                                                          image_sizes, gt_boxes, gt_valid)
@@ -192,14 +203,15 @@ class Detector(nn.Module):
             scores, box_deltas = self.box_head(levels, samples.rois)
         with region("box-loss"):
             loss_classifier, loss_box_reg = side.run(
-                1, box_loss, scores, box_deltas, samples.labels, samples.regression_targets)
+                1, box_loss_fn, *(self._dynamic(t, 0) for t in (
+                    scores, box_deltas, samples.labels, samples.regression_targets)))
         with region("mask-head"):
             rois = samples.rois[samples.positive]
             mask_logits = self.mask_head(levels, rois)
         with region("mask-loss"):
-            loss_mask = side.run(2, _mask_loss, mask_logits, rois,
-                                 samples.labels[samples.positive],
-                                 samples.matched_idxs[samples.positive], gt_masks)
+            loss_mask = side.run(2, mask_loss_fn, *(self._dynamic(t, 0) for t in (
+                mask_logits, rois, samples.labels[samples.positive],
+                samples.matched_idxs[samples.positive], gt_masks)))
         side.join()
         return dict(zip(LOSSES, (loss_objectness, loss_rpn_box_reg, loss_classifier,
                                  loss_box_reg, loss_mask)))

@@ -24,7 +24,8 @@ compiled backbone's forward and backward as CUDA graphs (``--backbone-graphs``),
 (``--mask-roi-multiple 128``), ``ours-graphs-pad-buckets`` also
 pads images to the configs' 4 sizes (``--size-buckets 4``; 800 x 1152 here),
 ``ours-head-graphs`` (the GPU configs' step) also replays the box and mask heads as CUDA
-graphs (``--head-graphs``, with ``--box-roi-multiple 512``);
+graphs (``--head-graphs``, with ``--box-roi-multiple 512``), ``ours-losses`` also compiles
+the RPN, box and mask losses (``--compile-losses``);
 ``ours-tuned-streams-nms`` is ``ours-compile-streams-nms`` under ``--compile tuned`` (Inductor's
 coordinate-descent tuning of each fused kernel).
 The baselines are torchvision's ``MaskRCNN`` on a ResNet-50 FPN, trained as torchvision's
@@ -63,6 +64,8 @@ STREAMS_NMS = ("--fold-frozen-bn", "--channels-last", "--compile", "default", "-
 # that step with the backbone's graphs, padded mask RoIs and the configs' size buckets
 GRAPHS_PAD_BUCKETS = (*STREAMS_NMS, "--backbone-graphs", "--mask-roi-multiple", "128",
                       "--size-buckets", "4")
+# that step with the heads' graphs: the GPU configs' step
+HEAD_GRAPHS = (*GRAPHS_PAD_BUCKETS, "--head-graphs", "--box-roi-multiple", "512")
 # variant -> workload flags of the workload's step
 OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-per-image": ("--fpn-post-nms-per-image",), "ours-fold": ("--fold-frozen-bn",),
@@ -76,7 +79,8 @@ OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-graphs": (*STREAMS_NMS, "--backbone-graphs"),
         "ours-graphs-pad": (*STREAMS_NMS, "--backbone-graphs", "--mask-roi-multiple", "128"),
         "ours-graphs-pad-buckets": GRAPHS_PAD_BUCKETS,
-        "ours-head-graphs": (*GRAPHS_PAD_BUCKETS, "--head-graphs", "--box-roi-multiple", "512"),
+        "ours-head-graphs": HEAD_GRAPHS,
+        "ours-losses": (*HEAD_GRAPHS, "--compile-losses"),
         "ours-tuned-streams-nms": ("--fold-frozen-bn", "--channels-last", "--compile",
                                    "tuned", "--loss-streams", "--nms", "triton")}
 # variant -> whether torchvision's model runs through torch.compile

@@ -160,6 +160,11 @@ class MaskRCNNWorkload(Workload):
                             "CUDA graphs, one per RoI count and padded size (Inductor's CUDA "
                             "graph trees; needs --compile, --box-roi-multiple and "
                             "--mask-roi-multiple, CUDA only)")
+        p.add_argument("--compile-losses", action=argparse.BooleanOptionalAction,
+                       default=False,
+                       help="also compile the RPN's targets, sampling and loss, the box loss "
+                            "and the mask targets and loss, each one region with dynamic "
+                            "counts (needs --compile)")
         p.add_argument("--box-roi-multiple", type=int, default=0,
                        help="run the box head on its RoI count rounded up to a multiple of "
                             "this (copies of the last RoI, dropped after); 0: the count as it is")
@@ -192,6 +197,9 @@ class MaskRCNNWorkload(Workload):
         if a.head_graphs and not (a.box_roi_multiple and a.mask_roi_multiple):
             raise UserError("--head-graphs records a CUDA graph per RoI count: add "
                             "--box-roi-multiple and --mask-roi-multiple (e.g. 512 and 128)")
+        if a.compile_losses and a.compile == "none":
+            raise UserError("--compile-losses compiles the losses as --compile does the "
+                            "networks: add --compile default")
         for flag, on, what in (("--backbone-graphs", a.backbone_graphs, "backbone"),
                                ("--head-graphs", a.head_graphs, "RoI heads")):
             if not on:
@@ -235,7 +243,8 @@ class MaskRCNNWorkload(Workload):
                                  nms_keep=nms_keep, backbone_graphs=a.backbone_graphs,
                                  head_graphs=a.head_graphs,
                                  box_roi_multiple=a.box_roi_multiple,
-                                 mask_roi_multiple=a.mask_roi_multiple)
+                                 mask_roi_multiple=a.mask_roi_multiple,
+                                 compile_losses=a.compile_losses)
         self.model = dist.data_parallel(self.detector, env)
         self.lr = torch.zeros((), device=env.device)
         self.bias_lr = torch.zeros((), device=env.device)

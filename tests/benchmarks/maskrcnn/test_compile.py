@@ -1,12 +1,16 @@
 """``--compile``: the networks' three compiled regions give the eager step's losses and
 gradients on batches whose padded size changes; a new size compiles the backbone once and
 the heads never again; the warm-up before the clock builds the training and evaluation
-graphs."""
+graphs. ``--compile-losses``: the same losses, no graph per count."""
 
 import torch
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
 
 from benchmarks.maskrcnn import data
+from benchmarks.maskrcnn.detector import _mask_loss
+from benchmarks.maskrcnn.roi_heads import box_loss
+from benchmarks.maskrcnn.rpn import RPN
 from common.cuda_graph import GraphedStep
 from common.training import warm_up
 from tests.benchmarks.maskrcnn.test_workload import TINY, build
@@ -78,3 +82,31 @@ def test_a_filled_evaluation_batch_repeats_its_last_image():
     assert torch.equal(filled.images[3], batch.images[1])
     assert filled.original_sizes.shape == (4, 2)
     assert batch.filled(2) is batch
+
+
+def test_compiled_losses_compute_the_eager_losses_without_recompiling_for_new_counts():
+    """``--compile-losses``: the RPN, box and mask losses as compiled regions give the eager
+    step's losses and weights (Inductor drawing the anchors' and RoIs' random keys as eager
+    does: ``fallback_random``) over five batches of two padded sizes and 2 to 6 objects an
+    image. The RPN and mask losses are compiled once per padded size and the box loss once,
+    whatever the counts; the mask loss may take one more graph, where the CPU code generator
+    guards on the positive count (a reduction of more than 4,096 elements)."""
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fallback_random=True):
+        plain = build(TINY)
+        compiled = build([*TINY, "--compile", "default", "--compile-losses"])
+        compiled.net.load_state_dict(plain.net.state_dict())
+        for objects, height, width in [(4, 64, 64), (4, 96, 128), (2, 64, 64), (6, 96, 128),
+                                       (3, 64, 64)]:
+            batch = data.synthetic_batch(2, plain.num_classes, height, width, objects=objects)
+            losses = []
+            for wl in (plain, compiled):
+                torch.manual_seed(1)            # the same anchors and RoIs sampled
+                losses.append(wl.train_step(*batch))
+            torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=1e-6)
+    for (name, p), q in zip(plain.net.named_parameters(), compiled.net.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6, msg=name)
+    graphs = {fn.__name__: len(_debug_get_cache_entry_list(fn.__code__))
+              for fn in (RPN.loss, box_loss, _mask_loss)}
+    assert graphs["loss"] == 2 and graphs["box_loss"] == 1, graphs
+    assert 2 <= graphs["_mask_loss"] <= 3, graphs

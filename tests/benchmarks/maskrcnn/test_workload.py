@@ -168,6 +168,7 @@ MULTIPLES = ["--box-roi-multiple", "16", "--mask-roi-multiple", "16"]
     (["--head-graphs", "--compile", "default", *MULTIPLES], "--head-graphs .* --device cuda"),
     (["--head-graphs", "--compile", "default", "--mask-roi-multiple", "16"],
      "add --box-roi-multiple and --mask-roi-multiple"),
+    (["--compile-losses"], "--compile-losses .*: add --compile default"),
 ])
 def test_graphs_without_compile_cuda_or_roi_multiples_is_one_line(flags, message):
     with pytest.raises(UserError, match=message) as e:
@@ -268,6 +269,35 @@ def test_graphs_take_the_compiled_steps(graph_flags):
                 outputs.append([*boxes, wl.detector.mask_head(levels, rois).clone()])
             for got, expected in zip(*outputs):
                 torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_losses_take_the_graphed_steps_losses():
+    """The GPU configs' step with ``--compile-losses`` against it without, from the same
+    weights at each of 6 steps over two padded sizes, the random keys drawn as eager draws
+    them (``fallback_random``): the same losses, gradients within 2e-3 of their largest."""
+    argv = [*TINY, "--compile", "default", "--size-buckets", "2", "--fold-frozen-bn",
+            "--channels-last", "--loss-streams", "--nms", "triton", "--backbone-graphs",
+            "--head-graphs", *MULTIPLES]
+    argv[argv.index("--max-size") + 1] = "128"
+    with torch._inductor.config.patch(fallback_random=True):
+        plain, fast = build_cuda(argv), build_cuda([*argv, "--compile-losses"])
+        batches = plain.warm_up_batches(2)[:2]
+        losses = {}
+        for wl in (plain, fast):
+            wl.detector.register_forward_hook(lambda m, _i, out: losses.__setitem__(m, out))
+        for step in range(6):
+            fast.net.load_state_dict(plain.net.state_dict())
+            for wl in (plain, fast):
+                torch.manual_seed(1 + step)     # the same anchors and RoIs sampled
+                wl.train_step(*batches[step % len(batches)])
+            torch.testing.assert_close(losses[fast.detector], losses[plain.detector],
+                                       rtol=1e-5, atol=1e-6)
+            for (name, p), q in zip(plain.net.named_parameters(), fast.net.parameters()):
+                if p.grad is not None:
+                    torch.testing.assert_close(q.grad, p.grad, rtol=0,
+                                               atol=2e-3 * p.grad.abs().max().item(), msg=name)
 
 
 @pytest.mark.gpu
