@@ -33,7 +33,8 @@ The plain path runs each head on the count as it is.
 loss; the box head's loss; the mask targets and loss), each a region whose ground-truth,
 RoI and positive counts are marked dynamic, compiled anew for each padded size as the
 backbone is: in eager mode they are some hundred small kernels a step, each launched from
-the host, forward and backward.
+the host, forward and backward. ``compile_proposals`` compiles the RPN's proposal selection
+before and after NMS in the same way (:meth:`benchmarks.maskrcnn.rpn.RPN.compile_selection`).
 
 ``loss_streams`` computes the RPN's targets and loss, the box head's loss and the mask
 targets and loss each on a CUDA stream of its own (:class:`common.streams.SideStreams`),
@@ -97,7 +98,7 @@ class Detector(nn.Module):
                  loss_streams: bool = False, nms_keep: Keep | None = None,
                  backbone_graphs: bool = False, head_graphs: bool = False,
                  box_roi_multiple: int = 0, mask_roi_multiple: int = 0,
-                 compile_losses: bool = False):
+                 compile_losses: bool = False, compile_proposals: bool = False):
         super().__init__()
         self.nms_keep = nms_keep
         self.net, self.rpn, self.sampler = net, rpn, sampler
@@ -115,6 +116,8 @@ class Detector(nn.Module):
                                        **(graphs if backbone_graphs else {}))
         self._heads = tuple(maybe_compile(head, compile_mode, **(graphs if head_graphs else {}))
                             for head in (self._box_head, self._mask_head))
+        if compile_proposals:
+            rpn.compile_selection(compile_mode)
         loss_mode = compile_mode if compile_losses else "none"
         self._losses = tuple(maybe_compile(fn, loss_mode, dynamic=False)   # but the counts
                              for fn in (self.rpn.loss, box_loss, _mask_loss))

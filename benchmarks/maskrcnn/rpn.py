@@ -48,6 +48,7 @@ from benchmarks.maskrcnn.boxes import (
 from benchmarks.maskrcnn.sampler import balanced_sample
 from benchmarks.maskrcnn.topk import ordered_topk, split_topk
 from common.errors import UserError
+from common.workload import maybe_compile
 
 PRE_NMS_TOP_N_TRAIN = 2000      # per level
 PRE_NMS_TOP_N_TEST = 1000
@@ -156,6 +157,7 @@ class RPN(nn.Module):
         self.topk_chunks = topk_chunks
         self.nms_keep = nms_keep
         self.box_coder = BoxCoder(RPN_BOX_WEIGHTS)
+        self._pre_nms, self._post_nms = self._candidates, self._select
 
     def _top_ns(self) -> tuple[int, int, int]:
         """The pre-NMS, post-NMS and over-levels top-N of the current mode."""
@@ -208,36 +210,12 @@ class RPN(nn.Module):
         return (torch.cat((boxes, gt_boxes.to(boxes)), dim=1),
                 torch.cat((valid, gt_valid), dim=1))
 
-    def _candidates(self, objectness: list[torch.Tensor], deltas: list[torch.Tensor],
-                    anchors: list[torch.Tensor],
-                    image_sizes: list[tuple[int, int]] | torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The NMS survivors of each image and level, padded: boxes [B, L, W, 4] and scores
-        [B, L, W] in each level's pre-NMS top-K order (best first), the score -1 where there
-        is no survivor. W is the largest level's top-K: shapes alone fix it, no host sync."""
-        self._check(objectness, anchors, image_sizes)
-        batch = len(image_sizes)
-        pre_nms, post_nms, _ = self._top_ns()
-        width = max(min(pre_nms, len(cells)) for cells in anchors)
-        bounds = _image_bounds(image_sizes, objectness[0].device)[:, None]
-        scores, boxes = [], []
-        for obj, delta, level_anchors in zip(objectness, deltas, anchors, strict=True):
-            logits, codes = flatten_levels([obj], [delta])
-            k = min(pre_nms, logits.shape[1])
-            top, index = self._topk(logits.float().sigmoid(), k)
-            codes = codes.gather(1, index[..., None].expand(-1, -1, 4)).float()
-            decoded = self.box_coder.decode(codes.reshape(-1, 4),
-                                            level_anchors[index].float().reshape(-1, 4))
-            decoded = torch.minimum(decoded.view(batch, k, 4).clamp(min=0), bounds)
-            scores.append(F.pad(top, (0, width - k), value=-1.0))
-            boxes.append(F.pad(decoded, (0, 0, 0, width - k)))
-        scores, boxes = torch.stack(scores, dim=1), torch.stack(boxes, dim=1)
-        valid = (scores >= 0) & min_size_mask(boxes, self.min_size)
-        rows = (-1, width)
-        kept = (self.nms_keep or nms_keep)(boxes.view(*rows, 4), valid.view(rows),
-                                           self.nms_thresh).view_as(valid) & valid
-        kept &= kept.cumsum(dim=-1) <= post_nms
-        return boxes, torch.where(kept, scores, -1.0)
+    def compile_selection(self, mode: str) -> None:
+        """Compiles the proposal selection before and after NMS (``maybe_compile``'s
+        ``mode``), each a region per padded size and mode; NMS's greedy step between them
+        stays as it is (the reference's rounds synchronise the host)."""
+        self._pre_nms = maybe_compile(self._candidates, mode, dynamic=False)
+        self._post_nms = maybe_compile(self._select, mode, dynamic=False)
 
     def _chosen(self, objectness: list[torch.Tensor], deltas: list[torch.Tensor],
                 anchors: list[torch.Tensor], image_sizes: list[tuple[int, int]] | torch.Tensor
@@ -246,10 +224,47 @@ class RPN(nn.Module):
         which are real [B, K]: in training in level order (per batch, or per image with
         ``fpn_post_nms_per_image_train``), in test per image by decreasing score. Equal
         scores rank by position (level, then rank within the level)."""
-        boxes, scores = self._candidates(objectness, deltas, anchors, image_sizes)
+        self._check(objectness, anchors, image_sizes)
+        bounds = _image_bounds(image_sizes, objectness[0].device)
+        boxes, scores, valid = self._pre_nms(objectness, deltas, anchors, bounds)
+        rows = (-1, scores.shape[-1])
+        kept = (self.nms_keep or nms_keep)(boxes.view(*rows, 4), valid.view(rows),
+                                           self.nms_thresh).view_as(valid)
+        return self._post_nms(boxes, scores, valid & kept, [len(c) for c in anchors])
+
+    def _candidates(self, objectness: list[torch.Tensor], deltas: list[torch.Tensor],
+                    anchors: list[torch.Tensor], bounds: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each image and level's pre-NMS candidates, padded: boxes [B, L, W, 4] and scores
+        [B, L, W] in each level's top-K order (best first, the score -1 where there is no
+        candidate) and which take part in NMS [B, L, W]. W is the largest level's top-K:
+        shapes alone fix it, no host sync. ``bounds`` [B, 4] from :func:`_image_bounds`."""
+        batch = len(bounds)
+        pre_nms, _, _ = self._top_ns()
+        width = max(min(pre_nms, len(cells)) for cells in anchors)
+        scores, boxes = [], []
+        for obj, delta, level_anchors in zip(objectness, deltas, anchors, strict=True):
+            logits, codes = flatten_levels([obj], [delta])
+            k = min(pre_nms, logits.shape[1])
+            top, index = self._topk(logits.float().sigmoid(), k)
+            codes = codes.gather(1, index[..., None].expand(-1, -1, 4)).float()
+            decoded = self.box_coder.decode(codes.reshape(-1, 4),
+                                            level_anchors[index].float().reshape(-1, 4))
+            decoded = torch.minimum(decoded.view(batch, k, 4).clamp(min=0), bounds[:, None])
+            scores.append(F.pad(top, (0, width - k), value=-1.0))
+            boxes.append(F.pad(decoded, (0, 0, 0, width - k)))
+        scores, boxes = torch.stack(scores, dim=1), torch.stack(boxes, dim=1)
+        return boxes, scores, (scores >= 0) & min_size_mask(boxes, self.min_size)
+
+    def _select(self, boxes: torch.Tensor, scores: torch.Tensor, kept: torch.Tensor,
+                level_sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_chosen` from the candidates and their NMS survivors ``kept`` [B, L, W]
+        (``level_sizes``: the anchors of each level)."""
         batch, levels, width = scores.shape
-        per_image = not self.training or self.fpn_post_nms_per_image_train
         pre_nms, post_nms, top_n = self._top_ns()
+        kept = kept & (kept.cumsum(dim=-1) <= post_nms)
+        scores = torch.where(kept, scores, -1.0)
+        per_image = not self.training or self.fpn_post_nms_per_image_train
         flat = scores.view(batch if per_image else 1, -1)
         top, index = ordered_topk(flat, min(top_n, flat.shape[1]))
         real = top >= 0
@@ -264,7 +279,7 @@ class RPN(nn.Module):
         else:   # the batch's choice, dealt into rows: its index order is by image
             image = torch.where(real, index // (levels * width), batch)
             position = _rank_in_group(image[0])[None]
-        most = min(top_n, sum(min(len(c), pre_nms, post_nms) for c in anchors))
+        most = min(top_n, sum(min(n, pre_nms, post_nms) for n in level_sizes))
         fits = real & (position < most)
         picked = boxes.view(-1, 4)[index.flatten()]
         out = boxes.new_zeros(batch + 1, most, 4)

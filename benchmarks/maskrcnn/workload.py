@@ -165,6 +165,10 @@ class MaskRCNNWorkload(Workload):
                        help="also compile the RPN's targets, sampling and loss, the box loss "
                             "and the mask targets and loss, each one region with dynamic "
                             "counts (needs --compile)")
+        p.add_argument("--compile-proposals", action=argparse.BooleanOptionalAction,
+                       default=False,
+                       help="also compile the RPN's proposal selection before and after NMS, "
+                            "a region per padded size (needs --compile)")
         p.add_argument("--box-roi-multiple", type=int, default=0,
                        help="run the box head on its RoI count rounded up to a multiple of "
                             "this (copies of the last RoI, dropped after); 0: the count as it is")
@@ -197,9 +201,11 @@ class MaskRCNNWorkload(Workload):
         if a.head_graphs and not (a.box_roi_multiple and a.mask_roi_multiple):
             raise UserError("--head-graphs records a CUDA graph per RoI count: add "
                             "--box-roi-multiple and --mask-roi-multiple (e.g. 512 and 128)")
-        if a.compile_losses and a.compile == "none":
-            raise UserError("--compile-losses compiles the losses as --compile does the "
-                            "networks: add --compile default")
+        for flag, on in (("--compile-losses", a.compile_losses),
+                         ("--compile-proposals", a.compile_proposals)):
+            if on and a.compile == "none":
+                raise UserError(f"{flag} compiles more of the step than --compile does: add "
+                                "--compile default")
         for flag, on, what in (("--backbone-graphs", a.backbone_graphs, "backbone"),
                                ("--head-graphs", a.head_graphs, "RoI heads")):
             if not on:
@@ -244,7 +250,8 @@ class MaskRCNNWorkload(Workload):
                                  head_graphs=a.head_graphs,
                                  box_roi_multiple=a.box_roi_multiple,
                                  mask_roi_multiple=a.mask_roi_multiple,
-                                 compile_losses=a.compile_losses)
+                                 compile_losses=a.compile_losses,
+                                 compile_proposals=a.compile_proposals)
         self.model = dist.data_parallel(self.detector, env)
         self.lr = torch.zeros((), device=env.device)
         self.bias_lr = torch.zeros((), device=env.device)

@@ -84,17 +84,19 @@ def test_a_filled_evaluation_batch_repeats_its_last_image():
     assert batch.filled(2) is batch
 
 
-def test_compiled_losses_compute_the_eager_losses_without_recompiling_for_new_counts():
-    """``--compile-losses``: the RPN, box and mask losses as compiled regions give the eager
-    step's losses and weights (Inductor drawing the anchors' and RoIs' random keys as eager
-    does: ``fallback_random``) over five batches of two padded sizes and 2 to 6 objects an
-    image. The RPN and mask losses are compiled once per padded size and the box loss once,
-    whatever the counts; the mask loss may take one more graph, where the CPU code generator
-    guards on the positive count (a reduction of more than 4,096 elements)."""
+def test_compiled_losses_and_proposals_compute_the_eager_losses_without_recompiling():
+    """``--compile-losses --compile-proposals``: the RPN, box and mask losses and the proposal
+    selection as compiled regions give the eager step's losses and weights (Inductor drawing
+    the anchors' and RoIs' random keys as eager does: ``fallback_random``) over five batches
+    of two padded sizes and 2 to 6 objects an image. The RPN and mask losses and the
+    selection are compiled once per padded size and the box loss once, whatever the counts;
+    the mask loss may take one more graph, where the CPU code generator guards on the
+    positive count (a reduction of more than 4,096 elements)."""
     torch._dynamo.reset()
     with torch._inductor.config.patch(fallback_random=True):
         plain = build(TINY)
-        compiled = build([*TINY, "--compile", "default", "--compile-losses"])
+        compiled = build([*TINY, "--compile", "default", "--compile-losses",
+                          "--compile-proposals"])
         compiled.net.load_state_dict(plain.net.state_dict())
         for objects, height, width in [(4, 64, 64), (4, 96, 128), (2, 64, 64), (6, 96, 128),
                                        (3, 64, 64)]:
@@ -107,6 +109,7 @@ def test_compiled_losses_compute_the_eager_losses_without_recompiling_for_new_co
     for (name, p), q in zip(plain.net.named_parameters(), compiled.net.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6, msg=name)
     graphs = {fn.__name__: len(_debug_get_cache_entry_list(fn.__code__))
-              for fn in (RPN.loss, box_loss, _mask_loss)}
-    assert graphs["loss"] == 2 and graphs["box_loss"] == 1, graphs
+              for fn in (RPN.loss, box_loss, _mask_loss, RPN._candidates, RPN._select)}
+    assert graphs["loss"] == graphs["_candidates"] == graphs["_select"] == 2, graphs
+    assert graphs["box_loss"] == 1, graphs
     assert 2 <= graphs["_mask_loss"] <= 3, graphs

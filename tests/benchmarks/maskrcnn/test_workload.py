@@ -169,6 +169,7 @@ MULTIPLES = ["--box-roi-multiple", "16", "--mask-roi-multiple", "16"]
     (["--head-graphs", "--compile", "default", "--mask-roi-multiple", "16"],
      "add --box-roi-multiple and --mask-roi-multiple"),
     (["--compile-losses"], "--compile-losses .*: add --compile default"),
+    (["--compile-proposals"], "--compile-proposals .*: add --compile default"),
 ])
 def test_graphs_without_compile_cuda_or_roi_multiples_is_one_line(flags, message):
     with pytest.raises(UserError, match=message) as e:
@@ -273,8 +274,9 @@ def test_graphs_take_the_compiled_steps(graph_flags):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_compiled_losses_take_the_graphed_steps_losses():
-    """The GPU configs' step with ``--compile-losses`` against it without, from the same
+def test_compiled_losses_and_proposals_take_the_graphed_steps_losses():
+    """The GPU configs' step with ``--compile-losses --compile-proposals`` against it
+    without, from the same
     weights at each of 6 steps over two padded sizes, the random keys drawn as eager draws
     them (``fallback_random``): the same losses, gradients within 2e-3 of their largest."""
     argv = [*TINY, "--compile", "default", "--size-buckets", "2", "--fold-frozen-bn",
@@ -282,7 +284,8 @@ def test_compiled_losses_take_the_graphed_steps_losses():
             "--head-graphs", *MULTIPLES]
     argv[argv.index("--max-size") + 1] = "128"
     with torch._inductor.config.patch(fallback_random=True):
-        plain, fast = build_cuda(argv), build_cuda([*argv, "--compile-losses"])
+        plain = build_cuda(argv)
+        fast = build_cuda([*argv, "--compile-losses", "--compile-proposals"])
         batches = plain.warm_up_batches(2)[:2]
         losses = {}
         for wl in (plain, fast):
