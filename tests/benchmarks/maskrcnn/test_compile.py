@@ -16,6 +16,18 @@ from common.training import warm_up
 from tests.benchmarks.maskrcnn.test_workload import TINY, build
 
 
+def same_training(plain, compiled, batches):
+    """A training step of both workloads on each batch: the same losses, then weights."""
+    for batch in batches:
+        losses = []
+        for wl in (plain, compiled):
+            torch.manual_seed(1)                # the same anchors and RoIs sampled
+            losses.append(wl.train_step(*batch))
+        torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=1e-6)
+    for (name, p), q in zip(plain.net.named_parameters(), compiled.net.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_compiled_regions_compute_the_eager_steps_losses_and_gradients():
     torch._dynamo.reset()
     counters.clear()
@@ -24,14 +36,7 @@ def test_compiled_regions_compute_the_eager_steps_losses_and_gradients():
     small = data.synthetic_batch(2, plain.num_classes, 64, 64)
     large = data.synthetic_batch(2, plain.num_classes, 96, 128)
     assert small.images.shape[-2:] != large.images.shape[-2:]
-    for batch in (small, large, small):
-        losses = []
-        for wl in (plain, compiled):
-            torch.manual_seed(1)                # the same anchors and RoIs sampled
-            losses.append(wl.train_step(*batch))
-        torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=1e-6)
-    for (name, p), q in zip(plain.net.named_parameters(), compiled.net.parameters()):
-        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6, msg=name)
+    same_training(plain, compiled, (small, large, small))
     # the backbone once per size, each head once for any
     assert counters["stats"]["unique_graphs"] == 4, dict(counters["stats"])
 
@@ -98,16 +103,10 @@ def test_compiled_losses_and_proposals_compute_the_eager_losses_without_recompil
         compiled = build([*TINY, "--compile", "default", "--compile-losses",
                           "--compile-proposals"])
         compiled.net.load_state_dict(plain.net.state_dict())
-        for objects, height, width in [(4, 64, 64), (4, 96, 128), (2, 64, 64), (6, 96, 128),
-                                       (3, 64, 64)]:
-            batch = data.synthetic_batch(2, plain.num_classes, height, width, objects=objects)
-            losses = []
-            for wl in (plain, compiled):
-                torch.manual_seed(1)            # the same anchors and RoIs sampled
-                losses.append(wl.train_step(*batch))
-            torch.testing.assert_close(losses[1], losses[0], rtol=1e-4, atol=1e-6)
-    for (name, p), q in zip(plain.net.named_parameters(), compiled.net.parameters()):
-        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6, msg=name)
+        same_training(plain, compiled, [
+            data.synthetic_batch(2, plain.num_classes, height, width, objects=objects)
+            for objects, height, width in [(4, 64, 64), (4, 96, 128), (2, 64, 64),
+                                           (6, 96, 128), (3, 64, 64)]])
     graphs = {fn.__name__: len(_debug_get_cache_entry_list(fn.__code__))
               for fn in (RPN.loss, box_loss, _mask_loss, RPN._candidates, RPN._select)}
     assert graphs["loss"] == graphs["_candidates"] == graphs["_select"] == 2, graphs

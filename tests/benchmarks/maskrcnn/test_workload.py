@@ -224,6 +224,26 @@ def build_cuda(argv):
     return wl
 
 
+def same_steps(plain, fast, batches, steps: int = 6):
+    """``steps`` training steps of both workloads over ``batches`` in turn, ``fast`` loaded
+    with ``plain``'s weights before each: the same losses, gradients within 2e-3 of their
+    largest."""
+    losses = {}
+    for wl in (plain, fast):
+        wl.detector.register_forward_hook(lambda m, _inputs, out: losses.__setitem__(m, out))
+    for step in range(steps):
+        fast.net.load_state_dict(plain.net.state_dict())
+        for wl in (plain, fast):
+            torch.manual_seed(1 + step)         # the same anchors and RoIs sampled
+            wl.train_step(*batches[step % len(batches)])
+        torch.testing.assert_close(losses[fast.detector], losses[plain.detector],
+                                   rtol=1e-5, atol=1e-6)
+        for (name, p), q in zip(plain.net.named_parameters(), fast.net.parameters()):
+            if p.grad is not None:
+                torch.testing.assert_close(q.grad, p.grad, rtol=0,
+                                           atol=2e-3 * p.grad.abs().max().item(), msg=name)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("graph_flags", [["--backbone-graphs"],
@@ -240,20 +260,7 @@ def test_graphs_take_the_compiled_steps(graph_flags):
     plain, graphs = build_cuda(argv), build_cuda([*argv, *graph_flags])
     batches = plain.warm_up_batches(2)[:2]
     assert batches[0].images.shape != batches[1].images.shape
-    losses = {}
-    for wl in (plain, graphs):
-        wl.detector.register_forward_hook(lambda m, _inputs, out: losses.__setitem__(m, out))
-    for step in range(6):
-        graphs.net.load_state_dict(plain.net.state_dict())
-        for wl in (plain, graphs):
-            torch.manual_seed(1 + step)         # the same anchors and RoIs sampled
-            wl.train_step(*batches[step % len(batches)])
-        torch.testing.assert_close(losses[graphs.detector], losses[plain.detector],
-                                   rtol=1e-5, atol=1e-6)
-        for (name, p), q in zip(plain.net.named_parameters(), graphs.net.parameters()):
-            if p.grad is not None:
-                torch.testing.assert_close(q.grad, p.grad, rtol=0,
-                                           atol=2e-3 * p.grad.abs().max().item(), msg=name)
+    same_steps(plain, graphs, batches)
     # evaluation: the heads on each padded size twice (recording, replay), in inference
     graphs.net.load_state_dict(plain.net.state_dict())
     for wl in (plain, graphs):
@@ -286,21 +293,7 @@ def test_compiled_losses_and_proposals_take_the_graphed_steps_losses():
     with torch._inductor.config.patch(fallback_random=True):
         plain = build_cuda(argv)
         fast = build_cuda([*argv, "--compile-losses", "--compile-proposals"])
-        batches = plain.warm_up_batches(2)[:2]
-        losses = {}
-        for wl in (plain, fast):
-            wl.detector.register_forward_hook(lambda m, _i, out: losses.__setitem__(m, out))
-        for step in range(6):
-            fast.net.load_state_dict(plain.net.state_dict())
-            for wl in (plain, fast):
-                torch.manual_seed(1 + step)     # the same anchors and RoIs sampled
-                wl.train_step(*batches[step % len(batches)])
-            torch.testing.assert_close(losses[fast.detector], losses[plain.detector],
-                                       rtol=1e-5, atol=1e-6)
-            for (name, p), q in zip(plain.net.named_parameters(), fast.net.parameters()):
-                if p.grad is not None:
-                    torch.testing.assert_close(q.grad, p.grad, rtol=0,
-                                               atol=2e-3 * p.grad.abs().max().item(), msg=name)
+        same_steps(plain, fast, plain.warm_up_batches(2)[:2])
 
 
 @pytest.mark.gpu
