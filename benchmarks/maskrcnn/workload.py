@@ -370,9 +370,10 @@ class MaskRCNNWorkload(Workload):
         return data.bucket_shapes(self.buckets) if self.buckets else [None]
 
     def warm_up_eval(self) -> None:
-        """With ``--compile``, the three compiled regions in evaluation mode on a synthetic
-        batch of each padded shape (the heads on its ground-truth boxes: an untrained model
-        detects nothing), so that their inference graphs are built before the clock."""
+        """With ``--compile``, the compiled regions in evaluation mode on a synthetic batch of
+        each padded shape (the proposal selection on its head outputs, the heads on its
+        ground-truth boxes: an untrained model detects nothing), so that their inference
+        graphs are built before the clock."""
         if not self.detector.compiled:
             return
         self.detector.eval()
@@ -380,8 +381,10 @@ class MaskRCNNWorkload(Workload):
             batch = self.synthetic_batch(self.args.eval_batch_size, size)
             rois = rois_from_boxes(ground_truth(batch.boxes, batch.labels, batch.masks)[0])
             with self.precision.autocast():
-                levels = self.detector.levels_and_rpn(
-                    batch.images.contiguous(memory_format=self.memory_format))[0]
+                levels, objectness, deltas = self.detector.levels_and_rpn(
+                    batch.images.contiguous(memory_format=self.memory_format))
+                self.detector.rpn.proposals(objectness, deltas, self.detector.anchors(levels),
+                                            [tuple(s) for s in batch.image_sizes.tolist()])
                 self.detector.box_head(levels, rois)
                 self.detector.mask_head(levels, rois)
         self.detector.train()

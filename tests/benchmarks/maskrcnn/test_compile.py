@@ -3,6 +3,7 @@ gradients on batches whose padded size changes; a new size compiles the backbone
 the heads never again; the warm-up before the clock builds the training and evaluation
 graphs. ``--compile-losses``: the same losses, no graph per count."""
 
+import pytest
 import torch
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.utils import counters
@@ -57,10 +58,11 @@ def test_the_warm_up_builds_the_training_and_evaluation_graphs():
     assert counters["stats"]["unique_graphs"] == 8, dict(counters["stats"])
 
 
-def test_a_short_evaluation_batch_runs_the_warmed_up_graphs():
+@pytest.mark.parametrize("flags", [[], ["--compile-proposals"]])
+def test_a_short_evaluation_batch_runs_the_warmed_up_graphs(flags):
     torch._dynamo.reset()
     counters.clear()
-    plain, compiled = build(TINY), build([*TINY, "--compile", "default"])
+    plain, compiled = build(TINY), build([*TINY, "--compile", "default", *flags])
     compiled.net.load_state_dict(plain.net.state_dict())
     warm_up(compiled, GraphedStep(compiled.train_step, enabled=False), 1, compiled.env)
     graphs = counters["stats"]["unique_graphs"]
