@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch.nn.utils.rnn import pad_sequence
 
 from benchmarks.maskrcnn.anchors import fpn_anchors, visible
@@ -233,28 +232,6 @@ def test_batched_targets_equal_the_per_image_loop():
     labels, _ = RPN().targets(anchors, torch.tensor(sizes), boxes, valid)
     assert torch.equal(labels[1], torch.where(labels[1] < 0, -1.0, 0.0))
     assert torch.equal(labels[[0, 2]], want_labels[[0, 2]])
-
-
-@pytest.mark.parametrize("training", [True, False])
-def test_compiled_selection_gives_the_eager_proposals(training):
-    """``compile_selection`` (``--compile-proposals``): the same proposals, from one graph
-    before NMS and one after it, built at the first call and run again at the second."""
-    torch._dynamo.reset()
-    objectness, deltas = head_outputs(seed=5)
-    anchors = fpn_anchors(FEATURE_SIZES)
-    settings = dict(pre_nms_top_n_train=150, pre_nms_top_n_test=150, post_nms_top_n_train=40,
-                    post_nms_top_n_test=40, fpn_post_nms_top_n_train=60,
-                    fpn_post_nms_top_n_test=60)
-    plain, compiled = RPN(**settings).train(training), RPN(**settings).train(training)
-    compiled.compile_selection("default")
-    for _ in range(2):
-        got = compiled.proposals(objectness, deltas, anchors, IMAGE_SIZES, GT_BOXES)
-        expected = plain.proposals(objectness, deltas, anchors, IMAGE_SIZES, GT_BOXES)
-        assert [len(g) for g in got] == [len(e) for e in expected]
-        for g, e in zip(got, expected):
-            torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-4)
-    for fn in (RPN._candidates, RPN._select):
-        assert len(_debug_get_cache_entry_list(fn.__code__)) == 1, fn.__name__
 
 
 @pytest.mark.parametrize(("training", "per_image"), [(True, False), (True, True)])
