@@ -51,6 +51,16 @@ def region_times(events, steps: int) -> dict[str, float]:
     return dict(times)
 
 
+def region_host_times(events, steps: int) -> dict[str, float]:
+    """Microseconds of host time per step inside each region (from entering it to leaving
+    it, waits included), by name: where the host spends a step that the GPU waits for."""
+    times = collections.Counter()
+    for event in events:
+        if event.device_type.name == "CPU" and event.name.startswith(REGION):
+            times[event.name[len(REGION):]] += event.time_range.elapsed_us() / steps
+    return dict(times)
+
+
 def kernel_times(events, steps: int) -> collections.Counter:
     """Microseconds of device time per step of each kernel (and copy), by name. The GPU
     spans of annotations (:func:`region`, ``Optimizer.step#...``) are not kernels: they
@@ -123,14 +133,18 @@ def profile_overlap(step: Callable[..., torch.Tensor], batches, steps: int,
 
 def kernel_breakdown(step: Callable[..., torch.Tensor], batch: tuple[torch.Tensor, ...],
                      steps: int = 5, top: int = 15) -> str:
-    """Profile ``steps`` calls of an already warmed-up ``step``; a printable per-step table."""
+    """Profile ``steps`` calls of an already warmed-up ``step``; a printable per-step table:
+    kernel time by family and by kernel, the timeline (how long the GPU was busy and idle
+    within the steps' span) and each region's host and kernel time. The profiler slows the
+    host, so host times and idle time read high."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             step(*batch)
         torch.cuda.synchronize()
-    kernels = kernel_times(prof.events(), steps)
+    events = prof.events()
+    kernels = kernel_times(events, steps)
     families = collections.Counter()
     for name, us in kernels.items():
         families[family(name)] += us
@@ -139,9 +153,14 @@ def kernel_breakdown(step: Callable[..., torch.Tensor], batch: tuple[torch.Tenso
     lines += [f"  {name:22s} {us / 1e3:7.2f} ms {100 * us / total:5.1f}%"
               for name, us in families.most_common()]
     lines += [f"    {us / 1e3:6.3f} ms  {name[:100]}" for name, us in kernels.most_common(top)]
-    regions = region_times(prof.events(), steps)
+    timeline = overlap_summary(events, steps)
+    if timeline:
+        lines.append(f"  timeline per step (profiled): span {timeline['span']:.2f} ms, GPU busy "
+                     f"{timeline['busy']:.2f} ms, idle {timeline['idle']:.2f} ms")
+    regions, host = region_times(events, steps), region_host_times(events, steps)
     if regions:
-        lines.append("  by region (kernels launched inside it; nested regions count in both):")
-        lines += [f"    {name:22s} {us / 1e3:7.2f} ms {100 * us / total:5.1f}%"
-                  for name, us in regions.items()]
+        lines.append("  by region (host time inside it, kernels launched inside it; nested "
+                     "regions count in both):")
+        lines += [f"    {name:22s} host {host[name] / 1e3:7.2f} ms, kernels {us / 1e3:7.2f} ms "
+                  f"{100 * us / total:5.1f}%" for name, us in regions.items()]
     return "\n".join(lines)

@@ -2,7 +2,14 @@ import types
 
 import torch
 
-from common.kernel_profile import family, kernel_times, overlap_summary, region, region_times
+from common.kernel_profile import (
+    family,
+    kernel_times,
+    overlap_summary,
+    region,
+    region_host_times,
+    region_times,
+)
 
 
 def test_kernel_names_fall_into_families():
@@ -36,14 +43,19 @@ def test_regions_are_profiler_ranges_and_sum_their_device_time_per_step():
                 torch.ones(3).sum()
     names = {e.name for e in prof.events()}
     assert {"region:step", "region:features"} <= names
+    host = region_host_times(prof.events(), steps=2)
+    assert host["step"] >= host["features"] > 0, host
 
-    def event(name, device_us, device="CPU"):
-        return types.SimpleNamespace(name=name, device_time_total=device_us,
-                                     device_type=types.SimpleNamespace(name=device))
-    events = [event("region:loss", 30.0), event("region:loss", 50.0),
-              event("region:joint", 8.0), event("aten::add", 99.0),
-              event("region:odd", 7.0, device="CUDA")]
+    def event(name, device_us, host_us=0.0, device="CPU"):
+        return types.SimpleNamespace(
+            name=name, device_time_total=device_us,
+            time_range=types.SimpleNamespace(elapsed_us=lambda: host_us),
+            device_type=types.SimpleNamespace(name=device))
+    events = [event("region:loss", 30.0, 100.0), event("region:loss", 50.0, 300.0),
+              event("region:joint", 8.0, 6.0), event("aten::add", 99.0, 99.0),
+              event("region:odd", 7.0, 7.0, device="CUDA")]
     assert region_times(events, steps=2) == {"loss": 40.0, "joint": 4.0}
+    assert region_host_times(events, steps=2) == {"loss": 200.0, "joint": 3.0}
 
 
 def test_kernel_times_leave_out_the_gpu_spans_of_annotations():
