@@ -41,24 +41,25 @@ def region(name: str):
     return torch.profiler.record_function(REGION + name)
 
 
-def region_times(events, steps: int) -> dict[str, float]:
-    """Microseconds of device time per step launched inside each region, by name (a nested
-    region's time counts in its parents too)."""
+def _per_region(events, steps: int, measure: Callable) -> dict[str, float]:
+    """``measure(event)`` of each region's ranges, summed per step, by region name."""
     times = collections.Counter()
     for event in events:
         if event.device_type.name == "CPU" and event.name.startswith(REGION):
-            times[event.name[len(REGION):]] += event.device_time_total / steps
+            times[event.name[len(REGION):]] += measure(event) / steps
     return dict(times)
+
+
+def region_times(events, steps: int) -> dict[str, float]:
+    """Microseconds of device time per step launched inside each region, by name (a nested
+    region's time counts in its parents too)."""
+    return _per_region(events, steps, lambda event: event.device_time_total)
 
 
 def region_host_times(events, steps: int) -> dict[str, float]:
     """Microseconds of host time per step inside each region (from entering it to leaving
     it, waits included), by name: where the host spends a step that the GPU waits for."""
-    times = collections.Counter()
-    for event in events:
-        if event.device_type.name == "CPU" and event.name.startswith(REGION):
-            times[event.name[len(REGION):]] += event.time_range.elapsed_us() / steps
-    return dict(times)
+    return _per_region(events, steps, lambda event: event.time_range.elapsed_us())
 
 
 def kernel_times(events, steps: int) -> collections.Counter:
