@@ -384,7 +384,7 @@ class MaskRCNNWorkload(Workload):
                 levels, objectness, deltas = self.detector.levels_and_rpn(
                     batch.images.contiguous(memory_format=self.memory_format))
                 self.detector.rpn.proposals(objectness, deltas, self.detector.anchors(levels),
-                                            [tuple(s) for s in batch.image_sizes.tolist()])
+                                            batch.image_sizes)
                 self.detector.box_head(levels, rois)
                 self.detector.mask_head(levels, rois)
         self.detector.train()
