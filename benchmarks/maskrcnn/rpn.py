@@ -94,8 +94,12 @@ def _image_bounds(image_sizes: list[tuple[int, int]] | torch.Tensor,
 
 
 def _rank_in_group(group: torch.Tensor) -> torch.Tensor:
-    """Position of each element [K] within its run of a sorted group id [K]."""
-    return torch.arange(len(group), device=group.device) - torch.searchsorted(group, group)
+    """Position of each element [K] within its run of a sorted group id [K]: its position
+    less that of the run's first element (a running maximum, where ``searchsorted`` fails
+    Inductor's CUDA lowering on a view)."""
+    position = torch.arange(len(group), device=group.device)
+    starts = torch.cat((torch.ones_like(group[:1], dtype=torch.bool), group[1:] != group[:-1]))
+    return position - torch.where(starts, position, 0).cummax(0).values
 
 
 class RPN(nn.Module):
