@@ -7,10 +7,11 @@
 # step as one Triton kernel (--nms triton), three compiled regions (--compile), the losses on
 # CUDA streams of their own (--loss-streams), the compiled backbone's forward and backward
 # replayed as CUDA graphs (--backbone-graphs), the box and mask heads' too (--head-graphs),
-# and the heads' RoI counts rounded up to multiples of 512 and 128 (--box-roi-multiple,
-# --mask-roi-multiple): 188.6 img/s at batch 8 on one H100 with these flags, 2.67x
-# torchvision's eager Mask R-CNN and 1.73x it compiled in the same run (docs/performance.md,
-# Mask R-CNN).
+# the heads' RoI counts rounded up to multiples of 512 and 128 (--box-roi-multiple,
+# --mask-roi-multiple), and the RPN, box and mask losses compiled too (--compile-losses):
+# 217.0-223.3 img/s at batch 8 on one H100 with these flags, 3.42-3.46x torchvision's eager
+# Mask R-CNN in the same process; without --compile-losses 200.9-201.3 (docs/performance.md,
+# Mask R-CNN, session 22).
 # --size-buckets 4 pads batches to 7 shapes, each compiled, then recorded as a graph, before
 # the clock (--init-steps 14: two steps of each); these flags reached both targets on the
 # fixture on one H100 (there with 3 shapes, recorded inside the run); on COCO the bucket count is
@@ -21,7 +22,7 @@ NPROC=1
 PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
     --precision "$PRECISION" --workers 14 --fold-frozen-bn --channels-last --nms triton
-    --compile default --loss-streams --backbone-graphs --head-graphs
+    --compile default --compile-losses --loss-streams --backbone-graphs --head-graphs
     --box-roi-multiple 512 --mask-roi-multiple 128
     --size-buckets 4 --init-steps 14
     --backbone-checkpoint "${BACKBONE_CHECKPOINT:?set BACKBONE_CHECKPOINT to a torchvision resnet50 state dict (docs/data.md#maskrcnn)}"

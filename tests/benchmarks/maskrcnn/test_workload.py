@@ -215,6 +215,7 @@ def test_static_rois_take_the_plain_steps_losses_and_gradients(per_image, compil
     out of the losses: the plain step's losses and gradients over three steps (compiled: as
     close as the compiled step is to the eager one, Inductor drawing the random keys as eager
     does)."""
+    torch._dynamo.reset()   # the heads compiled afresh, with the hooks below
     argv = [*TINY, "--roi-batch-size-per-image", per_image]
     plain, static = build(argv), build([*argv, *compiled, "--static-rois"])
     seen = []
@@ -321,18 +322,19 @@ def test_graphs_take_the_compiled_steps(graph_flags):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_compiled_losses_and_proposals_take_the_graphed_steps_losses():
-    """The GPU configs' step with ``--compile-losses --compile-proposals`` against it
-    without, from the same
-    weights at each of 6 steps over two padded sizes, the random keys drawn as eager draws
-    them (``fallback_random``): the same losses, gradients within 2e-3 of their largest."""
+@pytest.mark.parametrize("static", [[], ["--static-rois"]])
+def test_compiled_losses_and_proposals_take_the_graphed_steps_losses(static):
+    """The GPU configs' step with ``--compile-losses --compile-proposals`` (and
+    ``--static-rois``) against it without, from the same weights at each of 6 steps over two
+    padded sizes, the random keys drawn as eager draws them (``fallback_random``): the same
+    losses, gradients within 2e-3 of their largest."""
     argv = [*TINY, "--compile", "default", "--size-buckets", "2", "--fold-frozen-bn",
             "--channels-last", "--loss-streams", "--nms", "triton", "--backbone-graphs",
             "--head-graphs", *MULTIPLES]
     argv[argv.index("--max-size") + 1] = "128"
     with torch._inductor.config.patch(fallback_random=True):
         plain = build_cuda(argv)
-        fast = build_cuda([*argv, "--compile-losses", "--compile-proposals"])
+        fast = build_cuda([*argv, "--compile-losses", "--compile-proposals", *static])
         same_steps(plain, fast, plain.warm_up_batches(2)[:2])
 
 
