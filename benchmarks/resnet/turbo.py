@@ -40,6 +40,7 @@ from PIL import Image
 from benchmarks.resnet import data
 from benchmarks.resnet.region_decode import RegionDecoder
 from common import loaders
+from common.errors import UserError
 
 _RGB_CONVERTIBLE = ("YCbCr", "Gray", "RGB")   # colour spaces libjpeg-turbo turns into RGB
 
@@ -97,31 +98,55 @@ class DecodedSlices(torch.utils.data.Dataset):
 class TurboDecoder:
     """``data.Loader``'s decode function for the ``turbo`` backend: each batch is cut into one
     slice per loader process, so every process works on every batch. One DataLoader serves
-    every pass (its processes start once); ``close`` stops them."""
+    every pass (its processes start once); ``close`` stops them. ``gpu_share`` of each batch,
+    at its front, is decoded by nvJPEG in a process of its own instead
+    (:mod:`benchmarks.resnet.decode_process`; ``gpu_decode``: its batch decoder)."""
 
     def __init__(self, samples, size, train, seed, batch_size, workers, device,
-                 region_decode: bool = False):
-        self.keys = loaders.Keys()
+                 region_decode: bool = False, gpu_share: float = 0.0, gpu_decode=None):
+        if not 0 <= gpu_share <= 1:
+            raise UserError(f"--gpu-decode-share {gpu_share}: give a fraction from 0 to 1")
+        self.keys, self.gpu_keys = loaders.Keys(), loaders.Keys()
         slices = DecodedSlices(samples, size, train, seed, region_decode)
         self.loader = loaders.persistent(slices, self.keys, workers, device.type == "cuda")
-        self.batch_size, self.device = batch_size, device
-        self.slice = math.ceil(batch_size / max(workers, 1))
+        self.gpu_loader = None
+        if gpu_share:
+            from benchmarks.resnet import decode_process, nvjpeg  # nvjpeg imports this module
+            self.gpu_loader = decode_process.device_loader(
+                samples, size, train, seed, device, self.gpu_keys,
+                gpu_decode or nvjpeg.nvjpeg_decode)
+        self.batch_size, self.device, self.gpu_share = batch_size, device, gpu_share
+        self.slice = math.ceil(max(batch_size - round(batch_size * gpu_share), 1)
+                               / max(workers, 1))
 
     def __call__(self, indices, epoch):
         batches = [indices[i:i + self.batch_size]
                    for i in range(0, len(indices), self.batch_size)]
-        slices = [[(epoch, b[i:i + self.slice]) for i in range(0, len(b), self.slice)]
-                  for b in batches]
+        fronts = [round(len(b) * self.gpu_share) for b in batches]
+        self.gpu_keys.keys = [(epoch, b[:k]) for b, k in zip(batches, fronts) if k]
+        slices = [[(epoch, b[i:i + self.slice]) for i in range(k, len(b), self.slice)]
+                  for b, k in zip(batches, fronts)]
         self.keys.keys = [key for keys in slices for key in keys]
-        return self._batches([len(keys) for keys in slices])
+        return self._batches([len(keys) for keys in slices], fronts)
 
-    def _batches(self, counts):
+    def _batches(self, counts, fronts):
         items, dev = iter(self.loader), self.device
-        for n in counts:
-            parts = [next(items) for _ in range(n)]
-            images = torch.cat([p[0].to(dev, non_blocking=True) for p in parts])
-            labels = torch.cat([p[1] for p in parts]).to(dev, non_blocking=True)
-            yield data.normalize_on_device(images, dev), labels
+        shares = iter(self.gpu_loader) if self.gpu_keys.keys else None
+        for n, k in zip(counts, fronts):
+            images, labels = [], []
+            if k:
+                crops, share_labels = next(shares)
+                images.append(crops)
+                labels.append(share_labels)
+            if n:
+                parts = [next(items) for _ in range(n)]
+                images.append(data.normalize_on_device(
+                    torch.cat([p[0].to(dev, non_blocking=True) for p in parts]), dev))
+                labels.append(torch.cat([p[1] for p in parts]))
+            images = images[0] if len(images) == 1 else torch.cat(images)
+            yield images, torch.cat(labels).to(dev, non_blocking=True)
 
     def close(self) -> None:
         loaders.shut_down(self.loader)
+        if self.gpu_loader is not None:
+            loaders.shut_down(self.gpu_loader)
