@@ -76,3 +76,16 @@ def test_the_share_is_the_nvjpeg_backends_crops_on_the_gpu(imagenet_like):
         assert torch.equal(a[:3], n[:3]) and torch.equal(a[3:], t[3:])
     for loader in (split, alone, whole):
         loader.close()
+
+
+@pytest.mark.parametrize("content", [b"", b"not a jpeg", b"\xff\xd8\xff\xdb\x00\x43"])
+def test_an_unreadable_file_in_the_share_is_named(bad_folder, content):
+    """Decoded in the spawned process, a file that cannot be read is one line naming it."""
+    index = bad_folder(content)
+    loader = data.Loader(index.val, False, 2, 0, 1, 0, turbo.TurboDecoder(
+        index.val, 32, False, 0, 2, 1, CPU, gpu_share=1.0, gpu_decode=nvjpeg.pillow_decode))
+    try:
+        with pytest.raises(UserError, match=r"x\.JPEG: cannot decode JPEG"):
+            list(loader.epoch(0))
+    finally:
+        loader.close()
