@@ -1,8 +1,8 @@
 """``--gpu-decode-share``: the ``turbo`` backend with a share of each batch decoded by nvJPEG
 in a loader process of its own.
 
-In the training process, nvJPEG decodes beside the step at a tenth to a twentieth of its
-rate alone: its host syncs, one per image, wait behind the step's queued work. In a process
+In the training process, nvJPEG decodes beside the step 10-24x slower than alone: its host
+syncs, one per image, wait behind the step's queued work. In a process
 of its own (its own CUDA context) it decoded 2,603 img/s beside the step on one H100, against
 507-1,152 in the training process; the step lost 16% to the two contexts' turns on the GPU
 (docs/performance.md, ResNet input pipeline, session 22). So here the ``turbo`` backend's
@@ -54,6 +54,8 @@ class DeviceSlices(torch.utils.data.Dataset):
 def device_loader(samples, size: int, train: bool, seed: int, device: torch.device,
                   keys: loaders.Keys, decode) -> torch.utils.data.DataLoader:
     """One spawned loader process serving :class:`DeviceSlices` over ``keys``, started now."""
+    if device.type == "cuda" and device.index is None:   # the child's current GPU is GPU 0
+        device = torch.device("cuda", torch.cuda.current_device())
     slices = DeviceSlices(samples, size, train, seed, device, decode)
     loader = loaders.persistent(slices, keys, 1, pin=False, context="spawn", prefetch=2,
                                 init=slices.start)
