@@ -82,18 +82,11 @@ def ground_truth(boxes: torch.Tensor, labels: torch.Tensor, masks: torch.Tensor
 
 
 def _mask_loss(mask_logits: torch.Tensor, rois: torch.Tensor, labels: torch.Tensor,
-               matched_idxs: torch.Tensor, gt_masks: torch.Tensor,
-               real: torch.Tensor | None = None) -> torch.Tensor:
+               matched_idxs: torch.Tensor, gt_masks: torch.Tensor) -> torch.Tensor:
     """The mask loss of the positive RoIs [P, 5] against their ground truth's masks
-    rasterised into each RoI; ``real`` [P] (static sampling) marks the RoIs that count, the
-    others' labels and ground truth are any valid ones."""
-    if real is not None:
-        labels, matched_idxs = labels.clamp(min=0), matched_idxs.clamp(min=0)
-        if not len(gt_masks):
-            gt_masks = gt_masks.new_zeros(1, *gt_masks.shape[1:])
+    rasterised into each RoI."""
     return mask_loss(mask_logits, labels,
-                     mask_targets(rois[:, 1:], matched_idxs, gt_masks, mask_logits.shape[-1]),
-                     real)
+                     mask_targets(rois[:, 1:], matched_idxs, gt_masks, mask_logits.shape[-1]))
 
 
 class Detector(nn.Module):
@@ -216,14 +209,12 @@ class Detector(nn.Module):
                 1, box_loss_fn, *(self._dynamic(t, 0) for t in (
                     scores, box_deltas, samples.labels, samples.regression_targets)))
         with region("mask-head"):
-            real = samples.positive >= 0 if self.sampler.static else None
-            positive = samples.positive.clamp(min=0)
-            rois = samples.rois[positive]
+            rois = samples.rois[samples.positive]
             mask_logits = self.mask_head(levels, rois)
         with region("mask-loss"):
             loss_mask = side.run(2, mask_loss_fn, *(self._dynamic(t, 0) for t in (
-                mask_logits, rois, samples.labels[positive], samples.matched_idxs[positive],
-                gt_masks)), real)
+                mask_logits, rois, samples.labels[samples.positive],
+                samples.matched_idxs[samples.positive], gt_masks)))
         side.join()
         return dict(zip(LOSSES, (loss_objectness, loss_rpn_box_reg, loss_classifier,
                                  loss_box_reg, loss_mask)))

@@ -88,8 +88,7 @@ class RoISamples:
     """The sampled RoIs of a batch, image after image: ``rois`` [S, 5] (image index, box),
     ``labels`` [S] (int64, 0 for background), ``regression_targets`` [S, 4] (float32; those
     of background RoIs are unused), ``matched_idxs`` [S] (the ground truth's index among the
-    batch's real ones in order, -1 for background) and ``positive`` [P], the positives' rows.
-    Static sampling pads them: rows of label -1 (and ``matched_idxs`` -1), positives -1."""
+    batch's real ones in order, -1 for background) and ``positive`` [P], the positives' rows."""
     rois: Tensor
     labels: Tensor
     regression_targets: Tensor
@@ -106,10 +105,8 @@ class RoISampler:
                  positive_fraction: float = POSITIVE_FRACTION,
                  fg_iou_threshold: float = FG_IOU_THRESHOLD,
                  bg_iou_threshold: float = BG_IOU_THRESHOLD,
-                 box_weights: tuple[float, float, float, float] = ROI_BOX_WEIGHTS,
-                 static: bool = False):
+                 box_weights: tuple[float, float, float, float] = ROI_BOX_WEIGHTS):
         self.batch_size_per_image = batch_size_per_image
-        self.static = static
         self.positive_fraction = positive_fraction
         self.matcher = Matcher(fg_iou_threshold, bg_iou_threshold,
                                allow_low_quality_matches=False)
@@ -120,9 +117,7 @@ class RoISampler:
         """Samples of the padded proposals [B, K, 4] whose real ones ``valid`` [B, K] marks,
         given the padded ground truth, boxes [B, G, 4] and labels [B, G] (0: padding);
         ``generator`` (on the proposals' device) or the global one draws them. An image
-        without ground truth gives background RoIs only. One host sync, the counts; none
-        when ``static``: every image's most are returned, the rows past the real ones
-        padding (see :class:`RoISamples`)."""
+        without ground truth gives background RoIs only. One host sync: the counts."""
         if gt_labels.shape[1] == 0:                 # a batch without ground truth: one pad
             gt_boxes, gt_labels = gt_boxes.new_zeros(len(valid), 1, 4), gt_labels.new_zeros(
                 len(valid), 1)
@@ -133,18 +128,11 @@ class RoISampler:
             valid & (matches >= 0), valid & (matches == Matcher.BELOW_LOW_THRESHOLD),
             self.batch_size_per_image, self.positive_fraction, generator)
         sampled = positive | negative
-        if self.static:
-            total = len(sampled) * self.batch_size_per_image
-            num_positive = len(sampled) * int(self.batch_size_per_image * self.positive_fraction)
-        else:
-            total, num_positive = torch.stack((sampled.sum(), positive.sum())).tolist()
-        image, column = torch.nonzero_static(sampled, size=total).unbind(1)   # -1: padding
-        real = image >= 0
-        image, column = image.clamp(min=0), column.clamp(min=0)
-        boxes = boxes[image, column]
-        matches = torch.where(real, matches[image, column], Matcher.BELOW_LOW_THRESHOLD)
+        total, num_positive = torch.stack((sampled.sum(), positive.sum())).tolist()
+        image, column = torch.nonzero_static(sampled, size=total).unbind(1)
+        boxes, matches = boxes[image, column], matches[image, column]
         matched = matches.clamp(min=0)
-        labels = torch.where(matches >= 0, gt_labels[image, matched].long(), real.long() - 1)
+        labels = torch.where(matches >= 0, gt_labels[image, matched].long(), 0)
         targets = self.box_coder.encode(gt[image, matched], boxes)
         index = gt_valid.flatten().cumsum(0).view_as(gt_valid) - 1     # among the real ones
         matched_idxs = torch.where(matches >= 0, index[image, matched], -1)
@@ -157,14 +145,13 @@ def box_loss(class_logits: Tensor, box_regression: Tensor, labels: Tensor,
              regression_targets: Tensor, beta: float = BOX_LOSS_BETA) -> tuple[Tensor, Tensor]:
     """``(classification loss, box regression loss)``, float32 scalars, of the box head's
     outputs for the sampled RoIs of the batch: logits [S, C], deltas [S, 4C], labels [S] and
-    targets [S, 4] (the images' samples concatenated). Rows of label -1 (static sampling's
-    padding) are left out of both."""
-    classification = F.cross_entropy(class_logits.float(), labels, ignore_index=-1)
+    targets [S, 4] (the images' samples concatenated)."""
+    classification = F.cross_entropy(class_logits.float(), labels)
     rows = torch.arange(len(labels), device=labels.device)
-    deltas = box_regression.float().reshape(len(labels), -1, 4)[rows, labels.clamp(min=0)]
+    deltas = box_regression.float().reshape(len(labels), -1, 4)[rows, labels]
     per_roi = F.smooth_l1_loss(deltas, regression_targets.float(), reduction="none",
                                beta=beta).sum(dim=1)
-    regression = torch.where(labels > 0, per_roi, 0.0).sum() / (labels >= 0).sum()
+    regression = torch.where(labels > 0, per_roi, 0.0).sum() / labels.numel()
     return classification, regression
 
 
@@ -178,21 +165,15 @@ def mask_targets(rois: Tensor, matched_idxs: Tensor, gt_masks: Tensor,
     return (pooled[:, 0] >= TARGET_THRESHOLD).float()
 
 
-def mask_loss(mask_logits: Tensor, labels: Tensor, targets: Tensor,
-              real: Tensor | None = None) -> Tensor:
+def mask_loss(mask_logits: Tensor, labels: Tensor, targets: Tensor) -> Tensor:
     """Binary cross-entropy (float32 scalar) of the mask logits [P, C, M, M] of positive RoIs
     on their labels' [P] channels against ``targets`` [P, M, M]; ``0 * sum`` of the logits,
-    keeping the graph, when there are none. ``real`` [P] (static sampling) marks the RoIs
-    that count: the mean is over theirs."""
+    keeping the graph, when there are none."""
     if len(labels) == 0:
         return mask_logits.float().sum() * 0
     rows = torch.arange(len(labels), device=labels.device)
-    logits = mask_logits[rows, labels].float()
-    if real is None:
-        return F.binary_cross_entropy_with_logits(logits, targets.float())
-    per_roi = F.binary_cross_entropy_with_logits(logits, targets.float(),
-                                                 reduction="none").mean(dim=(1, 2))
-    return torch.where(real, per_roi, 0.0).sum() / real.sum().clamp(min=1)
+    return F.binary_cross_entropy_with_logits(mask_logits[rows, labels].float(),
+                                              targets.float())
 
 
 class ImageDetections(NamedTuple):

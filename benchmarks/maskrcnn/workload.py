@@ -169,11 +169,6 @@ class MaskRCNNWorkload(Workload):
                        default=False,
                        help="also compile the RPN's proposal selection before and after NMS, "
                             "a region per padded size (needs --compile)")
-        p.add_argument("--static-rois", action=argparse.BooleanOptionalAction, default=False,
-                       help="train the heads on as many RoIs as the sampler may draw (per "
-                            "image --roi-batch-size-per-image, a quarter of them positive), "
-                            "the rows past those drawn left out of the losses: the counts need "
-                            "no host sync, so the host can run ahead of the GPU")
         p.add_argument("--box-roi-multiple", type=int, default=0,
                        help="run the box head on its RoI count rounded up to a multiple of "
                             "this (copies of the last RoI, dropped after); 0: the count as it is")
@@ -249,8 +244,7 @@ class MaskRCNNWorkload(Workload):
             nms_keep=nms_keep)
         self.memory_format = torch.channels_last if a.channels_last else torch.contiguous_format
         self.net = net.to(env.device, memory_format=self.memory_format)
-        self.detector = Detector(self.net, proposals, RoISampler(a.roi_batch_size_per_image,
-                                                                static=a.static_rois),
+        self.detector = Detector(self.net, proposals, RoISampler(a.roi_batch_size_per_image),
                                  compile_mode=a.compile, loss_streams=a.loss_streams,
                                  nms_keep=nms_keep, backbone_graphs=a.backbone_graphs,
                                  head_graphs=a.head_graphs,

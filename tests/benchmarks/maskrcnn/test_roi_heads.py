@@ -159,44 +159,6 @@ def test_sampler_of_a_padded_batch_matches_each_image_alone():
         ROI_BOX_WEIGHTS).encode(real_gt[samples.matched_idxs[positive]], boxes[positive]))
 
 
-def test_static_sampler_pads_the_synced_samplers_rows():
-    """``static``: the same samples as the synced sampler, then padding up to each image's
-    most (rows of label and match -1, positives -1); an image with no proposals and one
-    without ground truth are in the batch."""
-    g = torch.Generator().manual_seed(5)
-    proposals, valid = torch.zeros(3, 50, 4), torch.zeros(3, 50, dtype=torch.bool)
-    for i, n in enumerate((50, 0, 30)):
-        proposals[i, :n] = torch.cat((jittered(GT_BOXES, n // 2, g), far_boxes(n - n // 2, g)))
-        valid[i, :n] = True
-    gt = torch.stack((GT_BOXES, GT_BOXES + 1, GT_BOXES + 2))
-    gt_labels = torch.stack((GT_LABELS, torch.tensor([2, 0, 0]), torch.tensor([0, 0, 0])))
-    synced, static = (RoISampler(batch_size_per_image=16, static=s)(
-        proposals, valid, gt, gt_labels, torch.Generator().manual_seed(6)) for s in (False, True))
-    n, p = len(synced.labels), len(synced.positive)
-    assert len(static.labels) == 3 * 16 and len(static.positive) == 3 * 4
-    assert 0 < n < 3 * 16 and 0 < p < 3 * 4
-    for name, tensor in vars(synced).items():
-        torch.testing.assert_close(getattr(static, name)[:len(tensor)], tensor, msg=name)
-    assert (static.labels[n:] == -1).all() and (static.matched_idxs[n:] == -1).all()
-    assert (static.positive[p:] == -1).all()
-
-
-def test_losses_leave_out_static_samplings_padding():
-    """Rows of label -1 and RoIs marked unreal change neither loss."""
-    g = torch.Generator().manual_seed(7)
-    logits, deltas = torch.randn(6, 4, generator=g), torch.randn(6, 16, generator=g)
-    labels, targets = torch.tensor([2, 0, 3, 1, -1, -1]), torch.randn(6, 4, generator=g)
-    for got, expected in zip(box_loss(logits, deltas, labels, targets),
-                             box_loss(logits[:4], deltas[:4], labels[:4], targets[:4])):
-        torch.testing.assert_close(got, expected)
-    masks, mask_labels = torch.randn(5, 4, 7, 7, generator=g), torch.tensor([1, 3, 2, 0, 0])
-    mask_goal = (torch.rand(5, 7, 7, generator=g) > 0.5).float()
-    real = torch.tensor([True, True, True, False, False])
-    torch.testing.assert_close(mask_loss(masks, mask_labels, mask_goal, real),
-                               mask_loss(masks[:3], mask_labels[:3], mask_goal[:3]))
-    assert mask_loss(masks, mask_labels, mask_goal, torch.zeros(5, dtype=torch.bool)) == 0
-
-
 def test_box_loss_by_hand():
     logits = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 3.0], [1.0, -2.0, 0.0]])
     labels = torch.tensor([0, 2, 1])
