@@ -1,5 +1,6 @@
 """Where a step's GPU time goes: device kernel time per step, grouped into kernel families,
-and into the named parts of the step (:func:`region`) whose kernels are launched eagerly.
+and into the named parts of the step (:func:`region`) whose kernels are launched eagerly;
+and where the GPU waits: its idle time, by the region the host was in as it ran dry.
 
 Used by the throughput tools (``--profile``) to say why a step is as fast as
 it is, e.g. how much is convolution/GEMM against fusable memory-bound work.
@@ -91,6 +92,33 @@ def _covered(spans: list[tuple[float, float]]) -> float:
     return total
 
 
+def _gaps(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The ``(start, end)`` gaps between the union of ``spans``, first start to last end."""
+    gaps, reach = [], None
+    for start, end in sorted(spans):
+        if reach is not None and start > reach:
+            gaps.append((reach, start))
+        reach = end if reach is None else max(reach, end)
+    return gaps
+
+
+def idle_by_region(events, steps: int) -> dict[str, float]:
+    """Milliseconds per step of GPU idle time (the gaps between kernels), by the innermost
+    :func:`region` the host was in as each gap began (``(no region)`` outside them all):
+    where the host was when the GPU ran out of work, slow to launch or waiting on a sync."""
+    kernels = [(e.time_range.start, e.time_range.end) for e in events
+               if e.device_type.name == "CUDA" and not e.is_user_annotation]
+    regions = [(e.time_range.start, e.time_range.end, e.name[len(REGION):]) for e in events
+               if e.device_type.name == "CPU" and e.name.startswith(REGION)]
+    idle = collections.Counter()
+    for start, end in _gaps(kernels):
+        inside = [r for r in regions if r[0] <= start < r[1]]
+        # the innermost: the latest to begin, the shortest of those beginning together
+        name = max(inside, key=lambda r: (r[0], -r[1]))[2] if inside else "(no region)"
+        idle[name] += (end - start) / (1e3 * steps)
+    return dict(idle)
+
+
 def overlap_summary(events, steps: int, since: float = float("-inf")) -> dict[str, float]:
     """Milliseconds per step of the device timeline of ``steps`` profiled steps, from the
     kernels that start at ``since`` (microseconds, the profiler's clock) or later: ``span``
@@ -136,8 +164,8 @@ def kernel_breakdown(step: Callable[..., torch.Tensor], batch: tuple[torch.Tenso
                      steps: int = 5, top: int = 15) -> str:
     """Profile ``steps`` calls of an already warmed-up ``step``; a printable per-step table:
     kernel time by family and by kernel, the timeline (how long the GPU was busy and idle
-    within the steps' span) and each region's host and kernel time. The profiler slows the
-    host, so host times and idle time read high."""
+    within the steps' span) and each region's host and kernel time and the GPU idle time that
+    began in it. The profiler slows the host, so host times and idle time read high."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -160,8 +188,13 @@ def kernel_breakdown(step: Callable[..., torch.Tensor], batch: tuple[torch.Tenso
                      f"{timeline['busy']:.2f} ms, idle {timeline['idle']:.2f} ms")
     regions, host = region_times(events, steps), region_host_times(events, steps)
     if regions:
-        lines.append("  by region (host time inside it, kernels launched inside it; nested "
-                     "regions count in both):")
+        idle = idle_by_region(events, steps)
+        lines.append("  by region (host time inside it, kernels launched inside it, nested "
+                     "regions counting in both; GPU idle time that began while the host was "
+                     "in it):")
         lines += [f"    {name:22s} host {host[name] / 1e3:7.2f} ms, kernels {us / 1e3:7.2f} ms "
-                  f"{100 * us / total:5.1f}%" for name, us in regions.items()]
+                  f"{100 * us / total:5.1f}%, idle {idle.get(name, 0.0):6.2f} ms"
+                  for name, us in regions.items()]
+        if "(no region)" in idle:
+            lines.append(f"    {'(no region)':22s} idle {idle['(no region)']:6.2f} ms")
     return "\n".join(lines)

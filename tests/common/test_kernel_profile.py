@@ -4,6 +4,7 @@ import torch
 
 from common.kernel_profile import (
     family,
+    idle_by_region,
     kernel_times,
     overlap_summary,
     region,
@@ -85,3 +86,22 @@ def test_overlap_summary_splits_the_timeline_into_hidden_and_exposed_communicati
     # a kernel before ``since`` (a barrier waiting for a slower rank) is left out
     late = overlap_summary([kernel("ncclDevKernel_AllReduce", -9000, -100), *events], 2, 0)
     assert late == got
+
+
+def test_idle_time_goes_to_the_innermost_region_the_host_was_in_as_the_gpu_ran_dry():
+    def event(name, start, end, device="CUDA", annotation=False):
+        return types.SimpleNamespace(name=name, is_user_annotation=annotation,
+                                     time_range=types.SimpleNamespace(start=start, end=end),
+                                     device_type=types.SimpleNamespace(name=device))
+    # kernels 0-100, 80-150 (overlapping), 200-300, 450-500, 520-600 (2 steps); the host in
+    # "proposals" 0-180, "heads" 180-480 with "sampler" 250-400 inside it (and a region of
+    # the same start and longer, "step", around everything)
+    events = [event("gemm", 0, 100), event("relu", 80, 150), event("gemm", 200, 300),
+              event("gemm", 450, 500), event("gemm", 520, 600),
+              event("region:step", 0, 700, "CPU"), event("region:proposals", 0, 180, "CPU"),
+              event("region:heads", 180, 480, "CPU"), event("region:sampler", 250, 400, "CPU"),
+              event("region:heads", 180, 480, annotation=True), event("aten::mm", 0, 900, "CPU")]
+    assert idle_by_region(events, steps=2) == {"proposals": 0.025, "sampler": 0.075,
+                                               "step": 0.01}
+    # a gap that begins outside every region
+    assert idle_by_region(events[:5], steps=1) == {"(no region)": 0.22}
