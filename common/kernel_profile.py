@@ -42,12 +42,22 @@ def region(name: str):
     return torch.profiler.record_function(REGION + name)
 
 
+def _is_region(event) -> bool:
+    """A host range of :func:`region`."""
+    return event.device_type.name == "CPU" and event.name.startswith(REGION)
+
+
+def _is_kernel(event) -> bool:
+    """A kernel or copy on the GPU; the GPU spans of annotations (:func:`region`,
+    ``Optimizer.step#...``) cover kernels, they are not kernels."""
+    return event.device_type.name == "CUDA" and not event.is_user_annotation
+
+
 def _per_region(events, steps: int, measure: Callable) -> dict[str, float]:
     """``measure(event)`` of each region's ranges, summed per step, by region name."""
     times = collections.Counter()
-    for event in events:
-        if event.device_type.name == "CPU" and event.name.startswith(REGION):
-            times[event.name[len(REGION):]] += measure(event) / steps
+    for event in filter(_is_region, events):
+        times[event.name[len(REGION):]] += measure(event) / steps
     return dict(times)
 
 
@@ -68,9 +78,8 @@ def kernel_times(events, steps: int) -> collections.Counter:
     spans of annotations (:func:`region`, ``Optimizer.step#...``) are not kernels: they
     cover kernels already counted, so they are left out."""
     times = collections.Counter()
-    for event in events:
-        if event.device_type.name == "CUDA" and not event.is_user_annotation:
-            times[event.name] += event.device_time / steps
+    for event in filter(_is_kernel, events):
+        times[event.name] += event.device_time / steps
     return times
 
 
@@ -83,13 +92,12 @@ def family(kernel_name: str) -> str:
 
 
 def _covered(spans: list[tuple[float, float]]) -> float:
-    """Length of the union of ``(start, end)`` spans."""
-    total, reach = 0.0, float("-inf")
-    for start, end in sorted(spans):
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total
+    """Length of the union of ``(start, end)`` spans: first start to last end, less the
+    gaps."""
+    if not spans:
+        return 0.0
+    width = max(e for _, e in spans) - min(s for s, _ in spans)
+    return width - sum(end - start for start, end in _gaps(spans))
 
 
 def _gaps(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -106,10 +114,9 @@ def idle_by_region(events, steps: int) -> dict[str, float]:
     """Milliseconds per step of GPU idle time (the gaps between kernels), by the innermost
     :func:`region` the host was in as each gap began (``(no region)`` outside them all):
     where the host was when the GPU ran out of work, slow to launch or waiting on a sync."""
-    kernels = [(e.time_range.start, e.time_range.end) for e in events
-               if e.device_type.name == "CUDA" and not e.is_user_annotation]
-    regions = [(e.time_range.start, e.time_range.end, e.name[len(REGION):]) for e in events
-               if e.device_type.name == "CPU" and e.name.startswith(REGION)]
+    kernels = [(e.time_range.start, e.time_range.end) for e in filter(_is_kernel, events)]
+    regions = [(e.time_range.start, e.time_range.end, e.name[len(REGION):])
+               for e in filter(_is_region, events)]
     idle = collections.Counter()
     for start, end in _gaps(kernels):
         inside = [r for r in regions if r[0] <= start < r[1]]
@@ -126,9 +133,8 @@ def overlap_summary(events, steps: int, since: float = float("-inf")) -> dict[st
     ``communication`` (NCCL kernels running), ``exposed_communication`` (NCCL running and
     nothing else) and ``idle`` (nothing running: host gaps and waits)."""
     spans, comm = [], []
-    for event in events:
-        if (event.device_type.name == "CUDA" and not event.is_user_annotation
-                and event.time_range.start >= since):
+    for event in filter(_is_kernel, events):
+        if event.time_range.start >= since:
             span = (event.time_range.start, event.time_range.end)
             (comm if family(event.name) == "communication" else spans).append(span)
     every = spans + comm
