@@ -22,8 +22,9 @@ def shut_down(loader: torch.utils.data.DataLoader) -> None:
 
 
 class Keys(torch.utils.data.Sampler):
-    """A sampler of item keys (e.g. ``(epoch, indices)``), set before each pass; it is read in
-    the main process, so persistent workers serve whatever the keys of the next pass are."""
+    """A sampler of item keys (e.g. ``(epoch, indices)``), set before each pass (a list, or
+    an iterator that runs on into the passes that follow); it is read in the main process, so
+    persistent workers serve whatever the keys of the next pass are."""
 
     def __init__(self, keys: list | None = None):
         self.keys = keys or []

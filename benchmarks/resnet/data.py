@@ -195,6 +195,8 @@ class Loader:
         self.samples, self.train, self.batch_size = samples, train, batch_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self._decode = decode   # (list of (path, label) indices, epoch) -> iterator of batches
+        if train and hasattr(decode, "upcoming"):   # a decoder that reads on into the next pass
+            decode.upcoming = self.indices
 
     def shard(self, epoch: int) -> list[int]:
         """Indices into ``samples`` that this rank reads in ``epoch`` (one permutation for all)."""
@@ -209,10 +211,15 @@ class Loader:
         n = len(self.shard(1))
         return n // self.batch_size if self.train else math.ceil(n / self.batch_size)
 
-    def epoch(self, epoch: int) -> _Epoch:
+    def indices(self, epoch: int) -> list[int]:
+        """The shard's indices that ``epoch``'s pass reads, in order (training: whole batches)."""
         indices = self.shard(epoch)
         if self.train:
             indices = indices[:len(indices) // self.batch_size * self.batch_size]
+        return indices
+
+    def epoch(self, epoch: int) -> _Epoch:
+        indices = self.indices(epoch)
         n = len(indices) // self.batch_size if self.train else math.ceil(
             len(indices) / self.batch_size)
         return _Epoch(n, lambda: self._decode(indices, epoch))

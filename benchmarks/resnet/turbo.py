@@ -100,7 +100,13 @@ class TurboDecoder:
     slice per loader process, so every process works on every batch. One DataLoader serves
     every pass (its processes start once); ``close`` stops them. ``gpu_share`` of each batch,
     at its front, is decoded by nvJPEG in a process of its own instead
-    (:mod:`benchmarks.resnet.decode_process`; ``gpu_decode``: its batch decoder)."""
+    (:mod:`benchmarks.resnet.decode_process`; ``gpu_decode``: its batch decoder).
+
+    Where the loader sets ``upcoming`` (epoch -> that pass's indices: training), the keys run
+    on from each pass into the next, so the loader processes decode the next epoch's first
+    batches while the step takes this one's last: no refill at each epoch's start. A pass
+    asked for out of turn (the first, another epoch, or after one left unfinished) restarts
+    the processes' queue at that pass."""
 
     def __init__(self, samples, size, train, seed, batch_size, workers, device,
                  region_decode: bool = False, gpu_share: float = 0.0, gpu_decode=None):
@@ -118,32 +124,68 @@ class TurboDecoder:
         self.batch_size, self.device, self.gpu_share = batch_size, device, gpu_share
         self.slice = math.ceil(max(batch_size - round(batch_size * gpu_share), 1)
                                / max(workers, 1))
+        self.upcoming = None
+        self._plans, self._next, self._items, self._shares = {}, None, None, None
 
     def __call__(self, indices, epoch):
+        plan = self._plans.get(epoch)
+        if self._next != epoch or plan is None or plan[0] != indices:
+            self._restart(indices, epoch)
+        self._next = None   # until this pass's last batch has been taken
+        return self._batches(epoch)
+
+    def _plan(self, indices, epoch):
+        """(indices, the loader processes' keys, the share's keys, slices per batch, share
+        per batch) of one pass."""
         batches = [indices[i:i + self.batch_size]
                    for i in range(0, len(indices), self.batch_size)]
         fronts = [round(len(b) * self.gpu_share) for b in batches]
-        self.gpu_keys.keys = [(epoch, b[:k]) for b, k in zip(batches, fronts) if k]
+        gpu_keys = [(epoch, b[:k]) for b, k in zip(batches, fronts) if k]
         slices = [[(epoch, b[i:i + self.slice]) for i in range(k, len(b), self.slice)]
                   for b, k in zip(batches, fronts)]
-        self.keys.keys = [key for keys in slices for key in keys]
-        return self._batches([len(keys) for keys in slices], fronts)
+        return (indices, [key for keys in slices for key in keys], gpu_keys,
+                [len(keys) for keys in slices], fronts)
 
-    def _batches(self, counts, fronts):
-        items, dev = iter(self.loader), self.device
-        shares = iter(self.gpu_loader) if self.gpu_keys.keys else None
-        for n, k in zip(counts, fronts):
+    def _keys(self, epoch, which):
+        """The keys of one kind (1: loader processes', 2: the share's) from ``epoch``'s
+        pass on, into the following passes where ``upcoming`` is set."""
+        while True:
+            if epoch not in self._plans:
+                self._plans[epoch] = self._plan(self.upcoming(epoch), epoch)
+            keys = self._plans[epoch][which]
+            if not keys:   # a kind without keys in one pass has none in any (share 0 or 1)
+                return
+            yield from keys
+            if self.upcoming is None:
+                return
+            epoch += 1
+
+    def _restart(self, indices, epoch):
+        self._plans = {epoch: self._plan(indices, epoch)}
+        self.keys.keys = self._keys(epoch, 1)
+        self._items = iter(self.loader)   # persistent processes drop what they had queued
+        if self.gpu_loader is not None:
+            self.gpu_keys.keys = self._keys(epoch, 2)
+            self._shares = iter(self.gpu_loader)
+
+    def _batches(self, epoch):
+        _, _, _, counts, fronts = self._plans[epoch]
+        dev = self.device
+        for b, (n, k) in enumerate(zip(counts, fronts)):
             images, labels = [], []
             if k:
-                crops, share_labels = next(shares)
+                crops, share_labels = next(self._shares)
                 images.append(crops)
                 labels.append(share_labels)
             if n:
-                parts = [next(items) for _ in range(n)]
+                parts = [next(self._items) for _ in range(n)]
                 images.append(data.normalize_on_device(
                     torch.cat([p[0].to(dev, non_blocking=True) for p in parts]), dev))
                 labels.append(torch.cat([p[1] for p in parts]))
             images = images[0] if len(images) == 1 else torch.cat(images)
+            if b == len(counts) - 1:   # the queue now stands at the next pass's start
+                del self._plans[epoch]
+                self._next = epoch + 1
             yield images, torch.cat(labels).to(dev, non_blocking=True)
 
     def close(self) -> None:

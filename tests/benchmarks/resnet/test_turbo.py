@@ -3,6 +3,7 @@ ImageNet-like fixture: the same batches up to the crops' border pixels, and the 
 one-line errors."""
 
 import io
+import itertools
 
 import numpy as np
 import pytest
@@ -54,6 +55,25 @@ def test_batches_equal_the_pillow_readers_inside_each_crop(index, train, workers
         assert len(diffs) == (len(index.train) // 7 * 7 if train else len(index.val))
         assert diffs[:, :, 2:-2, 2:-2].max() <= 2 + 1e-3, diffs[:, :, 2:-2, 2:-2].max()
         assert diffs.mean() < 0.5, diffs.mean()
+
+
+def test_training_passes_run_on_into_the_next_and_each_equals_a_fresh_pass(index):
+    """The loader processes' queue runs on from one epoch's pass into the next (the next
+    epoch's slices are queued before its pass is asked for), and every pass equals the same
+    epoch's pass from a freshly built loader: in turn, after a pass left unfinished, and
+    out of turn."""
+    loader = _loader(index, True, "turbo", workers=2)
+    try:
+        for epoch, taken in ((1, None), (2, None), (3, 1), (3, None), (5, None), (6, None)):
+            got = list(itertools.islice(loader.epoch(epoch), taken))
+            if taken is None:
+                assert epoch + 1 in loader._decode._plans   # queued while this pass ran
+                want = list(_loader(index, True, "turbo").epoch(epoch))
+                assert len(got) == len(want) == len(index.train) // 7
+                for (a, la), (b, lb) in zip(got, want):
+                    assert torch.equal(a, b) and torch.equal(la, lb)
+    finally:
+        loader.close()
 
 
 def test_crops_equal_pillows_crop_then_resize_within_two_levels():
