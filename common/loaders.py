@@ -36,13 +36,9 @@ class Keys(torch.utils.data.Sampler):
         return len(self.keys)
 
 
-def persistent(dataset, keys: Keys, workers: int, pin: bool, context: str | None = None,
-               prefetch: int = 4, init=None) -> torch.utils.data.DataLoader:
+def persistent(dataset, keys: Keys, workers: int, pin: bool) -> torch.utils.data.DataLoader:
     """The DataLoader of ``dataset[key]`` for each key of ``keys`` (items already batched;
-    pinned when ``pin``), its worker processes kept from one pass to the next, started as
-    ``context`` says (``multiprocessing``'s start method; default: the platform's), each
-    calling ``init(worker id)`` first and working up to ``prefetch`` items ahead."""
+    pinned when ``pin``), its worker processes kept from one pass to the next."""
     return torch.utils.data.DataLoader(
         dataset, batch_size=None, sampler=keys, num_workers=workers, pin_memory=pin,
-        prefetch_factor=prefetch if workers else None, persistent_workers=workers > 0,
-        multiprocessing_context=context if workers else None, worker_init_fn=init)
+        prefetch_factor=4 if workers else None, persistent_workers=workers > 0)

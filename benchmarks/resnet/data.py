@@ -316,9 +316,9 @@ def _nvjpeg_decoder(*args, cpu_share: float = 0.0):
     return nvjpeg.BatchedDecoder(*args, cpu_share=cpu_share)
 
 
-def _turbo_decoder(*args, region_decode: bool = False, gpu_share: float = 0.0):
+def _turbo_decoder(*args, region_decode: bool = False):
     from benchmarks.resnet import turbo
-    return turbo.TurboDecoder(*args, region_decode=region_decode, gpu_share=gpu_share)
+    return turbo.TurboDecoder(*args, region_decode=region_decode)
 
 
 _DECODERS = {"cpu": _cpu_decoder, "turbo": _turbo_decoder, "nvjpeg": _nvjpeg_decoder,
@@ -326,7 +326,7 @@ _DECODERS = {"cpu": _cpu_decoder, "turbo": _turbo_decoder, "nvjpeg": _nvjpeg_dec
 
 
 def _build(index, backend, image_size, batch_size, rank, world_size, seed, workers, device,
-           train, cpu_decode_share, region_decode, gpu_decode_share) -> Loader:
+           train, cpu_decode_share, region_decode) -> Loader:
     if backend not in _DECODERS:
         raise UserError(f"unknown data backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "nvjpeg" and device.type != "cuda":
@@ -338,16 +338,10 @@ def _build(index, backend, image_size, batch_size, rank, world_size, seed, worke
     if region_decode and backend != "turbo":
         raise UserError(f"--region-decode crops the turbo backend's decode; --data-backend "
                         f"{backend} has none: use --data-backend turbo or leave it out")
-    if gpu_decode_share and (backend != "turbo" or device.type != "cuda"):
-        raise UserError(f"--gpu-decode-share gives a share of the turbo backend's batches to "
-                        f"nvJPEG on a CUDA device; here the backend is {backend} on "
-                        f"{device.type}: use --data-backend turbo on a GPU, or leave it out")
     samples = index.train if train else index.val
     options = {"cpu_share": cpu_decode_share} if cpu_decode_share else {}
     if region_decode:
         options["region_decode"] = True
-    if gpu_decode_share:
-        options["gpu_share"] = gpu_decode_share
     decode = _DECODERS[backend](samples, image_size, train, seed, batch_size, workers, device,
                                 **options)
     return Loader(samples, train, batch_size, rank, world_size, seed, decode)
@@ -355,18 +349,16 @@ def _build(index, backend, image_size, batch_size, rank, world_size, seed, worke
 
 def build_train_loader(index, backend: str, image_size: int, batch_size: int, rank: int,
                        world_size: int, seed: int, workers: int, device: torch.device,
-                       cpu_decode_share: float = 0.0, region_decode: bool = False,
-                       gpu_decode_share: float = 0.0) -> Loader:
+                       cpu_decode_share: float = 0.0, region_decode: bool = False) -> Loader:
     return _build(index, backend, image_size, batch_size, rank, world_size, seed, workers,
-                  device, True, cpu_decode_share, region_decode, gpu_decode_share)
+                  device, True, cpu_decode_share, region_decode)
 
 
 def build_eval_loader(index, backend: str, image_size: int, batch_size: int, rank: int,
                       world_size: int, workers: int, device: torch.device,
-                      cpu_decode_share: float = 0.0, region_decode: bool = False,
-                      gpu_decode_share: float = 0.0) -> Loader:
+                      cpu_decode_share: float = 0.0, region_decode: bool = False) -> Loader:
     return _build(index, backend, image_size, batch_size, rank, world_size, 0, workers,
-                  device, False, cpu_decode_share, region_decode, gpu_decode_share)
+                  device, False, cpu_decode_share, region_decode)
 
 
 def synthetic_batch(batch_size: int, image_size: int, num_classes: int, device

@@ -198,7 +198,6 @@ def run_stage(stage, index, args, device, workers: int | None) -> dict:
             kw["cpu_decode_share"] = args.cpu_decode_share
         if backend == "turbo":
             kw["region_decode"] = args.region_decode
-            kw["gpu_decode_share"] = args.gpu_decode_share
         loader = build(index=index, backend=backend, image_size=size, batch_size=batch,
                        rank=0, world_size=1, workers=workers, device=device, **kw)
         epochs = iter(range(1, 1 << 30))
@@ -260,9 +259,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--region-decode", action="store_true",
                    help="crops-turbo, turbo-train/-eval: decode only each crop's region "
                         "(libjpeg-turbo 3; region_decode.py)")
-    p.add_argument("--gpu-decode-share", type=float, default=0.0,
-                   help="turbo-train/-eval: the share of each batch nvJPEG decodes in a "
-                        "process of its own (decode_process.py)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", type=Path, help="write the table and the dataset's statistics here")
     a = p.parse_args(argv)
@@ -290,9 +286,7 @@ def main(argv=None) -> int:
               f"{stats['mean_kb']:.1f} KB, mean {stats['mean_width']:.0f}x"
               f"{stats['mean_height']:.0f} px; batch {a.batch_size}, {a.image_size} px, "
               f"{os.cpu_count()} host cores"
-              f"{', region decode' if a.region_decode else ''}"
-              f"{f', GPU decode share {a.gpu_decode_share}' if a.gpu_decode_share else ''}",
-              flush=True)
+              f"{', region decode' if a.region_decode else ''}", flush=True)
         print(f"{'stage':20s} {'workers':>7s} {'img/s':>10s}", flush=True)
         rows = []
         for stage in a.stages:
@@ -311,8 +305,7 @@ def main(argv=None) -> int:
         device = torch.cuda.get_device_name(a.device) if a.device.type == "cuda" else "cpu"
         a.json.write_text(json.dumps({"device": device, "torch": torch.__version__,
                                       "batch_size": a.batch_size, "image_size": a.image_size,
-                                      "region_decode": a.region_decode,
-                                      "gpu_decode_share": a.gpu_decode_share, "dataset": stats,
+                                      "region_decode": a.region_decode, "dataset": stats,
                                       "stages": rows}, indent=2))
     return 0
 

@@ -40,7 +40,6 @@ from PIL import Image
 from benchmarks.resnet import data
 from benchmarks.resnet.region_decode import RegionDecoder
 from common import loaders
-from common.errors import UserError
 
 _RGB_CONVERTIBLE = ("YCbCr", "Gray", "RGB")   # colour spaces libjpeg-turbo turns into RGB
 
@@ -98,9 +97,7 @@ class DecodedSlices(torch.utils.data.Dataset):
 class TurboDecoder:
     """``data.Loader``'s decode function for the ``turbo`` backend: each batch is cut into one
     slice per loader process, so every process works on every batch. One DataLoader serves
-    every pass (its processes start once); ``close`` stops them. ``gpu_share`` of each batch,
-    at its front, is decoded by nvJPEG in a process of its own instead
-    (:mod:`benchmarks.resnet.decode_process`; ``gpu_decode``: its batch decoder).
+    every pass (its processes start once); ``close`` stops them.
 
     Where the loader sets ``upcoming`` (epoch -> that pass's indices: training), the keys run
     on from each pass into the next, so the loader processes decode the next epoch's first
@@ -109,86 +106,55 @@ class TurboDecoder:
     the processes' queue at that pass."""
 
     def __init__(self, samples, size, train, seed, batch_size, workers, device,
-                 region_decode: bool = False, gpu_share: float = 0.0, gpu_decode=None):
-        if not 0 <= gpu_share <= 1:
-            raise UserError(f"--gpu-decode-share {gpu_share}: give a fraction from 0 to 1")
-        self.keys, self.gpu_keys = loaders.Keys(), loaders.Keys()
+                 region_decode: bool = False):
+        self.keys = loaders.Keys()
         slices = DecodedSlices(samples, size, train, seed, region_decode)
         self.loader = loaders.persistent(slices, self.keys, workers, device.type == "cuda")
-        self.gpu_loader = None
-        if gpu_share:
-            from benchmarks.resnet import decode_process, nvjpeg  # nvjpeg imports this module
-            self.gpu_loader = decode_process.device_loader(
-                samples, size, train, seed, device, self.gpu_keys,
-                gpu_decode or nvjpeg.nvjpeg_decode)
-        self.batch_size, self.device, self.gpu_share = batch_size, device, gpu_share
-        self.slice = math.ceil(max(batch_size - round(batch_size * gpu_share), 1)
-                               / max(workers, 1))
+        self.batch_size, self.device = batch_size, device
+        self.slice = math.ceil(batch_size / max(workers, 1))
         self.upcoming = None
-        self._plans, self._next, self._items, self._shares = {}, None, None, None
+        self._plans, self._next, self._items = {}, None, None
 
     def __call__(self, indices, epoch):
         plan = self._plans.get(epoch)
         if self._next != epoch or plan is None or plan[0] != indices:
-            self._restart(indices, epoch)
+            self._plans = {epoch: self._plan(indices, epoch)}
+            self.keys.keys = self._keys(epoch)
+            self._items = iter(self.loader)   # persistent processes drop what they had queued
         self._next = None   # until this pass's last batch has been taken
         return self._batches(epoch)
 
     def _plan(self, indices, epoch):
-        """(indices, the loader processes' keys, the share's keys, slices per batch, share
-        per batch) of one pass."""
+        """(indices, the loader processes' keys, slices per batch) of one pass."""
         batches = [indices[i:i + self.batch_size]
                    for i in range(0, len(indices), self.batch_size)]
-        fronts = [round(len(b) * self.gpu_share) for b in batches]
-        gpu_keys = [(epoch, b[:k]) for b, k in zip(batches, fronts) if k]
-        slices = [[(epoch, b[i:i + self.slice]) for i in range(k, len(b), self.slice)]
-                  for b, k in zip(batches, fronts)]
-        return (indices, [key for keys in slices for key in keys], gpu_keys,
-                [len(keys) for keys in slices], fronts)
+        slices = [[(epoch, b[i:i + self.slice]) for i in range(0, len(b), self.slice)]
+                  for b in batches]
+        return indices, [key for keys in slices for key in keys], [len(k) for k in slices]
 
-    def _keys(self, epoch, which):
-        """The keys of one kind (1: loader processes', 2: the share's) from ``epoch``'s
-        pass on, into the following passes where ``upcoming`` is set."""
+    def _keys(self, epoch):
+        """The keys from ``epoch``'s pass on, into the following passes where ``upcoming``
+        is set."""
         while True:
             if epoch not in self._plans:
                 self._plans[epoch] = self._plan(self.upcoming(epoch), epoch)
-            keys = self._plans[epoch][which]
-            if not keys:   # a kind without keys in one pass has none in any (share 0 or 1)
-                return
+            keys = self._plans[epoch][1]
             yield from keys
-            if self.upcoming is None:
+            if self.upcoming is None or not keys:   # no batches in a pass: none in the next
                 return
             epoch += 1
 
-    def _restart(self, indices, epoch):
-        self._plans = {epoch: self._plan(indices, epoch)}
-        self.keys.keys = self._keys(epoch, 1)
-        self._items = iter(self.loader)   # persistent processes drop what they had queued
-        if self.gpu_loader is not None:
-            self.gpu_keys.keys = self._keys(epoch, 2)
-            self._shares = iter(self.gpu_loader)
-
     def _batches(self, epoch):
-        _, _, _, counts, fronts = self._plans[epoch]
-        dev = self.device
-        for b, (n, k) in enumerate(zip(counts, fronts)):
-            images, labels = [], []
-            if k:
-                crops, share_labels = next(self._shares)
-                images.append(crops)
-                labels.append(share_labels)
-            if n:
-                parts = [next(self._items) for _ in range(n)]
-                images.append(data.normalize_on_device(
-                    torch.cat([p[0].to(dev, non_blocking=True) for p in parts]), dev))
-                labels.append(torch.cat([p[1] for p in parts]))
-            images = images[0] if len(images) == 1 else torch.cat(images)
+        counts, dev = self._plans[epoch][2], self.device
+        for b, n in enumerate(counts):
+            parts = [next(self._items) for _ in range(n)]
+            images = data.normalize_on_device(
+                torch.cat([p[0].to(dev, non_blocking=True) for p in parts]), dev)
+            labels = torch.cat([p[1] for p in parts]).to(dev, non_blocking=True)
             if b == len(counts) - 1:   # the queue now stands at the next pass's start
                 del self._plans[epoch]
                 self._next = epoch + 1
-            yield images, torch.cat(labels).to(dev, non_blocking=True)
+            yield images, labels
 
     def close(self) -> None:
         loaders.shut_down(self.loader)
-        if self.gpu_loader is not None:
-            loaders.shut_down(self.gpu_loader)

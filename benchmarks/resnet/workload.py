@@ -56,10 +56,6 @@ class ResNetWorkload(Workload):
         p.add_argument("--region-decode", action="store_true",
                        help="turbo backend: decode only each crop's region of the JPEG "
                             "(libjpeg-turbo 3, `make turbojpeg`; region_decode.py)")
-        p.add_argument("--gpu-decode-share", type=float, default=0.0,
-                       help="turbo backend: the share of each batch (0 to 1) that nvJPEG "
-                            "decodes, crops and resizes in a process of its own "
-                            "(decode_process.py), the loader processes the rest")
         p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
         p.add_argument("--image-size", type=int, default=224)
         p.add_argument("--batch-size", type=int, default=408, help="per-rank batch per step")
@@ -130,8 +126,7 @@ class ResNetWorkload(Workload):
             common = dict(index=self.index, backend=a.data_backend, image_size=a.image_size,
                           rank=env.rank, world_size=env.world_size, workers=a.workers,
                           device=env.device, cpu_decode_share=a.cpu_decode_share,
-                          region_decode=a.region_decode,
-                          gpu_decode_share=a.gpu_decode_share)
+                          region_decode=a.region_decode)
             self.train_loader = data.build_train_loader(batch_size=a.batch_size, seed=a.seed,
                                                         **common)
             self.eval_loader = data.build_eval_loader(batch_size=a.eval_batch_size, **common)
