@@ -8,6 +8,7 @@ it is, e.g. how much is convolution/GEMM against fusable memory-bound work.
 
 from __future__ import annotations
 
+import bisect
 import collections
 from collections.abc import Callable
 
@@ -110,20 +111,46 @@ def _gaps(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return gaps
 
 
+def _innermost(spans: list, starts: list[float], t: float):
+    """The innermost of ``spans`` (``(start, end, name)``, sorted by start, the longer first
+    among equal starts; ``starts`` their starts) that holds ``t``: the latest to begin, the
+    shortest of those beginning together. None if none holds it."""
+    for i in range(bisect.bisect_right(starts, t) - 1, -1, -1):
+        if spans[i][1] > t:
+            return spans[i]
+    return None
+
+
+def _idle_by(events, steps: int, spans: list) -> dict[str, float]:
+    """Milliseconds per step of GPU idle time by the name of the innermost of ``spans``
+    (``(start, end, name)``) that holds each gap's start (``(no region)`` where none does)."""
+    spans = sorted(spans, key=lambda r: (r[0], -r[1]))
+    starts = [r[0] for r in spans]
+    kernels = [(e.time_range.start, e.time_range.end) for e in filter(_is_kernel, events)]
+    idle = collections.Counter()
+    for start, end in _gaps(kernels):
+        inside = _innermost(spans, starts, start)
+        idle[inside[2] if inside else "(no region)"] += (end - start) / (1e3 * steps)
+    return dict(idle)
+
+
 def idle_by_region(events, steps: int) -> dict[str, float]:
     """Milliseconds per step of GPU idle time (the gaps between kernels), by the innermost
     :func:`region` the host was in as each gap began (``(no region)`` outside them all):
     where the host was when the GPU ran out of work, slow to launch or waiting on a sync."""
-    kernels = [(e.time_range.start, e.time_range.end) for e in filter(_is_kernel, events)]
-    regions = [(e.time_range.start, e.time_range.end, e.name[len(REGION):])
-               for e in filter(_is_region, events)]
-    idle = collections.Counter()
-    for start, end in _gaps(kernels):
-        inside = [r for r in regions if r[0] <= start < r[1]]
-        # the innermost: the latest to begin, the shortest of those beginning together
-        name = max(inside, key=lambda r: (r[0], -r[1]))[2] if inside else "(no region)"
-        idle[name] += (end - start) / (1e3 * steps)
-    return dict(idle)
+    return _idle_by(events, steps, [(e.time_range.start, e.time_range.end,
+                                     e.name[len(REGION):]) for e in filter(_is_region, events)])
+
+
+def idle_by_host_op(events, steps: int) -> dict[str, float]:
+    """Milliseconds per step of GPU idle time by the innermost host operation running as each
+    gap began, on any thread (autograd's engine runs the backward on its own): an ATen op,
+    an autograd node (``autograd::engine::evaluate_function: ...``) or, between ops, the
+    region (``region:...``). CUDA runtime calls are left out, so a wait inside one counts for
+    the op that made it (``aten::_local_scalar_dense`` for ``.item()``)."""
+    return _idle_by(events, steps, [
+        (e.time_range.start, e.time_range.end, e.name) for e in events
+        if e.device_type.name == "CPU" and not e.name.startswith("cu")])
 
 
 def overlap_summary(events, steps: int, since: float = float("-inf")) -> dict[str, float]:
@@ -203,4 +230,8 @@ def kernel_breakdown(step: Callable[..., torch.Tensor], batch: tuple[torch.Tenso
                   for name, us in regions.items()]
         if "(no region)" in idle:
             lines.append(f"    {'(no region)':22s} idle {idle['(no region)']:6.2f} ms")
+        ops = collections.Counter(idle_by_host_op(events, steps)).most_common(top)
+        lines.append("  GPU idle time by the host operation running as it began (top "
+                     f"{len(ops)}):")
+        lines += [f"    {ms:6.2f} ms  {name[:100]}" for name, ms in ops]
     return "\n".join(lines)

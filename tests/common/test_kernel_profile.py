@@ -1,9 +1,11 @@
 import types
 
+import pytest
 import torch
 
 from common.kernel_profile import (
     family,
+    idle_by_host_op,
     idle_by_region,
     kernel_times,
     overlap_summary,
@@ -105,3 +107,23 @@ def test_idle_time_goes_to_the_innermost_region_the_host_was_in_as_the_gpu_ran_d
                                                "step": 0.01}
     # a gap that begins outside every region
     assert idle_by_region(events[:5], steps=1) == {"(no region)": 0.22}
+
+
+def test_idle_time_goes_to_the_innermost_host_op_as_the_gpu_ran_dry_on_any_thread():
+    def event(name, start, end, device="CPU"):
+        return types.SimpleNamespace(name=name, is_user_annotation=False,
+                                     time_range=types.SimpleNamespace(start=start, end=end),
+                                     device_type=types.SimpleNamespace(name=device))
+    # kernels 0-100, 150-200, 260-300, 400-420; gaps 100-150 (the host waits in .item()'s
+    # stream sync), 200-260 (between ops in "heads"), 300-400 (the autograd engine's thread
+    # inside a backward node's aten::mul, while the main thread waits in the region)
+    events = [event("k", 0, 100, "CUDA"), event("k", 150, 200, "CUDA"),
+              event("k", 260, 300, "CUDA"), event("k", 400, 420, "CUDA"),
+              event("region:heads", 0, 250), event("aten::item", 90, 160),
+              event("aten::_local_scalar_dense", 95, 160),
+              event("cudaStreamSynchronize", 96, 150), event("aten::mm", 210, 215),
+              event("region:backward", 250, 500),
+              event("autograd::engine::evaluate_function: MulBackward0", 280, 330),
+              event("aten::mul", 290, 320), event("cudaLaunchKernel", 299, 302)]
+    assert idle_by_host_op(events, steps=1) == pytest.approx(
+        {"aten::_local_scalar_dense": 0.05, "region:heads": 0.06, "aten::mul": 0.1})
