@@ -127,18 +127,36 @@ class RoISampler:
         positive, negative = balanced_sample(
             valid & (matches >= 0), valid & (matches == Matcher.BELOW_LOW_THRESHOLD),
             self.batch_size_per_image, self.positive_fraction, generator)
-        sampled = positive | negative
-        total, num_positive = torch.stack((sampled.sum(), positive.sum())).tolist()
-        image, column = torch.nonzero_static(sampled, size=total).unbind(1)
-        boxes, matches = boxes[image, column], matches[image, column]
+        # Every candidate's fields, and its row among the samples, are made before the sync,
+        # while the GPU is still busy with the work before it; after the sync only views of
+        # the first rows remain, so the host goes straight on to the heads.
+        images = torch.arange(len(boxes), device=boxes.device)[:, None].expand_as(matches)
         matched = matches.clamp(min=0)
-        labels = torch.where(matches >= 0, gt_labels[image, matched].long(), 0)
-        targets = self.box_coder.encode(gt[image, matched], boxes)
+        real = matches >= 0
+        labels = torch.where(real, gt_labels.gather(1, matched).long(), 0)
+        targets = self.box_coder.encode(gt[images, matched].flatten(0, 1), boxes.flatten(0, 1))
         index = gt_valid.flatten().cumsum(0).view_as(gt_valid) - 1     # among the real ones
-        matched_idxs = torch.where(matches >= 0, index[image, matched], -1)
-        return RoISamples(torch.cat((image[:, None].to(boxes), boxes), dim=1), labels, targets,
-                          matched_idxs,
-                          torch.nonzero_static(matches >= 0, size=num_positive).squeeze(1))
+        matched_idxs = torch.where(real, index.gather(1, matched), -1)
+        rois = torch.cat((images[..., None].to(boxes), boxes), dim=2).flatten(0, 1)
+        sampled, positive = (positive | negative).flatten(), positive.flatten()
+        row = _rows(sampled)
+        fields = [_placed(t, row) for t in (rois, labels.flatten(), targets,
+                                              matched_idxs.flatten())]
+        positive_rows = _placed(row, _rows(positive))
+        total, num_positive = torch.stack((sampled.sum(), positive.sum())).tolist()
+        return RoISamples(*(t[:total] for t in fields), positive_rows[:num_positive])
+
+
+def _rows(chosen: Tensor) -> Tensor:
+    """Each entry's row among the ``chosen`` [N] ones, in order; ``N`` (a spare row) for the
+    others."""
+    return torch.where(chosen, chosen.cumsum(0) - 1, len(chosen))
+
+
+def _placed(values: Tensor, rows: Tensor) -> Tensor:
+    """``values`` [N, ...] written to ``rows`` [N] of a new [N + 1, ...] tensor (row N, the
+    spare, takes whatever is left over)."""
+    return values.new_empty((len(values) + 1, *values.shape[1:])).index_copy_(0, rows, values)
 
 
 def box_loss(class_logits: Tensor, box_regression: Tensor, labels: Tensor,
