@@ -124,19 +124,19 @@ class RoISampler:
         boxes, gt_valid = proposals.float(), gt_labels > 0
         gt = gt_boxes.to(boxes)
         matches = self.matcher(box_iou(gt, boxes), gt_valid)
+        foreground = matches >= 0
         positive, negative = balanced_sample(
-            valid & (matches >= 0), valid & (matches == Matcher.BELOW_LOW_THRESHOLD),
+            valid & foreground, valid & (matches == Matcher.BELOW_LOW_THRESHOLD),
             self.batch_size_per_image, self.positive_fraction, generator)
         # Every candidate's fields, and its row among the samples, are made before the sync,
         # while the GPU is still busy with the work before it; after the sync only views of
         # the first rows remain, so the host goes straight on to the heads.
         images = torch.arange(len(boxes), device=boxes.device)[:, None].expand_as(matches)
         matched = matches.clamp(min=0)
-        real = matches >= 0
-        labels = torch.where(real, gt_labels.gather(1, matched).long(), 0)
+        labels = torch.where(foreground, gt_labels.gather(1, matched).long(), 0)
         targets = self.box_coder.encode(gt[images, matched].flatten(0, 1), boxes.flatten(0, 1))
         index = gt_valid.flatten().cumsum(0).view_as(gt_valid) - 1     # among the real ones
-        matched_idxs = torch.where(real, index.gather(1, matched), -1)
+        matched_idxs = torch.where(foreground, index.gather(1, matched), -1)
         rois = torch.cat((images[..., None].to(boxes), boxes), dim=2).flatten(0, 1)
         sampled, positive = (positive | negative).flatten(), positive.flatten()
         row = _rows(sampled)
