@@ -36,6 +36,13 @@ backbone is: in eager mode they are some hundred small kernels a step, each laun
 the host, forward and backward. ``compile_proposals`` compiles the RPN's proposal selection
 before and after NMS in the same way (:meth:`benchmarks.maskrcnn.rpn.RPN.compile_selection`).
 
+``box_head_before_sync`` runs the box head and its loss on a bound of the sampled RoIs that
+the host knows without their counts (:meth:`Detector._box_rows`; the rows past the samples
+have label -1, which the loss leaves out) before the host reads the counts, and reads them
+by waiting for their copy alone: the GPU works through the box head while the host goes on
+to the mask head, which needs the positives' count. The same losses; plain, the box head
+waits for the counts.
+
 ``loss_streams`` computes the RPN's targets and loss, the box head's loss and the mask
 targets and loss each on a CUDA stream of its own (:class:`common.streams.SideStreams`),
 beside the proposal selection and the heads on the current stream, joined before the losses
@@ -56,6 +63,7 @@ from benchmarks.maskrcnn.roi_heads import (
     DETECTIONS_PER_IMG,
     ImageDetections,
     RoISampler,
+    RoISamples,
     box_loss,
     mask_loss,
     mask_targets,
@@ -69,6 +77,22 @@ from common.workload import maybe_compile
 
 RECOMPILE_LIMIT = 64    # compiled backbone graphs: padded sizes x grad modes
 LOSSES = ("loss_objectness", "loss_rpn_box_reg", "loss_classifier", "loss_box_reg", "loss_mask")
+
+
+def _on_host(counts: torch.Tensor):
+    """A function that gives ``counts``' values: on CUDA their copy to the host starts now,
+    behind the work queued so far, and the function waits for that copy alone, not for
+    work queued after it."""
+    if not counts.is_cuda:
+        return counts.tolist
+    host = counts.to("cpu", non_blocking=True)      # into pinned memory
+    copied = torch.cuda.Event()
+    copied.record()
+
+    def values() -> list:
+        copied.synchronize()
+        return host.tolist()
+    return values
 
 
 def ground_truth(boxes: torch.Tensor, labels: torch.Tensor, masks: torch.Tensor
@@ -98,7 +122,8 @@ class Detector(nn.Module):
                  loss_streams: bool = False, nms_keep: Keep | None = None,
                  backbone_graphs: bool = False, head_graphs: bool = False,
                  box_roi_multiple: int = 0, mask_roi_multiple: int = 0,
-                 compile_losses: bool = False, compile_proposals: bool = False):
+                 compile_losses: bool = False, compile_proposals: bool = False,
+                 box_head_before_sync: bool = False):
         super().__init__()
         self.nms_keep = nms_keep
         self.net, self.rpn, self.sampler = net, rpn, sampler
@@ -108,6 +133,7 @@ class Detector(nn.Module):
         self._side = SideStreams(next(net.parameters()).device, 3 if loss_streams else 0)
         self.compiled = compile_mode != "none"
         self.head_graphs = head_graphs
+        self.box_head_before_sync = box_head_before_sync
         if self.compiled:   # a graph per padded size and grad mode, more than the default 8
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                        RECOMPILE_LIMIT)
@@ -165,10 +191,13 @@ class Detector(nn.Module):
         n, multiple = len(rois), self.roi_multiples[index]
         if not n:   # nothing detected: eager, not a graph compiled for no RoIs
             return (self._box_head, self._mask_head)[index](levels, rois)
-        if multiple:
-            rois = torch.cat([rois, rois[-1:].expand(-n % multiple, -1)])
+        pad = -n % multiple if multiple else 0
+        if pad:
+            rois = torch.cat([rois, rois[-1:].expand(pad, -1)])
         out = self._heads[index]([self._dynamic(x, 2, 3) for x in levels],
                                  self._dynamic(rois, 0))
+        if not pad:
+            return out
         return out[:n] if index else tuple(x[:n] for x in out)
 
     def anchors(self, levels: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -178,6 +207,25 @@ class Detector(nn.Module):
             self._anchors[key] = fpn_anchors([tuple(x.shape[-2:]) for x in levels],
                                              levels[0].device)
         return self._anchors[key]
+
+    def _box_rows(self, batch: int, candidates: int, gt: int) -> int:
+        """A bound on a training batch's sampled RoIs that the host knows without the counts:
+        at most ``batch_size_per_image`` of each image's ``candidates``, and at most the
+        batch's proposals plus its ``gt`` padded ground-truth boxes an image; rounded up to
+        the box head's RoI multiple where that stays within the candidates."""
+        bound = min(batch * min(self.sampler.batch_size_per_image, candidates),
+                    self.rpn.most_proposals(batch) + batch * max(gt, 1))
+        multiple = self.roi_multiples[0]
+        rounded = -(-bound // multiple) * multiple if multiple else bound
+        return rounded if rounded <= batch * candidates else bound
+
+    def _box_losses(self, levels: list[torch.Tensor], samples: RoISamples):
+        """The box head's two losses on ``samples`` (rows of label -1 left out)."""
+        with region("box-head"):
+            scores, box_deltas = self.box_head(levels, samples.rois)
+        with region("box-loss"):
+            return self._side.run(1, self._losses[1], *(self._dynamic(t, 0) for t in (
+                scores, box_deltas, samples.labels, samples.regression_targets)))
 
     def forward(self, images: torch.Tensor, image_sizes: torch.Tensor, *targets: torch.Tensor):
         """Training: ``(images, image_sizes, boxes, labels, masks)`` of a ``TrainBatch`` ->
@@ -192,7 +240,7 @@ class Detector(nn.Module):
             return self._detect(levels, proposals, sizes, targets[0])
         gt_boxes, gt_labels, gt_masks = targets
         gt_valid = gt_labels > 0
-        side, (rpn_loss, box_loss_fn, mask_loss_fn) = self._side, self._losses
+        side, (rpn_loss, _, mask_loss_fn) = self._side, self._losses
         with region("rpn-loss"):
             loss_objectness, loss_rpn_box_reg = side.run(
                 0, rpn_loss, objectness, deltas, anchors, image_sizes,
@@ -201,20 +249,26 @@ class Detector(nn.Module):
             proposals, valid = self.rpn.padded_proposals(objectness, deltas, anchors,
                                                          image_sizes, gt_boxes, gt_valid)
         with region("roi-sampler"):
-            samples = self.sampler(proposals, valid, gt_boxes, gt_labels)
-        with region("box-head"):
-            scores, box_deltas = self.box_head(levels, samples.rois)
-        with region("box-loss"):
-            loss_classifier, loss_box_reg = side.run(
-                1, box_loss_fn, *(self._dynamic(t, 0) for t in (
-                    scores, box_deltas, samples.labels, samples.regression_targets)))
+            padded, counts = self.sampler.padded(proposals, valid, gt_boxes, gt_labels)
+            counts = _on_host(counts)
+        if self.box_head_before_sync:
+            rows = self._box_rows(len(proposals), *proposals.shape[1:2], gt_labels.shape[1])
+            box_losses = self._box_losses(levels, padded.first(rows, 0))
+        with region("roi-sampler"):
+            samples = padded.first(*counts())
+        if not self.box_head_before_sync:
+            box_losses = self._box_losses(levels, samples)
+        loss_classifier, loss_box_reg = box_losses
         with region("mask-head"):
-            rois = samples.rois[samples.positive]
-            mask_logits = self.mask_head(levels, rois)
+            multiple = self.roi_multiples[1]    # padded here: the loss leaves the pads out
+            rows = -(-len(samples.positive) // multiple) * multiple if multiple else 0
+            positives = (padded.positives.first(rows) if 0 < rows < len(padded.labels)
+                         else samples.positives)
+            mask_logits = self.mask_head(levels, positives.rois)
         with region("mask-loss"):
             loss_mask = side.run(2, mask_loss_fn, *(self._dynamic(t, 0) for t in (
-                mask_logits, rois, samples.labels[samples.positive],
-                samples.matched_idxs[samples.positive], gt_masks)))
+                mask_logits, positives.rois, positives.labels, positives.matched_idxs,
+                gt_masks)))
         side.join()
         return dict(zip(LOSSES, (loss_objectness, loss_rpn_box_reg, loss_classifier,
                                  loss_box_reg, loss_mask)))

@@ -163,6 +163,12 @@ class RPN(nn.Module):
         self.box_coder = BoxCoder(RPN_BOX_WEIGHTS)
         self._pre_nms, self._post_nms = self._candidates, self._select
 
+    def most_proposals(self, batch: int) -> int:
+        """The most proposals that a training batch of ``batch`` images holds in all, before
+        its ground truth is appended: the over-levels top-N, per batch (or per image)."""
+        top_n = self.fpn_post_nms_top_n_train
+        return top_n * batch if self.fpn_post_nms_per_image_train else top_n
+
     def _top_ns(self) -> tuple[int, int, int]:
         """The pre-NMS, post-NMS and over-levels top-N of the current mode."""
         if self.training:

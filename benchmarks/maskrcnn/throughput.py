@@ -26,7 +26,9 @@ pads images to the configs' 4 sizes (``--size-buckets 4``; 800 x 1152 here),
 ``ours-head-graphs`` (the GPU configs' step) also replays the box and mask heads as CUDA
 graphs (``--head-graphs``, with ``--box-roi-multiple 512``), ``ours-losses`` also compiles
 the RPN, box and mask losses (``--compile-losses``), ``ours-losses-proposals`` also the
-RPN's proposal selection (``--compile-proposals``);
+RPN's proposal selection (``--compile-proposals``); ``ours-early-box`` and
+``ours-early-box-proposals`` add to those two the box head before the sampler's host sync
+(``--box-head-before-sync``);
 ``ours-tuned-streams-nms`` is ``ours-compile-streams-nms`` under ``--compile tuned`` (Inductor's
 coordinate-descent tuning of each fused kernel).
 The baselines are torchvision's ``MaskRCNN`` on a ResNet-50 FPN, trained as torchvision's
@@ -83,6 +85,9 @@ OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-head-graphs": HEAD_GRAPHS,
         "ours-losses": (*HEAD_GRAPHS, "--compile-losses"),
         "ours-losses-proposals": (*HEAD_GRAPHS, "--compile-losses", "--compile-proposals"),
+        "ours-early-box": (*HEAD_GRAPHS, "--compile-losses", "--box-head-before-sync"),
+        "ours-early-box-proposals": (*HEAD_GRAPHS, "--compile-losses", "--compile-proposals",
+                                     "--box-head-before-sync"),
         "ours-tuned-streams-nms": ("--fold-frozen-bn", "--channels-last", "--compile",
                                    "tuned", "--loss-streams", "--nms", "triton")}
 # variant -> whether torchvision's model runs through torch.compile

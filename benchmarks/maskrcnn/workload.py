@@ -169,6 +169,11 @@ class MaskRCNNWorkload(Workload):
                        default=False,
                        help="also compile the RPN's proposal selection before and after NMS, "
                             "a region per padded size (needs --compile)")
+        p.add_argument("--box-head-before-sync", action=argparse.BooleanOptionalAction,
+                       default=False,
+                       help="run the box head and its loss on a bound of the sampled RoIs "
+                            "that the host knows, before it reads the sampler's counts (the "
+                            "rows past the samples left out of the loss; the same losses)")
         p.add_argument("--box-roi-multiple", type=int, default=0,
                        help="run the box head on its RoI count rounded up to a multiple of "
                             "this (copies of the last RoI, dropped after); 0: the count as it is")
@@ -251,7 +256,8 @@ class MaskRCNNWorkload(Workload):
                                  box_roi_multiple=a.box_roi_multiple,
                                  mask_roi_multiple=a.mask_roi_multiple,
                                  compile_losses=a.compile_losses,
-                                 compile_proposals=a.compile_proposals)
+                                 compile_proposals=a.compile_proposals,
+                                 box_head_before_sync=a.box_head_before_sync)
         self.model = dist.data_parallel(self.detector, env)
         self.lr = torch.zeros((), device=env.device)
         self.bias_lr = torch.zeros((), device=env.device)

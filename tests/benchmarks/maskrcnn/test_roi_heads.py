@@ -13,6 +13,7 @@ from benchmarks.maskrcnn.boxes import ROI_BOX_WEIGHTS, BoxCoder, box_iou
 from benchmarks.maskrcnn.roi_align import roi_align
 from benchmarks.maskrcnn.roi_heads import (
     ImageDetections,
+    Positives,
     RoISampler,
     RoISamples,
     box_loss,
@@ -157,6 +158,62 @@ def test_sampler_of_a_padded_batch_matches_each_image_alone():
     assert torch.equal(samples.positive, torch.nonzero(positive).squeeze(1))
     torch.testing.assert_close(samples.regression_targets[positive], BoxCoder(
         ROI_BOX_WEIGHTS).encode(real_gt[samples.matched_idxs[positive]], boxes[positive]))
+
+
+def test_padded_samples_hold_the_samples_first_then_rows_the_loss_leaves_out():
+    """``RoISampler.padded``: the samples that ``__call__`` gives (one generator state), then
+    rows of label -1 with a zero box and targets; the counts on the device."""
+    proposals = torch.zeros(2, 50, 4)
+    valid = torch.zeros(2, 50, dtype=torch.bool)
+    g = torch.Generator().manual_seed(5)
+    for i, n in enumerate((50, 20)):
+        proposals[i, :n] = torch.cat((jittered(GT_BOXES, n // 2, g), far_boxes(n - n // 2, g)))
+        valid[i, :n] = True
+    gt, gt_labels = torch.stack((GT_BOXES, GT_BOXES)), torch.stack((GT_LABELS, GT_LABELS))
+    sampler = RoISampler(batch_size_per_image=16)
+    expected = sampler(proposals, valid, gt, gt_labels, torch.Generator().manual_seed(6))
+    padded, counts = sampler.padded(proposals, valid, gt, gt_labels,
+                                    torch.Generator().manual_seed(6))
+    total, positives = counts.tolist()
+    assert (total, positives) == (len(expected.labels), len(expected.positive))
+    assert 0 < positives < total < 2 * 50
+    first = padded.first(total, positives)
+    for got, want in zip([*vars(first).values()][:-1] + [*vars(first.positives).values()],
+                         [*vars(expected).values()][:-1] + [*vars(expected.positives).values()]):
+        assert torch.equal(got, want)
+    assert len(padded.labels) == 2 * 50 + 1
+    rest = slice(total, 2 * 50)                 # the last row is spare
+    assert (padded.labels[rest] == -1).all() and (padded.matched_idxs[rest] == -1).all()
+    assert not padded.rois[rest].any() and not padded.regression_targets[rest].any()
+    mine, pads = padded.positives.first(positives), padded.positives.first(2 * 50)
+    for got, field in ((mine.rois, expected.rois), (mine.labels, expected.labels),
+                       (mine.matched_idxs, expected.matched_idxs)):
+        assert torch.equal(got, field[expected.positive])
+    assert (pads.labels[positives:] == -1).all() and not pads.rois[positives:].any()
+    assert not pads.matched_idxs[positives:].any()      # ground truth 0: a valid index
+
+
+def test_mask_loss_leaves_out_rows_of_label_minus_one():
+    g = torch.Generator().manual_seed(8)
+    logits = torch.randn(5, 3, 4, 4, generator=g, requires_grad=True)
+    labels, targets = torch.tensor([1, 2, 1, -1, -1]), (torch.rand(5, 4, 4, generator=g) > 0.5)
+    padded = mask_loss(logits, labels, targets)
+    padded.backward()
+    torch.testing.assert_close(padded, mask_loss(logits[:3], labels[:3], targets[:3]))
+    assert not logits.grad[3:].any() and logits.grad[:3].abs().sum() > 0
+
+
+def test_box_loss_leaves_out_rows_of_label_minus_one():
+    g = torch.Generator().manual_seed(7)
+    logits = torch.randn(6, 3, generator=g, requires_grad=True)
+    deltas = torch.randn(6, 12, generator=g, requires_grad=True)
+    labels, targets = torch.tensor([0, 2, 1, 1, -1, -1]), torch.randn(6, 4, generator=g)
+    padded = box_loss(logits, deltas, labels, targets)
+    sum(padded).backward()
+    plain = box_loss(logits[:4], deltas[:4], labels[:4], targets[:4])
+    torch.testing.assert_close(torch.stack(padded), torch.stack(plain))
+    assert not logits.grad[4:].any() and not deltas.grad[4:].any()
+    assert logits.grad[:4].abs().sum() > 0
 
 
 def test_box_loss_by_hand():
@@ -410,7 +467,9 @@ def _training_step_losses(device, dtype=None, sample_device=None):
         proposals, valid, torch.stack((GT_BOXES, F.pad(GT_BOXES[:1], (0, 0, 0, 2)))).to(
             sample_device), gt_labels.to(sample_device),
         generator=torch.Generator(sample_device).manual_seed(0))
-    samples = RoISamples(*(t.to(device) for t in vars(samples).values()))
+    *fields, positives = vars(samples).values()
+    samples = RoISamples(*(t.to(device) for t in fields),
+                         Positives(*(t.to(device) for t in vars(positives).values())))
     masks = torch.cat(masks)
     torch.manual_seed(0)
     box_head = torch.nn.Linear(4, 81 * 5).to(device)

@@ -208,6 +208,27 @@ def test_padded_rois_take_the_plain_steps_losses_and_gradients(head):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("multiple", [[], ["--box-roi-multiple", "16"]])
+def test_box_head_before_the_sync_takes_the_plain_steps_losses_and_gradients(multiple):
+    """``--box-head-before-sync``: the box head on the host's bound of the sampled RoIs
+    (here both images' 32, or 2 x 32 rounded to 16s), its padding left out of the loss."""
+    plain, early = build([*TINY, *multiple]), build([*TINY, *multiple, "--box-head-before-sync"])
+    early.net.load_state_dict(plain.net.state_dict())
+    batch, seen = plain.synthetic_batch(2), []
+    for wl in (plain, early):
+        wl.detector.net.box_predictor.register_forward_hook(
+            lambda _m, inputs, _out: seen.append(len(inputs[0])))
+    losses = []
+    for wl in (plain, early):
+        torch.manual_seed(1)                # the same anchors and RoIs sampled
+        losses.append(wl.train_step(*batch))
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-7)
+    assert seen[1] == 64 and seen[0] <= 64, seen
+    for (name, p), q in zip(plain.net.named_parameters(), early.net.parameters()):
+        if p.grad is not None:
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
 @pytest.mark.parametrize("flag", ["--box-roi-multiple", "--mask-roi-multiple"])
 def test_negative_roi_multiple_is_one_line(flag):
     with pytest.raises(UserError, match=f"{flag} must be 0"):
