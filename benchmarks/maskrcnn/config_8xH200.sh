@@ -15,7 +15,8 @@
 # 2-process fixture run on the CPU (gloo) reached both targets.
 # The box head runs before the RoI sampler's host sync (--box-head-before-sync): 220.6-233.9
 # img/s against 217.2-225.0 without, 2.0% more in the mean of 4 same-process pairs on one
-# H100 (docs/performance.md, Mask R-CNN, session 24).
+# H100 (docs/performance.md, Mask R-CNN, session 24). Neither it nor --compile-losses has yet
+# finished a run on several GPUs: a 4-GPU fixture run with both was stopped by its time limit.
 # --size-buckets 4 pads batches to 7 shapes, each compiled, then recorded as a graph, before
 # the clock (--init-steps 14: two steps of each); these flags reached both targets on the
 # fixture on one H100 (there with 3 shapes, recorded inside the run); on COCO the bucket count is

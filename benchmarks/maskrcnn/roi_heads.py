@@ -87,7 +87,7 @@ Tensor = torch.Tensor
 class Positives:
     """The positive samples as the mask head takes them, in the samples' order: ``rois``
     [P, 5], ``labels`` [P] and ``matched_idxs`` [P]. Rows of label -1 past them are padding
-    (other candidates' RoIs, ground truth 0), which the mask loss leaves out."""
+    (a zero box on image 0, ground truth 0), which the mask loss leaves out."""
     rois: Tensor
     labels: Tensor
     matched_idxs: Tensor
@@ -146,8 +146,8 @@ class RoISampler:
                generator: torch.Generator | None = None) -> tuple[RoISamples, Tensor]:
         """:meth:`__call__`'s samples before the host knows their counts, and the counts [2]
         (sampled RoIs, positives) on the device: each field has ``B * K + 1`` rows, the
-        samples' first, then rows of label -1 (other candidates' RoIs, zero targets), and
-        the last row spare (any value); ``positive`` holds the positives' rows first."""
+        samples' first, then rows of label -1 (a zero box and targets), and the last row
+        spare (any value); ``positive`` holds the positives' rows first."""
         if gt_labels.shape[1] == 0:                 # a batch without ground truth: one pad
             gt_boxes, gt_labels = gt_boxes.new_zeros(len(valid), 1, 4), gt_labels.new_zeros(
                 len(valid), 1)
@@ -172,9 +172,9 @@ class RoISampler:
         labels, matched_idxs = labels.flatten(), matched_idxs.flatten()
         row, positive_row = _rows(sampled), _rows(positive)
         fields = [_placed(t, row, fill) for t, fill in (
-            (rois, None), (labels, -1), (targets, 0), (matched_idxs, -1))]
+            (rois, 0), (labels, -1), (targets, 0), (matched_idxs, -1))]
         positives = Positives(*(_placed(t, positive_row, fill) for t, fill in (
-            (rois, None), (labels, -1), (matched_idxs, 0))))
+            (rois, 0), (labels, -1), (matched_idxs, 0))))
         return (RoISamples(*fields, _placed(row, positive_row, 0), positives),
                 torch.stack((sampled.sum(), positive.sum())))
 
@@ -185,14 +185,11 @@ def _rows(chosen: Tensor) -> Tensor:
     return torch.where(chosen, chosen.cumsum(0) - 1, len(chosen))
 
 
-def _placed(values: Tensor, rows: Tensor, fill: float | None) -> Tensor:
-    """``values`` [N, ...] written to ``rows`` [N] of a new [N + 1, ...] tensor of ``fill``,
-    or with ``fill`` None of the values themselves in their own order (row N, the spare,
-    takes whatever is left over). RoIs padded so stay apart: padding RoIs on one spot made
-    RoIAlign's backward add their (zero) gradients into the same few addresses."""
-    out = (torch.cat((values, values[-1:])) if fill is None
-           else values.new_full((len(values) + 1, *values.shape[1:]), fill))
-    return out.index_copy_(0, rows, values)
+def _placed(values: Tensor, rows: Tensor, fill: float) -> Tensor:
+    """``values`` [N, ...] written to ``rows`` [N] of a new [N + 1, ...] tensor of ``fill``
+    (row N, the spare, takes whatever is left over)."""
+    return values.new_full((len(values) + 1, *values.shape[1:]), fill).index_copy_(0, rows,
+                                                                                  values)
 
 
 def box_loss(class_logits: Tensor, box_regression: Tensor, labels: Tensor,
