@@ -179,8 +179,9 @@ class MaskRCNNWorkload(Workload):
                             "this (copies of the last RoI, dropped after); 0: the count as it is")
         p.add_argument("--mask-roi-multiple", type=int, default=0,
                        help="run the mask head on its RoI count rounded up to a multiple of "
-                            "this (copies of the last RoI, dropped after): few convolution "
-                            "shapes, so cuDNN's plans are reused; 0: the count as it is")
+                            "this (padding RoIs, left out of the loss; in evaluation copies of "
+                            "the last RoI, dropped after): few convolution shapes, so cuDNN's "
+                            "plans are reused; 0: the count as it is")
         # widths: the reference's by default, smaller for CPU fixtures
         p.add_argument("--width", type=int, default=WIDTH, help="ResNet-50 base width")
         p.add_argument("--fpn-channels", type=int, default=FPN_CHANNELS)

@@ -179,23 +179,15 @@ def test_graphs_without_compile_cuda_or_roi_multiples_is_one_line(flags, message
 
 @pytest.mark.parametrize("head", ["box", "mask"])
 def test_padded_rois_take_the_plain_steps_losses_and_gradients(head):
-    """``--box-roi-multiple`` and ``--mask-roi-multiple``: the head on copies of the last RoI
-    besides its own, their outputs dropped: the same losses, gradients and evaluation
-    outputs."""
+    """``--box-roi-multiple`` and ``--mask-roi-multiple``: the head on padding RoIs besides
+    its own (in training left out of the loss, in evaluation copies of the last RoI, their
+    outputs dropped): the same losses, gradients and evaluation outputs."""
     plain, padded = build(TINY), build([*TINY, f"--{head}-roi-multiple", "16"])
-    padded.net.load_state_dict(plain.net.state_dict())
-    batch, seen = plain.synthetic_batch(2), []
+    seen = []
     getattr(padded.detector.net, f"{head}_predictor").register_forward_hook(
         lambda _m, inputs, _out: seen.append(len(inputs[0])))
-    losses = []
-    for wl in (plain, padded):
-        torch.manual_seed(1)                # the same anchors and RoIs sampled
-        losses.append(wl.train_step(*batch))
-    torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-7)
+    assert_same_step(plain, padded)
     assert seen and all(n % 16 == 0 for n in seen), seen
-    for (name, p), q in zip(plain.net.named_parameters(), padded.net.parameters()):
-        if p.grad is not None:
-            torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7, msg=name)
     rois = torch.tensor([[0, 1.0, 2.0, 30.0, 40.0], [1, 5.0, 5.0, 60.0, 33.0],
                          [1, 0.0, 9.0, 20.0, 63.0]])
     levels = [torch.randn(2, 8, 64 // s, 64 // s) for s in (4, 8, 16, 32)]
@@ -213,18 +205,24 @@ def test_box_head_before_the_sync_takes_the_plain_steps_losses_and_gradients(mul
     """``--box-head-before-sync``: the box head on the host's bound of the sampled RoIs
     (here both images' 32, or 2 x 32 rounded to 16s), its padding left out of the loss."""
     plain, early = build([*TINY, *multiple]), build([*TINY, *multiple, "--box-head-before-sync"])
-    early.net.load_state_dict(plain.net.state_dict())
-    batch, seen = plain.synthetic_batch(2), []
+    seen = []
     for wl in (plain, early):
         wl.detector.net.box_predictor.register_forward_hook(
             lambda _m, inputs, _out: seen.append(len(inputs[0])))
-    losses = []
-    for wl in (plain, early):
+    assert_same_step(plain, early)
+    assert seen[1] == 64 and seen[0] <= 64, seen
+
+
+def assert_same_step(plain, other):
+    """One training step of each on one synthetic batch, from the same weights and random
+    draws: the same losses and gradients."""
+    other.net.load_state_dict(plain.net.state_dict())
+    batch, losses = plain.synthetic_batch(2), []
+    for wl in (plain, other):
         torch.manual_seed(1)                # the same anchors and RoIs sampled
         losses.append(wl.train_step(*batch))
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-7)
-    assert seen[1] == 64 and seen[0] <= 64, seen
-    for (name, p), q in zip(plain.net.named_parameters(), early.net.parameters()):
+    for (name, p), q in zip(plain.net.named_parameters(), other.net.parameters()):
         if p.grad is not None:
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7, msg=name)
 
