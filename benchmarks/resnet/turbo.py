@@ -14,7 +14,8 @@ loader process takes a slice of a batch and, for each image:
   torchvision's ``RandomResizedCrop`` does on Pillow images: within 2 levels of Pillow's
   crop-then-resize; against the reference's box resize, whose filter also reads the pixels
   just outside the box, only the border pixels of a crop differ;
-- writes the crop into the slice's one uint8 [n, size, size, 3] buffer.
+- writes the crop into the slice's one uint8 [n, size, size, 3] buffer (the resize writes
+  there itself, in that channels-last order).
 
 Decoding at a reduced DCT scale (libjpeg-turbo's n/8) was measured and left out: Huffman
 decoding, whose cost does not shrink with the scale, is most of the work, and the scales
@@ -34,7 +35,6 @@ import math
 import numpy as np
 import simplejpeg
 import torch
-import torch.nn.functional as F
 from PIL import Image
 
 from benchmarks.resnet import data
@@ -44,13 +44,15 @@ from common import loaders
 _RGB_CONVERTIBLE = ("YCbCr", "Gray", "RGB")   # colour spaces libjpeg-turbo turns into RGB
 
 
-def decode_crop(blob: bytes, path: str, size: int, plan, region=None) -> np.ndarray:
+def decode_crop(blob: bytes, path: str, size: int, plan, region=None,
+                out: torch.Tensor | None = None) -> np.ndarray:
     """uint8 [size, size, 3]: the crop that ``plan(width, height) -> (box, flip)`` gives,
-    resized to ``size`` and mirrored where flipped. With ``region`` (a
-    ``RegionDecoder``) only the crop's region is decoded, where it can."""
+    resized to ``size`` and mirrored where flipped, written into ``out`` (a uint8 [size,
+    size, 3] tensor; a new one where None). With ``region`` (a ``RegionDecoder``) only the
+    crop's region is decoded, where it can."""
     crop = region.crop(blob, plan) if region is not None else None
     if crop is not None:
-        return _resize(*crop, size)
+        return _resize(*crop, size, out)
     pixels = None
     try:
         if simplejpeg.decode_jpeg_header(blob)[2] in _RGB_CONVERTIBLE:
@@ -64,14 +66,23 @@ def decode_crop(blob: bytes, path: str, size: int, plan, region=None) -> np.ndar
         except (OSError, SyntaxError, ValueError) as exc:
             raise data._decode_error(path, exc) from None
     (left, top, w, h), flip = plan(pixels.shape[1], pixels.shape[0])
-    return _resize(pixels[top:top + h, left:left + w], flip, size)
+    return _resize(pixels[top:top + h, left:left + w], flip, size, out)
 
 
-def _resize(pixels: np.ndarray, flip: bool, size: int) -> np.ndarray:
+def _resize(pixels: np.ndarray, flip: bool, size: int, out: torch.Tensor | None) -> np.ndarray:
+    """``pixels`` [h, w, 3] resized into ``out`` [size, size, 3] by torch's antialiased
+    bilinear filter, the form of ``F.interpolate`` that writes its result where it is told:
+    straight into ``out`` in its channels-last order. ``F.interpolate`` returns the result
+    channels-first and a copy then transposes it: 0.26 ms an image against 0.09 ms here
+    (one core of the development machine), the same values."""
+    if out is None:
+        out = torch.empty((size, size, 3), dtype=torch.uint8)
     crop = torch.from_numpy(pixels).permute(2, 0, 1)[None]
-    out = F.interpolate(crop, size=(size, size), mode="bilinear", antialias=True,
-                        align_corners=False)[0].permute(1, 2, 0).numpy()
-    return out[:, ::-1] if flip else out
+    torch.ops.aten._upsample_bilinear2d_aa.out(crop, [size, size], False, None, None,
+                                               out=out.permute(2, 0, 1)[None])
+    if flip:
+        out.copy_(out.flip(1))
+    return out.numpy()
 
 
 class DecodedSlices(torch.utils.data.Dataset):
@@ -85,13 +96,13 @@ class DecodedSlices(torch.utils.data.Dataset):
 
     def __getitem__(self, key):
         epoch, indices = key
-        out = np.empty((len(indices), self.size, self.size, 3), dtype=np.uint8)
+        out = torch.empty((len(indices), self.size, self.size, 3), dtype=torch.uint8)
         for j, (blob, i) in enumerate(zip(data.read_files(self.samples, indices), indices)):
             def plan(width, height, i=i):
                 return data.crop_plan(width, height, self.size, self.train, self.seed, epoch, i)
-            out[j] = decode_crop(blob, self.samples[i][0], self.size, plan, self.region)
+            decode_crop(blob, self.samples[i][0], self.size, plan, self.region, out[j])
         labels = torch.tensor([self.samples[i][1] for i in indices])
-        return torch.from_numpy(out), labels
+        return out, labels
 
 
 class TurboDecoder:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import simplejpeg
 import torch
+import torch.nn.functional as F
 from PIL import Image
 
 from benchmarks.resnet import data, turbo
@@ -89,6 +90,24 @@ def test_crops_equal_pillows_crop_then_resize_within_two_levels():
         assert got.shape == (size, size, 3) and np.abs(got - want).max() <= 2
         flipped = turbo.decode_crop(blob, "x", size, lambda w_, h_, box=box: (box, True))
         assert np.array_equal(flipped, got[:, ::-1])
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_resize_into_the_batch_equals_interpolate(flip):
+    """The resize written straight into a slot of the batch equals ``F.interpolate``'s
+    antialiased bilinear result, bit for bit, from crops cut out of a larger image."""
+    g = torch.Generator().manual_seed(9)
+    image = torch.randint(0, 256, (300, 410, 3), dtype=torch.uint8, generator=g).numpy()
+    batch = torch.zeros((3, 64, 64, 3), dtype=torch.uint8)
+    for slot, (top, left, h, w) in enumerate(((0, 0, 300, 410), (17, 33, 120, 90),
+                                             (250, 400, 40, 10))):
+        crop = image[top:top + h, left:left + w]
+        got = turbo._resize(crop, flip, 64, batch[slot])
+        want = F.interpolate(torch.from_numpy(crop).permute(2, 0, 1)[None], size=(64, 64),
+                             mode="bilinear", antialias=True,
+                             align_corners=False)[0].permute(1, 2, 0)
+        want = want.flip(1) if flip else want
+        assert torch.equal(batch[slot], want) and np.shares_memory(got, batch[slot].numpy())
 
 
 def test_greyscale_and_cmyk_files_are_among_those_compared(index):
