@@ -256,6 +256,9 @@ class Detector(nn.Module):
             box_losses = self._box_losses(levels, padded.first(rows, 0))
         with region("roi-sampler"):
             samples = padded.first(*counts())
+        if self.box_head_before_sync and len(samples.labels) > rows:
+            raise RuntimeError(f"{len(samples.labels)} RoIs sampled, more than the box head's "
+                               f"bound of {rows}: Detector._box_rows is wrong")
         if not self.box_head_before_sync:
             box_losses = self._box_losses(levels, samples)
         loss_classifier, loss_box_reg = box_losses

@@ -213,6 +213,13 @@ def test_box_head_before_the_sync_takes_the_plain_steps_losses_and_gradients(mul
     assert seen[1] == 64 and seen[0] <= 64, seen
 
 
+def test_a_box_head_bound_below_the_sampled_count_stops_the_step(monkeypatch):
+    early = build([*TINY, "--box-head-before-sync"])
+    monkeypatch.setattr(early.detector, "_box_rows", lambda *_sizes: 8)
+    with pytest.raises(RuntimeError, match="more than the box head's bound of 8"):
+        early.train_step(*early.synthetic_batch(2))
+
+
 def assert_same_step(plain, other):
     """One training step of each on one synthetic batch, from the same weights and random
     draws: the same losses and gradients."""
