@@ -252,7 +252,7 @@ class Detector(nn.Module):
             padded, counts = self.sampler.padded(proposals, valid, gt_boxes, gt_labels)
             counts = _on_host(counts)
         if self.box_head_before_sync:
-            rows = self._box_rows(len(proposals), *proposals.shape[1:2], gt_labels.shape[1])
+            rows = self._box_rows(len(proposals), proposals.shape[1], gt_labels.shape[1])
             box_losses = self._box_losses(levels, padded.first(rows, 0))
         with region("roi-sampler"):
             samples = padded.first(*counts())
@@ -264,9 +264,9 @@ class Detector(nn.Module):
         loss_classifier, loss_box_reg = box_losses
         with region("mask-head"):
             multiple = self.roi_multiples[1]    # padded here: the loss leaves the pads out
-            rows = -(-len(samples.positive) // multiple) * multiple if multiple else 0
-            positives = (padded.positives.first(rows) if 0 < rows < len(padded.labels)
-                         else samples.positives)
+            mask_rows = -(-len(samples.positive) // multiple) * multiple if multiple else 0
+            positives = (padded.positives.first(mask_rows)
+                         if 0 < mask_rows < len(padded.labels) else samples.positives)
             mask_logits = self.mask_head(levels, positives.rois)
         with region("mask-loss"):
             loss_mask = side.run(2, mask_loss_fn, *(self._dynamic(t, 0) for t in (
