@@ -95,6 +95,11 @@ def _on_host(counts: torch.Tensor):
     return values
 
 
+def _round_up(n: int, multiple: int) -> int:
+    """``n`` rounded up to a multiple of ``multiple`` (0: ``n`` as it is)."""
+    return n + (-n % multiple if multiple else 0)
+
+
 def ground_truth(boxes: torch.Tensor, labels: torch.Tensor, masks: torch.Tensor
                  ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     """A padded batch's targets per image: boxes [G_i, 4], labels [G_i] and masks
@@ -191,7 +196,7 @@ class Detector(nn.Module):
         n, multiple = len(rois), self.roi_multiples[index]
         if not n:   # nothing detected: eager, not a graph compiled for no RoIs
             return (self._box_head, self._mask_head)[index](levels, rois)
-        pad = -n % multiple if multiple else 0
+        pad = _round_up(n, multiple) - n
         if pad:
             rois = torch.cat([rois, rois[-1:].expand(pad, -1)])
         out = self._heads[index]([self._dynamic(x, 2, 3) for x in levels],
@@ -215,8 +220,7 @@ class Detector(nn.Module):
         the box head's RoI multiple where that stays within the candidates."""
         bound = min(batch * min(self.sampler.batch_size_per_image, candidates),
                     self.rpn.most_proposals(batch) + batch * max(gt, 1))
-        multiple = self.roi_multiples[0]
-        rounded = -(-bound // multiple) * multiple if multiple else bound
+        rounded = _round_up(bound, self.roi_multiples[0])
         return rounded if rounded <= batch * candidates else bound
 
     def _box_losses(self, levels: list[torch.Tensor], samples: RoISamples):
@@ -263,10 +267,10 @@ class Detector(nn.Module):
             box_losses = self._box_losses(levels, samples)
         loss_classifier, loss_box_reg = box_losses
         with region("mask-head"):
-            multiple = self.roi_multiples[1]    # padded here: the loss leaves the pads out
-            mask_rows = -(-len(samples.positive) // multiple) * multiple if multiple else 0
-            positives = (padded.positives.first(mask_rows)
-                         if 0 < mask_rows < len(padded.labels) else samples.positives)
+            # padded here (rows of label -1, which the loss leaves out) where they fit
+            mask_rows = _round_up(len(samples.positive), self.roi_multiples[1])
+            positives = (padded.positives.first(mask_rows) if mask_rows < len(padded.labels)
+                         else samples.positives)
             mask_logits = self.mask_head(levels, positives.rois)
         with region("mask-loss"):
             loss_mask = side.run(2, mask_loss_fn, *(self._dynamic(t, 0) for t in (
