@@ -87,22 +87,27 @@ def _resize(pixels: np.ndarray, flip: bool, size: int, out: torch.Tensor | None)
 
 class DecodedSlices(torch.utils.data.Dataset):
     """Item ``(epoch, indices)``: those samples' crops for ``epoch`` as one uint8 [n, size,
-    size, 3] tensor, and their labels. The key carries the epoch, so persistent workers serve
-    every epoch."""
+    size, 3] tensor, their labels, and the tensor's slot in ``buffers`` (a
+    ``loaders.SharedBuffers``; -1 without). The key carries the epoch, so persistent workers
+    serve every epoch."""
 
-    def __init__(self, samples, size: int, train: bool, seed: int, region_decode: bool = False):
+    def __init__(self, samples, size: int, train: bool, seed: int, region_decode: bool = False,
+                 buffers: loaders.SharedBuffers | None = None):
         self.samples, self.size, self.train, self.seed = samples, size, train, seed
         self.region = RegionDecoder() if region_decode else None
+        self.buffers = buffers
 
     def __getitem__(self, key):
         epoch, indices = key
-        out = torch.empty((len(indices), self.size, self.size, 3), dtype=torch.uint8)
+        shape = (len(indices), self.size, self.size, 3)
+        out, slot = (self.buffers.take(shape) if self.buffers is not None
+                     else (torch.empty(shape, dtype=torch.uint8), -1))
         for j, (blob, i) in enumerate(zip(data.read_files(self.samples, indices), indices)):
             def plan(width, height, i=i):
                 return data.crop_plan(width, height, self.size, self.train, self.seed, epoch, i)
             decode_crop(blob, self.samples[i][0], self.size, plan, self.region, out[j])
         labels = torch.tensor([self.samples[i][1] for i in indices])
-        return out, labels
+        return out, labels, slot
 
 
 class TurboDecoder:
@@ -114,15 +119,21 @@ class TurboDecoder:
     on from each pass into the next, so the loader processes decode the next epoch's first
     batches while the step takes this one's last: no refill at each epoch's start. A pass
     asked for out of turn (the first, another epoch, or after one left unfinished) restarts
-    the processes' queue at that pass."""
+    the processes' queue at that pass.
+
+    The processes write their slices into shared-memory buffers they reuse
+    (``loaders.SharedBuffers``): each slice is given back once it is in the batch."""
 
     def __init__(self, samples, size, train, seed, batch_size, workers, device,
                  region_decode: bool = False):
         self.keys = loaders.Keys()
-        slices = DecodedSlices(samples, size, train, seed, region_decode)
+        self.slice = math.ceil(batch_size / max(workers, 1))
+        # a worker holds at most the loader's prefetch of slices, and one being written
+        self.buffers = loaders.SharedBuffers(workers, loaders.PREFETCH + 2,
+                                             self.slice * size * size * 3)
+        slices = DecodedSlices(samples, size, train, seed, region_decode, self.buffers)
         self.loader = loaders.persistent(slices, self.keys, workers, device.type == "cuda")
         self.batch_size, self.device = batch_size, device
-        self.slice = math.ceil(batch_size / max(workers, 1))
         self.upcoming = None
         self._plans, self._next, self._items = {}, None, None
 
@@ -131,6 +142,7 @@ class TurboDecoder:
         if self._next != epoch or plan is None or plan[0] != indices:
             self._plans = {epoch: self._plan(indices, epoch)}
             self.keys.keys = self._keys(epoch)
+            self.buffers.drop_all()
             self._items = iter(self.loader)   # persistent processes drop what they had queued
         self._next = None   # until this pass's last batch has been taken
         return self._batches(epoch)
@@ -162,6 +174,8 @@ class TurboDecoder:
             images = data.normalize_on_device(
                 torch.cat([p[0].to(dev, non_blocking=True) for p in parts]), dev)
             labels = torch.cat([p[1] for p in parts]).to(dev, non_blocking=True)
+            for part in parts:   # copied out: pinned already on a GPU, by the cat on a CPU
+                self.buffers.give_back(part[2])
             if b == len(counts) - 1:   # the queue now stands at the next pass's start
                 del self._plans[epoch]
                 self._next = epoch + 1

@@ -4,7 +4,7 @@ import multiprocessing
 
 import torch
 
-from common.loaders import shut_down
+from common.loaders import Keys, SharedBuffers, shut_down
 
 
 def _new_workers(before: set) -> list:
@@ -29,3 +29,42 @@ def test_shut_down_of_a_loader_without_workers_does_nothing():
     loader = torch.utils.data.DataLoader(list(range(4)), batch_size=2)
     shut_down(loader)
     assert [b.tolist() for b in loader] == [[0, 1], [2, 3]]
+
+
+class _Filled(torch.utils.data.Dataset):
+    """Item k: a buffer from ``buffers`` filled with k, and its slot."""
+
+    def __init__(self, buffers):
+        self.buffers = buffers
+
+    def __getitem__(self, k):
+        out, slot = self.buffers.take((k % 3 + 1, 5))
+        out.fill_(k)
+        return out, slot
+
+
+def test_shared_buffers_are_reused_once_given_back_and_hold_each_items_values():
+    buffers = SharedBuffers(workers=2, per_worker=3, numel=15, dtype=torch.int32)
+    loader = torch.utils.data.DataLoader(_Filled(buffers), batch_size=None,
+                                         sampler=Keys(list(range(40))), num_workers=2,
+                                         prefetch_factor=1)
+    slots = []
+    for k, (out, slot) in enumerate(loader):
+        assert out.shape == (k % 3 + 1, 5) and bool((out == k).all()), (k, out)
+        assert out.is_shared() and slot >= 0
+        slots.append(slot)
+        buffers.give_back(slot)
+    assert len(set(slots)) <= 6 < len(slots)   # 40 items from at most 2 x 3 buffers
+    assert not buffers.busy.any()
+
+
+def test_shared_buffers_fall_back_to_a_private_tensor_when_none_is_free_or_fits():
+    buffers = SharedBuffers(workers=1, per_worker=2, numel=15, dtype=torch.int32)
+    loader = torch.utils.data.DataLoader(_Filled(buffers), batch_size=None,
+                                         sampler=Keys(list(range(6))), num_workers=1)
+    slots = [slot for _, slot in loader]   # none given back: two buffers, then private ones
+    assert slots[:2] == [0, 1] and slots[2:] == [-1] * 4
+    buffers.drop_all()   # the next pass's worker frees both at its first take
+    assert [slot for _, slot in loader] == [0, 1, -1, -1, -1, -1]
+    big = SharedBuffers(workers=1, per_worker=2, numel=4)
+    assert big.take((2, 5))[1] == -1   # in the main process, and larger than the buffers
