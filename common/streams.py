@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from torch.utils._pytree import tree_leaves
 
 
 @contextlib.contextmanager
@@ -31,25 +30,31 @@ class SideStreams:
     """Calls that run on CUDA streams of their own beside the current stream, joined before
     what depends on them (e.g. a model's losses, joined before backward). Each call's stream
     first waits for the current stream's work so far; :meth:`join` makes the current stream
-    wait for every call's. Off CUDA the calls run in place."""
+    wait for every call's. Off CUDA the calls run in place.
+
+    Each call's arguments are held until :meth:`join`. A tensor's memory may otherwise be
+    written by the current stream while a side stream still reads it: the caching
+    allocator's (``record_stream`` would cover that), and also a CUDA graph's output, which
+    Inductor's CUDA graph trees hand to the next graph they replay as soon as no Python
+    object refers to it (``record_stream`` does not cover that: the replay allocates
+    nothing)."""
 
     def __init__(self, device: torch.device, count: int):
         self.streams = ([torch.cuda.Stream(device) for _ in range(count)]
                         if device.type == "cuda" else [])
+        self._held = []
 
     def run(self, index: int, fn, *args):
-        """``fn(*args)`` on stream ``index``; the tensors in ``args`` are marked as used there,
-        so the allocator does not hand out their memory before that stream is done."""
+        """``fn(*args)`` on stream ``index``, its arguments held until :meth:`join`."""
         if not self.streams:
             return fn(*args)
         stream = self.streams[index]
         stream.wait_stream(torch.cuda.current_stream(stream.device))
-        for leaf in tree_leaves(args):
-            if isinstance(leaf, torch.Tensor) and leaf.is_cuda:
-                leaf.record_stream(stream)
+        self._held.append(args)
         with torch.cuda.stream(stream):
             return fn(*args)
 
     def join(self) -> None:
         for stream in self.streams:
             torch.cuda.current_stream(stream.device).wait_stream(stream)
+        self._held.clear()   # what reuses their memory now runs after the side streams

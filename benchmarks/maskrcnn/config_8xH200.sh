@@ -13,10 +13,12 @@
 # Mask R-CNN in the same process; without --compile-losses 200.9-201.3 (docs/performance.md,
 # Mask R-CNN, session 22). --compile-losses is not yet measured on several GPUs; with it, a
 # 2-process fixture run on the CPU (gloo) reached both targets.
-# The box head runs before the RoI sampler's host sync (--box-head-before-sync): 220.6-233.9
-# img/s against 217.2-225.0 without, 2.0% more in the mean of 4 same-process pairs on one
-# H100 (docs/performance.md, Mask R-CNN, session 24). Neither it nor --compile-losses has yet
-# finished a run on several GPUs: a 4-GPU fixture run with both was stopped by its time limit.
+# Left out until its GPU test passes: --box-head-before-sync (the box head before the RoI
+# sampler's host sync; 2.0% more img/s in the mean of 4 same-process pairs on one H100).
+# With it, the test that compares the step's losses against the step without it and without
+# --compile-losses failed on the GPU (loss_box_reg 0.0980 against 0.0819), though a 4-GPU
+# fixture run with both switches reached both targets (docs/performance.md, Mask R-CNN,
+# session 25). --compile-losses has not yet run on 8 GPUs.
 # --size-buckets 4 pads batches to 7 shapes, each compiled, then recorded as a graph, before
 # the clock (--init-steps 14: two steps of each); these flags reached both targets on the
 # fixture on one H100 (there with 3 shapes, recorded inside the run); on COCO the bucket count is
@@ -31,7 +33,6 @@ PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
     --precision "$PRECISION" --workers 12 --fold-frozen-bn --channels-last --nms triton
     --compile default --compile-losses --loss-streams --backbone-graphs --head-graphs
-    --box-head-before-sync
     --box-roi-multiple 512 --mask-roi-multiple 128
     --size-buckets 4 --init-steps 14 --gc-freeze
     --backbone-checkpoint "${BACKBONE_CHECKPOINT:?set BACKBONE_CHECKPOINT to a torchvision resnet50 state dict (docs/data.md#maskrcnn)}"

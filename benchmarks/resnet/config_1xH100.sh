@@ -13,7 +13,9 @@ FUSION=()
 # decode): on 16 host cores it fed 4,016-4,096 img/s end to end against 3,342 for nvjpeg
 # (docs/performance.md, ResNet input pipeline, session 19); DATA_BACKEND=nvjpeg for that.
 # With only each crop's region decoded (--region-decode, libjpeg-turbo 3: `make turbojpeg`)
-# 4,429-4,493 img/s against 3,634-3,881 without (session 20).
+# 4,429-4,493 img/s against 3,634-3,881 without (session 20). Build that library with nasm
+# installed (its SIMD code): 6,274.4 img/s against 4,808.5 in plain C, one run each on one
+# H100, 86% of the resident step's 7,258.9 (session 25).
 REGION=()
 [[ ${DATA_BACKEND:-turbo} == turbo ]] && REGION=(--region-decode)
 TRAIN_ARGS=(

@@ -42,6 +42,33 @@ def test_side_calls_run_beside_the_current_stream_and_join():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_side_call_holds_a_cuda_graph_output_the_caller_dropped_until_join():
+    """Inductor's CUDA graph trees give a graph output's memory to the next graph they record
+    once no Python object refers to it, whatever stream still reads it. Here a side call
+    reads one graph's output late, the caller drops it, and a second graph runs on the
+    current stream: at the recording and the replay, the side call still sums the first
+    graph's values."""
+    device, n = torch.device("cuda"), 1 << 20
+    graphs = {"triton.cudagraphs": True}
+    double = torch.compile(lambda x: x * 2, options=graphs)
+    other = torch.compile(lambda x: x * 3 + 1, options=graphs)
+    side, sums = SideStreams(device, 1), []
+    with work_stream(device):
+        for step in range(1, 4):   # warm-up, recording, replay
+            torch.compiler.cudagraph_mark_step_begin()
+            x = torch.full((n,), float(step), device=device)
+            doubled = double(x)
+            total = side.run(0, lambda t: (torch.cuda._sleep(200_000_000), t.sum())[1], doubled)
+            del doubled
+            later = other(x)
+            side.join()
+            sums.append(total.item())
+            del later
+    assert sums == [2.0 * n * step for step in range(1, 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_decode_in_another_thread_overlaps_the_work():
     """nvJPEG's hardware decoder uses blocking streams: with the work on the legacy default
     stream a decode waits for it; on the work stream, the decode finishes while a long
