@@ -259,7 +259,8 @@ class Detector(nn.Module):
             rows = self._box_rows(len(proposals), proposals.shape[1], gt_labels.shape[1])
             box_losses = self._box_losses(levels, padded.first(rows, 0))
         with region("roi-sampler"):
-            samples = padded.first(*counts())
+            sampled, positive = counts()
+            samples = padded.first(sampled, positive)
         if self.box_head_before_sync and len(samples.labels) > rows:
             raise RuntimeError(f"{len(samples.labels)} RoIs sampled, more than the box head's "
                                f"bound of {rows}: Detector._box_rows is wrong")
@@ -268,7 +269,7 @@ class Detector(nn.Module):
         loss_classifier, loss_box_reg = box_losses
         with region("mask-head"):
             # padded here (rows of label -1, which the loss leaves out) where they fit
-            mask_rows = _round_up(len(samples.positive), self.roi_multiples[1])
+            mask_rows = _round_up(positive, self.roi_multiples[1])
             positives = (padded.positives.first(mask_rows) if mask_rows < len(padded.labels)
                          else samples.positives)
             mask_logits = self.mask_head(levels, positives.rois)

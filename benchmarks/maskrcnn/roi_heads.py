@@ -101,20 +101,18 @@ class RoISamples:
     """The sampled RoIs of a batch, image after image: ``rois`` [S, 5] (image index, box),
     ``labels`` [S] (int64, 0 for background), ``regression_targets`` [S, 4] (float32; those
     of background RoIs are unused), ``matched_idxs`` [S] (the ground truth's index among the
-    batch's real ones in order, -1 for background), ``positive`` [P], the positives' rows,
-    and ``positives``, their fields."""
+    batch's real ones in order, -1 for background), and ``positives``, the fields of the
+    positive ones (label > 0) in their order."""
     rois: Tensor
     labels: Tensor
     regression_targets: Tensor
     matched_idxs: Tensor
-    positive: Tensor
     positives: Positives
 
     def first(self, rows: int, positives: int) -> RoISamples:
         """The fields' first ``rows`` rows and the first ``positives`` positives."""
         return RoISamples(self.rois[:rows], self.labels[:rows], self.regression_targets[:rows],
-                          self.matched_idxs[:rows], self.positive[:positives],
-                          self.positives.first(positives))
+                          self.matched_idxs[:rows], self.positives.first(positives))
 
 
 class RoISampler:
@@ -147,7 +145,7 @@ class RoISampler:
         """:meth:`__call__`'s samples before the host knows their counts, and the counts [2]
         (sampled RoIs, positives) on the device: each field has ``B * K + 1`` rows, the
         samples' first, then rows of label -1 (a zero box and targets), and the last row
-        spare (any value); ``positive`` holds the positives' rows first."""
+        spare (any value); ``positives`` holds the positives' fields first."""
         if gt_labels.shape[1] == 0:                 # a batch without ground truth: one pad
             gt_boxes, gt_labels = gt_boxes.new_zeros(len(valid), 1, 4), gt_labels.new_zeros(
                 len(valid), 1)
@@ -175,7 +173,7 @@ class RoISampler:
             (rois, 0), (labels, -1), (targets, 0), (matched_idxs, -1))]
         positives = Positives(*(_placed(t, positive_row, fill) for t, fill in (
             (rois, 0), (labels, -1), (matched_idxs, 0))))
-        return (RoISamples(*fields, _placed(row, positive_row, 0), positives),
+        return (RoISamples(*fields, positives),
                 torch.stack((sampled.sum(), positive.sum())))
 
 

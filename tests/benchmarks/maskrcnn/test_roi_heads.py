@@ -82,9 +82,10 @@ def test_sampler_counts_fraction_and_targets(num_pos, num_neg, batch, fraction, 
     proposals = proposals[torch.randperm(len(proposals), generator=g)]
     sampler = RoISampler(batch_size_per_image=batch, positive_fraction=fraction)
     samples = sample_one(sampler, proposals, GT_BOXES, GT_LABELS, generator=g)
-    labels, matched, positive = samples.labels, samples.matched_idxs, samples.positive
+    labels, matched = samples.labels, samples.matched_idxs
+    positive = torch.nonzero(labels > 0).squeeze(1)
     assert len(positive) == expected[0] and len(labels) == sum(expected)
-    assert torch.equal(positive, torch.nonzero(labels > 0).squeeze(1))
+    assert torch.equal(samples.positives.rois, samples.rois[positive])
     assert torch.equal(matched < 0, labels == 0) and (samples.rois[:, 0] == 0).all()
     rows = {tuple(p) for p in proposals.tolist()}
     sampled = samples.rois[:, 1:].tolist()
@@ -104,7 +105,7 @@ def test_sampler_draws_random_subsets():
     proposals = torch.cat((jittered(GT_BOXES, 60, g), far_boxes(60, g)))
     sampler = RoISampler(batch_size_per_image=20, positive_fraction=0.25)
     drawn = [sample_one(sampler, proposals, GT_BOXES, GT_LABELS, g) for _ in range(30)]
-    drawn = [s.rois[s.positive, 1:].tolist() for s in drawn]
+    drawn = [s.positives.rois[:, 1:].tolist() for s in drawn]
     subsets = {tuple(sorted(map(tuple, s))) for s in drawn}
     seen = {tuple(p) for s in drawn for p in s}
     assert len(subsets) == 30 and len(seen) > 45     # 5 of 60 positives per draw
@@ -122,9 +123,9 @@ def test_sampler_labels_at_the_threshold_by_hand():
         samples.rois[:, 1:].tolist(), samples.labels.tolist(), samples.matched_idxs.tolist())}
     assert got == {(0.0, 0.0, 9.0, 4.0): (3, 0), (0.0, 0.0, 9.0, 3.0): (0, -1),
                    (20.0, 20.0, 29.0, 29.0): (7, 1), (0.0, 0.0, 29.0, 29.0): (0, -1)}
-    assert len(samples.positive) == 2
+    assert len(samples.positives.labels) == 2
     empty = sample_one(RoISampler(), proposals, gt[:0], torch.tensor([], dtype=torch.long))
-    assert len(empty.positive) == 0 and empty.labels.tolist() == [0] * 4
+    assert len(empty.positives.labels) == 0 and empty.labels.tolist() == [0] * 4
     assert empty.matched_idxs.tolist() == [-1] * 4
 
 
@@ -155,7 +156,7 @@ def test_sampler_of_a_padded_batch_matches_each_image_alone():
         assert torch.equal(samples.labels[mine],
                            torch.where(matches >= 0, gt_labels[i, matches.clamp(min=0)], 0))
     positive = samples.matched_idxs >= 0
-    assert torch.equal(samples.positive, torch.nonzero(positive).squeeze(1))
+    assert torch.equal(samples.positives.rois, samples.rois[positive])
     torch.testing.assert_close(samples.regression_targets[positive], BoxCoder(
         ROI_BOX_WEIGHTS).encode(real_gt[samples.matched_idxs[positive]], boxes[positive]))
 
@@ -175,11 +176,12 @@ def test_padded_samples_hold_the_samples_first_then_rows_the_loss_leaves_out():
     padded, counts = sampler.padded(proposals, valid, gt, gt_labels,
                                     torch.Generator().manual_seed(6))
     total, positives = counts.tolist()
-    assert (total, positives) == (len(expected.labels), len(expected.positive))
+    assert (total, positives) == (len(expected.labels), len(expected.positives.labels))
     assert 0 < positives < total < 2 * 50
     first = padded.first(total, positives)
     for got, want in zip([*vars(first).values()][:-1] + [*vars(first.positives).values()],
-                         [*vars(expected).values()][:-1] + [*vars(expected.positives).values()]):
+                         [*vars(expected).values()][:-1] + [*vars(expected.positives).values()],
+                         strict=True):
         assert torch.equal(got, want)
     assert len(padded.labels) == 2 * 50 + 1
     rest = slice(total, 2 * 50)                 # the last row is spare
@@ -188,7 +190,7 @@ def test_padded_samples_hold_the_samples_first_then_rows_the_loss_leaves_out():
     mine, pads = padded.positives.first(positives), padded.positives.first(2 * 50)
     for got, field in ((mine.rois, expected.rois), (mine.labels, expected.labels),
                        (mine.matched_idxs, expected.matched_idxs)):
-        assert torch.equal(got, field[expected.positive])
+        assert torch.equal(got, field[expected.labels > 0])
     assert (pads.labels[positives:] == -1).all()
     assert not pads.rois[positives:].any()
     assert not pads.matched_idxs[positives:].any()      # ground truth 0: a valid index
@@ -476,7 +478,7 @@ def _training_step_losses(device, dtype=None, sample_device=None):
     box_head = torch.nn.Linear(4, 81 * 5).to(device)
     mask_head = torch.nn.Linear(4, 81 * 28 * 28).to(device)
     rois = samples.rois[:, 1:] / 100
-    positive = samples.positive
+    positive = samples.labels > 0
     autocast = (torch.autocast(device, dtype=dtype) if dtype is not None
                 else contextlib.nullcontext())
     with autocast:
@@ -497,7 +499,7 @@ def test_gradients_flow_to_the_heads():
     for p in (*box_head.parameters(), *mask_head.parameters()):
         assert torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0
     # regression gradients reach only the positives' own classes' deltas
-    positive_labels = samples.labels[samples.positive]
+    positive_labels = samples.positives.labels
     rows = torch.nonzero(box_head.weight.grad[81:].reshape(81, 4, 4).abs().sum((1, 2)))
     assert set(rows.squeeze(1).tolist()) == set(positive_labels.tolist())
 
