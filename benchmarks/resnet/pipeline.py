@@ -17,6 +17,8 @@
   (read, Pillow decode, crop and resize, flip), what each of its loader processes does |
 | crops-turbo | the same for the ``turbo`` backend (libjpeg-turbo decode, torch's resize) |
   (``--region-decode``: only the crop's region decoded, here and in turbo-train/-eval) |
+| regions-turbo | one thread: read and decode each training crop's region as
+  ``--region-decode`` does, without the resize (crops-turbo less this: the resize's share) |
 | cpu-train | the ``cpu`` backend: the Pillow reference training pipeline, whole |
 | turbo-train | the ``turbo`` backend, whole training pipeline |
 | turbo-eval | the ``turbo`` backend, whole evaluation pipeline (resize 256, centre 224) |
@@ -47,11 +49,12 @@ import torch
 from PIL import Image
 
 from benchmarks.resnet import data, nvjpeg, turbo
+from benchmarks.resnet.region_decode import RegionDecoder
 from common import loaders
 from common.errors import UserError, one_line
 
 DECODE_STAGES = ("decode-pillow", "decode-pillow-draft", "decode-turbo")
-CROP_STAGES = ("crops-pillow", "crops-turbo")
+CROP_STAGES = ("crops-pillow", "crops-turbo", "regions-turbo")
 WORKER_STAGES = ("read", "plan", *DECODE_STAGES, "cpu-train", "turbo-train", "turbo-eval",
                  "nvjpeg-train", "nvjpeg-eval")
 MEMORY_STAGES = ("h2d", "decode-nvjpeg", "crop-resize")
@@ -154,6 +157,12 @@ def _crops_one_thread(stage, samples, batches, size, seconds, region_decode) -> 
             pillow = data._PillowDataset(samples, size, True, 0)
             def crop(batch):
                 return [pillow[i] for i in batch]
+        elif stage == "regions-turbo":
+            region = RegionDecoder()
+            def crop(batch):
+                return [region.crop(blob, lambda w, h, i=i: data.crop_plan(w, h, size, True,
+                                                                          0, 1, i))
+                        for blob, i in zip(data.read_files(samples, batch), batch)]
         else:
             turbo_slices = turbo.DecodedSlices(samples, size, True, 0, region_decode)
             def crop(batch):

@@ -13,7 +13,7 @@ def test_cpu_stages_write_a_table_and_json(tmp_path, capsys):
                          image_size=64)
     out = tmp_path / "stages.json"
     stages = ["read", "plan", "decode-pillow-draft", "decode-turbo", "crops-pillow",
-              "crops-turbo", "turbo-train", "turbo-eval", "crop-resize"]
+              "crops-turbo", "regions-turbo", "turbo-train", "turbo-eval", "crop-resize"]
     assert pipeline.main([str(root), "--device", "cpu", "--stages", ",".join(stages),
                           "--workers", "0", "--eval-batch-size", "2", "--batch-size", "4",
                           "--image-size", "32", "--seconds", "0.2", "--json", str(out)]) == 0
