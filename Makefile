@@ -43,14 +43,20 @@ $(MXNET_VENV)/.installed: Makefile
 # libjpeg-turbo sources in simplejpeg's sdist (PyPI; no wheel exposes the TurboJPEG 3 API) into
 # $(VENV)/lib. With nasm (apt-get install nasm) it has libjpeg-turbo's SIMD code: its region
 # decode took 0.69 ms an image against 1.03 ms in plain C (docs/performance.md). Without nasm
-# it builds in plain C and says so: fine for the tests, slow for a GPU's loader processes.
+# it builds in plain C and says so, fine for the tests; where nvidia-smi runs (a machine that
+# trains) that is an error naming the fix, as a GPU's loader processes would be 1.5x slower.
 TURBOJPEG_SDIST := https://files.pythonhosted.org/packages/90/64/da60f0ba80570f9a36c9b6e055f4364bda2c547715296d5773d2ea6d5a60/simplejpeg-1.9.0.tar.gz
 TURBOJPEG_SHA256 := 5ac7d9489eeb812c2e7ea5c283994a29d9fefdfe5ed7b86c09d485e0dd366689
 TURBOJPEG := $(VENV)/lib/libturbojpeg.so.0
 turbojpeg: $(TURBOJPEG)
 
 $(TURBOJPEG): $(VENV)/.installed
-	@command -v nasm >/dev/null || echo "WARNING: nasm not found: libturbojpeg without SIMD, about 1.5x slower decodes; apt-get install nasm, then rm $@ && make turbojpeg" >&2
+	@if ! command -v nasm >/dev/null; then \
+	  if command -v nvidia-smi >/dev/null; then \
+	    echo "error: nasm not found: libturbojpeg would build without SIMD (1.5x slower decodes on this GPU machine); apt-get install nasm, then make turbojpeg" >&2; exit 1; \
+	  fi; \
+	  echo "WARNING: nasm not found: libturbojpeg without SIMD, about 1.5x slower decodes; apt-get install nasm, then rm $@ && make turbojpeg" >&2; \
+	fi
 	rm -rf $(VENV)/build-turbojpeg && mkdir -p $(VENV)/build-turbojpeg
 	cd $(VENV)/build-turbojpeg && curl -fsSL -o sdist.tar.gz $(TURBOJPEG_SDIST) \
 	  && echo "$(TURBOJPEG_SHA256)  sdist.tar.gz" | sha256sum -c --quiet \
