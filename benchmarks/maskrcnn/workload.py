@@ -160,6 +160,9 @@ class MaskRCNNWorkload(Workload):
                             "CUDA graphs, one per RoI count and padded size (Inductor's CUDA "
                             "graph trees; needs --compile, --box-roi-multiple and "
                             "--mask-roi-multiple, CUDA only)")
+        p.add_argument("--fused-sgd", action=argparse.BooleanOptionalAction, default=False,
+                       help="the SGD update as PyTorch's fused kernel, one read and write of "
+                            "each parameter, gradient and momentum buffer (common/sgd.py)")
         p.add_argument("--compile-losses", action=argparse.BooleanOptionalAction,
                        default=False,
                        help="also compile the RPN's targets, sampling and loss, the box loss "
@@ -263,7 +266,8 @@ class MaskRCNNWorkload(Workload):
         self.lr = torch.zeros((), device=env.device)
         self.bias_lr = torch.zeros((), device=env.device)
         self.step_count = torch.zeros((), device=env.device)
-        self.optimizer = DeviceLRSGD(self._param_groups(), lr=self.lr, momentum=a.momentum)
+        self.optimizer = DeviceLRSGD(self._param_groups(), lr=self.lr, momentum=a.momentum,
+                                     fused=a.fused_sgd)
         self.scaler = self.precision.grad_scaler()
         if self.synthetic:
             self._steps_per_epoch = coco.COCO_TRAIN_IMAGES // self.global_batch_size

@@ -234,6 +234,25 @@ def assert_same_step(plain, other):
             torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
+def test_fused_sgd_takes_the_plain_updates():
+    """``--fused-sgd``: after three steps (past the warm-up's first LR) from the same weights
+    and random draws, the parameters equal the plain optimizer's to rounding."""
+    plain, fused = build(TINY), build([*TINY, "--fused-sgd"])
+    assert fused.optimizer.fused and not plain.optimizer.fused
+    fused.net.load_state_dict(plain.net.state_dict())
+    start = [p.detach().clone() for p in plain.net.parameters()]
+    batch = plain.synthetic_batch(2)
+    for wl in (plain, fused):
+        for step in range(3):
+            torch.manual_seed(1 + step)
+            wl.train_step(*batch)
+    moved = 0
+    for (name, p), q, p0 in zip(plain.net.named_parameters(), fused.net.parameters(), start):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=name)
+        moved += not torch.equal(p, p0)
+    assert moved > 10, moved
+
+
 @pytest.mark.parametrize("flag", ["--box-roi-multiple", "--mask-roi-multiple"])
 def test_negative_roi_multiple_is_one_line(flag):
     with pytest.raises(UserError, match=f"{flag} must be 0"):
