@@ -34,10 +34,10 @@ class SideStreams:
 
     Each call's arguments are held until :meth:`join`. A tensor's memory may otherwise be
     written by the current stream while a side stream still reads it: the caching
-    allocator's (``record_stream`` would cover that), and also a CUDA graph's output, which
-    Inductor's CUDA graph trees hand to the next graph they replay as soon as no Python
-    object refers to it (``record_stream`` does not cover that: the replay allocates
-    nothing)."""
+    allocator's (``record_stream`` would cover that), and also a CUDA graph's output, whose
+    memory Inductor's CUDA graph trees give to the graphs they record after it once no Python
+    object refers to it, so that their replays write there (``record_stream`` does not
+    cover that: a replay allocates nothing)."""
 
     def __init__(self, device: torch.device, count: int):
         self.streams = ([torch.cuda.Stream(device) for _ in range(count)]
