@@ -261,11 +261,11 @@ class Detector(nn.Module):
         with region("roi-sampler"):
             sampled, positive = counts()
             samples = padded.first(sampled, positive)
-        if self.box_head_before_sync and len(samples.labels) > rows:
-            raise RuntimeError(f"{len(samples.labels)} RoIs sampled, more than the box head's "
-                               f"bound of {rows}: Detector._box_rows is wrong")
         if not self.box_head_before_sync:
             box_losses = self._box_losses(levels, samples)
+        elif sampled > rows:
+            raise RuntimeError(f"{sampled} RoIs sampled, more than the box head's bound of "
+                               f"{rows}: Detector._box_rows is wrong")
         loss_classifier, loss_box_reg = box_losses
         with region("mask-head"):
             # padded here (rows of label -1, which the loss leaves out) where they fit
