@@ -13,12 +13,12 @@
 # Mask R-CNN in the same process; without --compile-losses 200.9-201.3 (docs/performance.md,
 # Mask R-CNN, session 22). --compile-losses is not yet measured on several GPUs; with it, a
 # 2-process fixture run on the CPU (gloo) reached both targets.
-# Left out until its GPU test passes: --box-head-before-sync (the box head before the RoI
-# sampler's host sync; 2.0% more img/s in the mean of 4 same-process pairs on one H100).
-# With it, the test that compares the step's losses against the step without it and without
-# --compile-losses failed on the GPU (loss_box_reg 0.0980 against 0.0819), though a 4-GPU
-# fixture run with both switches reached both targets (docs/performance.md, Mask R-CNN,
-# session 25). --compile-losses has not yet run on 8 GPUs.
+# And the box head before the RoI sampler's host sync (--box-head-before-sync): 2.0% more
+# img/s in the mean of 4 same-process pairs on one H100 (session 24). Its GPU test, the
+# step's losses against the step without it, failed once (session 25) and passed in
+# session 26 once side streams held their inputs until the join (docs/performance.md,
+# Mask R-CNN). A 4-GPU fixture run with both switches reached both targets (session 25);
+# neither has run on 8 GPUs.
 # --size-buckets 4 pads batches to 7 shapes, each compiled, then recorded as a graph, before
 # the clock (--init-steps 14: two steps of each); these flags reached both targets on the
 # fixture on one H100 (there with 3 shapes, recorded inside the run); on COCO the bucket count is
@@ -33,6 +33,7 @@ PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
     --precision "$PRECISION" --workers 12 --fold-frozen-bn --channels-last --nms triton
     --compile default --compile-losses --loss-streams --backbone-graphs --head-graphs
+    --box-head-before-sync
     --box-roi-multiple 512 --mask-roi-multiple 128
     --size-buckets 4 --init-steps 14 --gc-freeze
     --backbone-checkpoint "${BACKBONE_CHECKPOINT:?set BACKBONE_CHECKPOINT to a torchvision resnet50 state dict (docs/data.md#maskrcnn)}"
