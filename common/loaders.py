@@ -62,13 +62,14 @@ class SharedBuffers:
     ``give_back`` when it has copied the item out. Before a new iterator drops what the
     workers had queued, the main process calls ``drop_all``: each worker then frees all its
     buffers at its next ``take``, when none it has taken since holds an item of the new pass.
-    No buffer free, or a larger item: a new private tensor, as before.
+    No buffer free, or a larger item: a new private tensor, as before. With ``workers`` 0 the
+    main process fills the items itself and takes from one worker's buffers.
     """
 
     def __init__(self, workers: int, per_worker: int, numel: int, dtype=torch.uint8):
         self.busy = torch.zeros(max(workers, 1), per_worker, dtype=torch.uint8).share_memory_()
         self.generation = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self.numel, self.dtype = numel, dtype
+        self.numel, self.dtype, self.in_main = numel, dtype, workers == 0
         self._own, self._generation = [], 0   # this worker's buffers and generation
 
     def __getstate__(self):
@@ -77,10 +78,11 @@ class SharedBuffers:
     def take(self, shape) -> tuple[torch.Tensor, int]:
         """An uninitialised tensor of ``shape`` and its slot for ``give_back`` (-1: private)."""
         info = torch.utils.data.get_worker_info()
+        worker = info.id if info is not None else 0 if self.in_main else None
         numel = math.prod(shape)
-        if info is None or numel > self.numel:
+        if worker is None or numel > self.numel:
             return torch.empty(shape, dtype=self.dtype), -1
-        busy = self.busy[info.id]
+        busy = self.busy[worker]
         if self._generation != int(self.generation):
             self._generation = int(self.generation)
             busy.zero_()
@@ -92,7 +94,7 @@ class SharedBuffers:
             storage = torch.UntypedStorage._new_shared(nbytes)
             self._own.append(torch.empty(0, dtype=self.dtype).set_(storage).view(-1))
         busy[slot] = 1
-        return self._own[slot][:numel].view(shape), info.id * busy.numel() + slot
+        return self._own[slot][:numel].view(shape), worker * busy.numel() + slot
 
     def give_back(self, slot: int) -> None:
         if slot >= 0:

@@ -316,9 +316,10 @@ def _nvjpeg_decoder(*args, cpu_share: float = 0.0):
     return nvjpeg.BatchedDecoder(*args, cpu_share=cpu_share)
 
 
-def _turbo_decoder(*args, region_decode: bool = False):
+def _turbo_decoder(*args, region_decode: bool = False, resize_on_device: bool = False):
     from benchmarks.resnet import turbo
-    return turbo.TurboDecoder(*args, region_decode=region_decode)
+    return turbo.TurboDecoder(*args, region_decode=region_decode,
+                              resize_on_device=resize_on_device)
 
 
 _DECODERS = {"cpu": _cpu_decoder, "turbo": _turbo_decoder, "nvjpeg": _nvjpeg_decoder,
@@ -326,7 +327,7 @@ _DECODERS = {"cpu": _cpu_decoder, "turbo": _turbo_decoder, "nvjpeg": _nvjpeg_dec
 
 
 def _build(index, backend, image_size, batch_size, rank, world_size, seed, workers, device,
-           train, cpu_decode_share, region_decode) -> Loader:
+           train, cpu_decode_share, region_decode, resize_on_device) -> Loader:
     if backend not in _DECODERS:
         raise UserError(f"unknown data backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "nvjpeg" and device.type != "cuda":
@@ -335,13 +336,17 @@ def _build(index, backend, image_size, batch_size, rank, world_size, seed, worke
     if cpu_decode_share and backend != "nvjpeg":
         raise UserError(f"--cpu-decode-share splits the decoding of the nvjpeg backend; "
                         f"--data-backend {backend} has no such split: leave it out")
-    if region_decode and backend != "turbo":
-        raise UserError(f"--region-decode crops the turbo backend's decode; --data-backend "
-                        f"{backend} has none: use --data-backend turbo or leave it out")
+    for flag, on in (("--region-decode", region_decode),
+                     ("--resize-on-device", resize_on_device)):
+        if on and backend != "turbo":
+            raise UserError(f"{flag} changes the turbo backend's loader; --data-backend "
+                            f"{backend} has none: use --data-backend turbo or leave it out")
     samples = index.train if train else index.val
     options = {"cpu_share": cpu_decode_share} if cpu_decode_share else {}
     if region_decode:
         options["region_decode"] = True
+    if resize_on_device:
+        options["resize_on_device"] = True
     decode = _DECODERS[backend](samples, image_size, train, seed, batch_size, workers, device,
                                 **options)
     return Loader(samples, train, batch_size, rank, world_size, seed, decode)
@@ -349,16 +354,18 @@ def _build(index, backend, image_size, batch_size, rank, world_size, seed, worke
 
 def build_train_loader(index, backend: str, image_size: int, batch_size: int, rank: int,
                        world_size: int, seed: int, workers: int, device: torch.device,
-                       cpu_decode_share: float = 0.0, region_decode: bool = False) -> Loader:
+                       cpu_decode_share: float = 0.0, region_decode: bool = False,
+                       resize_on_device: bool = False) -> Loader:
     return _build(index, backend, image_size, batch_size, rank, world_size, seed, workers,
-                  device, True, cpu_decode_share, region_decode)
+                  device, True, cpu_decode_share, region_decode, resize_on_device)
 
 
 def build_eval_loader(index, backend: str, image_size: int, batch_size: int, rank: int,
                       world_size: int, workers: int, device: torch.device,
-                      cpu_decode_share: float = 0.0, region_decode: bool = False) -> Loader:
+                      cpu_decode_share: float = 0.0, region_decode: bool = False,
+                      resize_on_device: bool = False) -> Loader:
     return _build(index, backend, image_size, batch_size, rank, world_size, 0, workers,
-                  device, False, cpu_decode_share, region_decode)
+                  device, False, cpu_decode_share, region_decode, resize_on_device)
 
 
 def synthetic_batch(batch_size: int, image_size: int, num_classes: int, device

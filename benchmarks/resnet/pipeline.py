@@ -19,12 +19,16 @@
   (``--region-decode``: only the crop's region decoded, here and in turbo-train/-eval) |
 | regions-turbo | one thread: read and decode each training crop's region as
   ``--region-decode`` does, without the resize (crops-turbo less this: the resize's share) |
+  (``--resize-on-device``: crops-turbo and turbo-train/-eval send the crops unresized and
+  resize each batch on the device) |
 | cpu-train | the ``cpu`` backend: the Pillow reference training pipeline, whole |
 | turbo-train | the ``turbo`` backend, whole training pipeline |
 | turbo-eval | the ``turbo`` backend, whole evaluation pipeline (resize 256, centre 224) |
 | h2d | host-to-device copies of packed file bytes from pinned memory (batches in memory) |
 | decode-nvjpeg | one batched ``decode_jpeg`` per batch (batches in pinned memory; GPU) |
 | crop-resize | the batched crop, resize, flip, normalise on decoded batches on the device |
+| resize-regions | ``--resize-on-device``'s resize, flip and normalise of packed training crops
+  on the device (batches packed in this process, copied there first) |
 | nvjpeg-train | the ``nvjpeg`` backend, whole training pipeline (``--cpu-decode-share``) |
 | nvjpeg-eval | the ``nvjpeg`` backend, whole evaluation pipeline (resize 256, centre 224) |
 
@@ -48,7 +52,7 @@ import simplejpeg
 import torch
 from PIL import Image
 
-from benchmarks.resnet import data, nvjpeg, turbo
+from benchmarks.resnet import data, nvjpeg, regions, turbo
 from benchmarks.resnet.region_decode import RegionDecoder
 from common import loaders
 from common.errors import UserError, one_line
@@ -57,9 +61,10 @@ DECODE_STAGES = ("decode-pillow", "decode-pillow-draft", "decode-turbo")
 CROP_STAGES = ("crops-pillow", "crops-turbo", "regions-turbo")
 WORKER_STAGES = ("read", "plan", *DECODE_STAGES, "cpu-train", "turbo-train", "turbo-eval",
                  "nvjpeg-train", "nvjpeg-eval")
-MEMORY_STAGES = ("h2d", "decode-nvjpeg", "crop-resize")
+MEMORY_STAGES = ("h2d", "decode-nvjpeg", "crop-resize", "resize-regions")
 STAGES = ("read", "plan", *DECODE_STAGES, *CROP_STAGES, "cpu-train", "turbo-train",
-          "turbo-eval", "h2d", "decode-nvjpeg", "crop-resize", "nvjpeg-train", "nvjpeg-eval")
+          "turbo-eval", "h2d", "decode-nvjpeg", "crop-resize", "resize-regions", "nvjpeg-train",
+          "nvjpeg-eval")
 GPU_STAGES = ("h2d", "decode-nvjpeg", "nvjpeg-train", "nvjpeg-eval")
 IN_MEMORY_BATCHES = 8   # batches held in memory for the in-process stages
 
@@ -148,7 +153,8 @@ def _timed(passes, count, seconds: float, device) -> dict:
             return {"images": images, "seconds": elapsed, "images_per_second": images / elapsed}
 
 
-def _crops_one_thread(stage, samples, batches, size, seconds, region_decode) -> dict:
+def _crops_one_thread(stage, samples, batches, size, seconds, region_decode,
+                      resize_on_device) -> dict:
     """A loader process's work per training image, timed in this process on one thread."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)   # as in a DataLoader worker
@@ -164,9 +170,14 @@ def _crops_one_thread(stage, samples, batches, size, seconds, region_decode) -> 
                                                                           0, 1, i))
                         for blob, i in zip(data.read_files(samples, batch), batch)]
         else:
-            turbo_slices = turbo.DecodedSlices(samples, size, True, 0, region_decode)
-            def crop(batch):
-                return turbo_slices[1, batch][1]
+            budget = turbo.REGION_BUDGET if resize_on_device else 1
+            buffers = loaders.SharedBuffers(0, 1, len(batches[0]) * size * size * 3 * budget)
+            turbo_slices = turbo.DecodedSlices(samples, size, True, 0, region_decode, buffers,
+                                               resize_on_device)
+            def crop(batch):   # the buffer reused, as in a loader process
+                *_, labels, slot = turbo_slices[1, batch]
+                buffers.give_back(slot)
+                return labels
         return _timed(lambda: map(crop, batches), len, seconds, torch.device("cpu"))
     finally:
         torch.set_num_threads(threads)
@@ -198,7 +209,7 @@ def run_stage(stage, index, args, device, workers: int | None) -> dict:
             loaders.shut_down(loader)
     if stage in CROP_STAGES:
         return _crops_one_thread(stage, samples, batches, size, args.seconds,
-                                 args.region_decode)
+                                 args.region_decode, args.resize_on_device)
     if stage in ("cpu-train", "turbo-train", "turbo-eval", "nvjpeg-train", "nvjpeg-eval"):
         backend = stage.split("-")[0]
         build = data.build_train_loader if train else data.build_eval_loader
@@ -207,6 +218,7 @@ def run_stage(stage, index, args, device, workers: int | None) -> dict:
             kw["cpu_decode_share"] = args.cpu_decode_share
         if backend == "turbo":
             kw["region_decode"] = args.region_decode
+            kw["resize_on_device"] = args.resize_on_device
         loader = build(index=index, backend=backend, image_size=size, batch_size=batch,
                        rank=0, world_size=1, workers=workers, device=device, **kw)
         epochs = iter(range(1, 1 << 30))
@@ -215,6 +227,11 @@ def run_stage(stage, index, args, device, workers: int | None) -> dict:
                           args.seconds, device)
         finally:
             loader.close()
+    if stage == "resize-regions":
+        slices = turbo.DecodedSlices(samples, size, True, 0, args.region_decode, regions=True)
+        packed = [[t.to(device) for t in slices[1, b][:2]] for b in batches[:IN_MEMORY_BATCHES]]
+        return _timed(lambda: (regions.resize(p, m, size) for p, m in packed), len,
+                      args.seconds, device)
     items = _in_memory(samples, batches, size)
     if stage == "h2d":
         def copy(item):
@@ -268,6 +285,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--region-decode", action="store_true",
                    help="crops-turbo, turbo-train/-eval: decode only each crop's region "
                         "(libjpeg-turbo 3; region_decode.py)")
+    p.add_argument("--resize-on-device", action="store_true",
+                   help="crops-turbo, turbo-train/-eval: crops sent unresized, each batch "
+                        "resized on the device (regions.py)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", type=Path, help="write the table and the dataset's statistics here")
     a = p.parse_args(argv)
@@ -295,7 +315,8 @@ def main(argv=None) -> int:
               f"{stats['mean_kb']:.1f} KB, mean {stats['mean_width']:.0f}x"
               f"{stats['mean_height']:.0f} px; batch {a.batch_size}, {a.image_size} px, "
               f"{os.cpu_count()} host cores"
-              f"{', region decode' if a.region_decode else ''}", flush=True)
+              f"{', region decode' if a.region_decode else ''}"
+              f"{', resize on the device' if a.resize_on_device else ''}", flush=True)
         print(f"{'stage':20s} {'workers':>7s} {'img/s':>10s}", flush=True)
         rows = []
         for stage in a.stages:
@@ -314,7 +335,8 @@ def main(argv=None) -> int:
         device = torch.cuda.get_device_name(a.device) if a.device.type == "cuda" else "cpu"
         a.json.write_text(json.dumps({"device": device, "torch": torch.__version__,
                                       "batch_size": a.batch_size, "image_size": a.image_size,
-                                      "region_decode": a.region_decode, "dataset": stats,
+                                      "region_decode": a.region_decode,
+                                      "resize_on_device": a.resize_on_device, "dataset": stats,
                                       "stages": rows}, indent=2))
     return 0
 

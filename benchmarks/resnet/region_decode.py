@@ -22,6 +22,7 @@ import ctypes
 import os
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,6 +34,18 @@ _SUBSAMP, _WIDTH, _HEIGHT, _COLORSPACE = 4, 5, 6, 8   # TJPARAM_*
 _PF_RGB = 0
 _CS_RGB_CONVERTIBLE = (0, 1, 2)   # TJCS_RGB, TJCS_YCbCr, TJCS_GRAY
 _MCU_WIDTH = (8, 16, 16, 8, 8, 32, 8)   # tjMCUWidth by TJSAMP_*
+
+
+class Region(NamedTuple):
+    """What decoding a crop's box writes: ``rows`` x ``columns`` pixels from column ``x``
+    and row ``top`` of the image; the box is columns ``skip`` to ``skip + width`` of them."""
+    x: int
+    top: int
+    columns: int
+    rows: int
+    skip: int
+    width: int
+    flip: bool
 
 
 class _Region(ctypes.Structure):
@@ -88,6 +101,17 @@ class RegionDecoder:
         ((left, top, w, h), flip)`` gives for this JPEG, decoded alone; ``None`` for a file
         this decoder declines (not a JPEG, damaged, CMYK or YCCK: libjpeg-turbo reports an
         error or a warning, or cannot convert it to RGB)."""
+        region = self.locate(blob, plan)
+        if region is None:
+            return None
+        out = np.empty((region.rows, region.columns, 3), dtype=np.uint8)
+        if not self.decode(blob, region, out):
+            return None
+        return out[:, region.skip:region.skip + region.width], region.flip
+
+    def locate(self, blob: bytes, plan) -> Region | None:
+        """The rows and columns that decoding ``plan``'s box of this JPEG writes (the box
+        widened to MCU columns); ``None`` where ``crop`` would decline the file."""
         if self._handle is None:
             self._open()
         lib, h = self._lib, self._handle
@@ -102,9 +126,13 @@ class RegionDecoder:
         if mcu and x0 == left > 0:   # the crop's first column needs the chroma on its left
             x0 -= mcu
         x1 = min(width, left + w + mcu) if mcu else width
-        if lib.tj3SetCroppingRegion(h, _Region(x0, top, x1 - x0, hh)):
-            return None
-        out = np.empty((hh, x1 - x0, 3), dtype=np.uint8)
-        if lib.tj3Decompress8(h, blob, len(blob), out.ctypes.data, 0, _PF_RGB):
-            return None
-        return out[:, left - x0:left - x0 + w], flip
+        return Region(x0, top, x1 - x0, hh, left - x0, w, flip)
+
+    def decode(self, blob: bytes, region: Region, out: np.ndarray) -> bool:
+        """Decode ``region`` (from ``locate`` on this ``blob``, just before) into ``out``, a
+        C-contiguous uint8 [rows, columns, 3] array; False where libjpeg-turbo fails."""
+        lib, h = self._lib, self._handle
+        if lib.tj3SetCroppingRegion(h, _Region(region.x, region.top, region.columns,
+                                               region.rows)):
+            return False
+        return not lib.tj3Decompress8(h, blob, len(blob), out.ctypes.data, 0, _PF_RGB)

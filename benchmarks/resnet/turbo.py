@@ -37,11 +37,12 @@ import simplejpeg
 import torch
 from PIL import Image
 
-from benchmarks.resnet import data
+from benchmarks.resnet import data, regions
 from benchmarks.resnet.region_decode import RegionDecoder
 from common import loaders
 
 _RGB_CONVERTIBLE = ("YCbCr", "Gray", "RGB")   # colour spaces libjpeg-turbo turns into RGB
+REGION_BUDGET = 4   # --resize-on-device: a slice's buffer in resized crops' bytes an image
 
 
 def decode_crop(blob: bytes, path: str, size: int, plan, region=None,
@@ -51,8 +52,11 @@ def decode_crop(blob: bytes, path: str, size: int, plan, region=None,
     size, 3] tensor; a new one where None). With ``region`` (a ``RegionDecoder``) only the
     crop's region is decoded, where it can."""
     crop = region.crop(blob, plan) if region is not None else None
-    if crop is not None:
-        return _resize(*crop, size, out)
+    return _resize(*(crop or _whole_crop(blob, path, plan)), size, out)
+
+
+def _whole_crop(blob: bytes, path: str, plan) -> tuple[np.ndarray, bool]:
+    """``(pixels, flip)``: the planned box of the whole decoded image, uint8 [h, w, 3]."""
     pixels = None
     try:
         if simplejpeg.decode_jpeg_header(blob)[2] in _RGB_CONVERTIBLE:
@@ -66,7 +70,41 @@ def decode_crop(blob: bytes, path: str, size: int, plan, region=None,
         except (OSError, SyntaxError, ValueError) as exc:
             raise data._decode_error(path, exc) from None
     (left, top, w, h), flip = plan(pixels.shape[1], pixels.shape[0])
-    return _resize(pixels[top:top + h, left:left + w], flip, size, out)
+    return pixels[top:top + h, left:left + w], flip
+
+
+def pack_crop(blob: bytes, path: str, size: int, plan, region, buf: torch.Tensor, used: int,
+              room: int, meta: np.ndarray) -> int:
+    """``--resize-on-device``: the planned crop's pixels, unresized, written into the uint8
+    buffer ``buf`` at byte ``used``, and its ``regions`` row into ``meta`` (a numpy row);
+    the new end of the buffer's used part. Only the crop's region is decoded where
+    ``region`` can, straight into ``buf``. A crop of more than ``room`` bytes is resized
+    here, as without the switch, and sent at ``size`` x ``size``: the buffer's room is
+    bounded."""
+    located = region.locate(blob, plan) if region is not None else None
+    if located is not None:
+        shape = (located.rows, located.columns, 3)
+        nbytes, fits = math.prod(shape), math.prod(shape) <= room
+        pixels = (buf[used:used + nbytes].numpy() if fits
+                  else np.empty(nbytes, dtype=np.uint8)).reshape(shape)
+        if not region.decode(blob, located, pixels):
+            located = None
+        elif fits:
+            meta[:] = (used, located.columns, located.skip, located.width, located.rows,
+                       located.flip)
+            return used + nbytes
+    if located is None:
+        pixels, flip = _whole_crop(blob, path, plan)
+    else:
+        pixels, flip = pixels[:, located.skip:located.skip + located.width], located.flip
+    h, w = pixels.shape[:2]
+    if h * w * 3 <= room:
+        buf[used:used + h * w * 3].view(h, w, 3).copy_(torch.from_numpy(pixels))
+        meta[:] = used, w, 0, w, h, flip
+        return used + h * w * 3
+    _resize(pixels, flip, size, buf[used:used + size * size * 3].view(size, size, 3))
+    meta[:] = used, size, 0, size, size, 0
+    return used + size * size * 3
 
 
 def _resize(pixels: np.ndarray, flip: bool, size: int, out: torch.Tensor | None) -> np.ndarray:
@@ -89,24 +127,37 @@ class DecodedSlices(torch.utils.data.Dataset):
     """Item ``(epoch, indices)``: those samples' crops for ``epoch`` as one uint8 [n, size,
     size, 3] tensor, their labels, and the tensor's slot in ``buffers`` (a
     ``loaders.SharedBuffers``; -1 without). The key carries the epoch, so persistent workers
-    serve every epoch."""
+    serve every epoch. With ``regions`` (``--resize-on-device``) the crops come unresized,
+    packed into a uint8 buffer of up to ``REGION_BUDGET`` resized crops' bytes an image,
+    with their ``regions`` rows: ``(buffer, meta, labels, slot)``."""
 
     def __init__(self, samples, size: int, train: bool, seed: int, region_decode: bool = False,
-                 buffers: loaders.SharedBuffers | None = None):
+                 buffers: loaders.SharedBuffers | None = None, regions: bool = False):
         self.samples, self.size, self.train, self.seed = samples, size, train, seed
         self.region = RegionDecoder() if region_decode else None
-        self.buffers = buffers
+        self.buffers, self.regions = buffers, regions
 
     def __getitem__(self, key):
         epoch, indices = key
-        shape = (len(indices), self.size, self.size, 3)
+        tile = self.size * self.size * 3
+        shape = ((int(len(indices) * tile * REGION_BUDGET),) if self.regions
+                 else (len(indices), self.size, self.size, 3))
         out, slot = (self.buffers.take(shape) if self.buffers is not None
                      else (torch.empty(shape, dtype=torch.uint8), -1))
+        meta, used = np.empty((len(indices), regions.FIELDS), dtype=np.int64), 0
         for j, (blob, i) in enumerate(zip(data.read_files(self.samples, indices), indices)):
             def plan(width, height, i=i):
                 return data.crop_plan(width, height, self.size, self.train, self.seed, epoch, i)
-            decode_crop(blob, self.samples[i][0], self.size, plan, self.region, out[j])
+            path = self.samples[i][0]
+            if self.regions:   # room for the rest at ``size`` x ``size`` stays free
+                room = out.numel() - used - (len(indices) - j - 1) * tile
+                used = pack_crop(blob, path, self.size, plan, self.region, out, used, room,
+                                 meta[j])
+            else:
+                decode_crop(blob, path, self.size, plan, self.region, out[j])
         labels = torch.tensor([self.samples[i][1] for i in indices])
+        if self.regions:
+            return out[:used], torch.from_numpy(meta), labels, slot
         return out, labels, slot
 
 
@@ -122,18 +173,22 @@ class TurboDecoder:
     the processes' queue at that pass.
 
     The processes write their slices into shared-memory buffers they reuse
-    (``loaders.SharedBuffers``): each slice is given back once it is in the batch."""
+    (``loaders.SharedBuffers``): each slice is given back once it is in the batch. With
+    ``resize_on_device`` they send the crops unresized and the batch is resized on the
+    device (``regions.resize``)."""
 
     def __init__(self, samples, size, train, seed, batch_size, workers, device,
-                 region_decode: bool = False):
+                 region_decode: bool = False, resize_on_device: bool = False):
         self.keys = loaders.Keys()
         self.slice = math.ceil(batch_size / max(workers, 1))
         # a worker holds at most the loader's prefetch of slices, and one being written
-        self.buffers = loaders.SharedBuffers(workers, loaders.PREFETCH + 2,
-                                             self.slice * size * size * 3)
-        slices = DecodedSlices(samples, size, train, seed, region_decode, self.buffers)
+        numel = int(self.slice * size * size * 3 * (REGION_BUDGET if resize_on_device else 1))
+        self.buffers = loaders.SharedBuffers(workers, loaders.PREFETCH + 2, numel)
+        slices = DecodedSlices(samples, size, train, seed, region_decode, self.buffers,
+                               resize_on_device)
         self.loader = loaders.persistent(slices, self.keys, workers, device.type == "cuda")
-        self.batch_size, self.device = batch_size, device
+        self.batch_size, self.device, self.size = batch_size, device, size
+        self.resize_on_device = resize_on_device
         self.upcoming = None
         self._plans, self._next, self._items = {}, None, None
 
@@ -171,15 +226,30 @@ class TurboDecoder:
         counts, dev = self._plans[epoch][2], self.device
         for b, n in enumerate(counts):
             parts = [next(self._items) for _ in range(n)]
-            images = data.normalize_on_device(
-                torch.cat([p[0].to(dev, non_blocking=True) for p in parts]), dev)
-            labels = torch.cat([p[1] for p in parts]).to(dev, non_blocking=True)
+            if self.resize_on_device:
+                images = self._resized(parts)
+            else:
+                images = data.normalize_on_device(
+                    torch.cat([p[0].to(dev, non_blocking=True) for p in parts]), dev)
+            labels = torch.cat([p[-2] for p in parts]).to(dev, non_blocking=True)
             for part in parts:   # copied out: pinned already on a GPU, by the cat on a CPU
-                self.buffers.give_back(part[2])
+                self.buffers.give_back(part[-1])
             if b == len(counts) - 1:   # the queue now stands at the next pass's start
                 del self._plans[epoch]
                 self._next = epoch + 1
             yield images, labels
+
+    def _resized(self, parts) -> torch.Tensor:
+        """The slices' packed crops in one buffer on the device, resized there."""
+        sizes = [len(p[0]) for p in parts]
+        packed = torch.empty(sum(sizes), dtype=torch.uint8, device=self.device)
+        metas, start = [], 0
+        for (buf, meta, *_), n in zip(parts, sizes):
+            packed[start:start + n].copy_(buf, non_blocking=True)
+            metas.append(meta + torch.tensor([start] + [0] * (regions.FIELDS - 1)))
+            start += n
+        meta = torch.cat(metas).to(self.device, non_blocking=True)
+        return regions.resize(packed, meta, self.size)
 
     def close(self) -> None:
         loaders.shut_down(self.loader)

@@ -56,6 +56,10 @@ class ResNetWorkload(Workload):
         p.add_argument("--region-decode", action="store_true",
                        help="turbo backend: decode only each crop's region of the JPEG "
                             "(libjpeg-turbo 3, `make turbojpeg`; region_decode.py)")
+        p.add_argument("--resize-on-device", action="store_true",
+                       help="turbo backend: the loader processes send each crop unresized; "
+                            "the batch's crops are resized, mirrored and normalised on the "
+                            "device, one kernel per batch on a GPU (regions.py)")
         p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
         p.add_argument("--image-size", type=int, default=224)
         p.add_argument("--batch-size", type=int, default=408, help="per-rank batch per step")
@@ -126,7 +130,8 @@ class ResNetWorkload(Workload):
             common = dict(index=self.index, backend=a.data_backend, image_size=a.image_size,
                           rank=env.rank, world_size=env.world_size, workers=a.workers,
                           device=env.device, cpu_decode_share=a.cpu_decode_share,
-                          region_decode=a.region_decode)
+                          region_decode=a.region_decode,
+                          resize_on_device=a.resize_on_device)
             self.train_loader = data.build_train_loader(batch_size=a.batch_size, seed=a.seed,
                                                         **common)
             self.eval_loader = data.build_eval_loader(batch_size=a.eval_batch_size, **common)

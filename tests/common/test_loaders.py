@@ -68,3 +68,15 @@ def test_shared_buffers_fall_back_to_a_private_tensor_when_none_is_free_or_fits(
     assert [slot for _, slot in loader] == [0, 1, -1, -1, -1, -1]
     big = SharedBuffers(workers=1, per_worker=2, numel=4)
     assert big.take((2, 5))[1] == -1   # in the main process, and larger than the buffers
+
+
+def test_shared_buffers_serve_the_main_process_when_it_fills_the_items_itself():
+    """``workers`` 0: the main process takes from one worker's buffers (the pipeline tool's
+    one-thread stage, a loader without processes); otherwise it gets private tensors."""
+    buffers = SharedBuffers(workers=0, per_worker=2, numel=15, dtype=torch.int32)
+    (a, sa), (b, sb) = buffers.take((3, 5)), buffers.take((2, 5))
+    assert (sa, sb) == (0, 1) and buffers.take((1, 5))[1] == -1   # both busy
+    buffers.give_back(sa)
+    c, sc = buffers.take((3, 5))
+    assert sc == 0 and c.data_ptr() == a.data_ptr()
+    assert SharedBuffers(workers=1, per_worker=2, numel=15).take((3, 5))[1] == -1
