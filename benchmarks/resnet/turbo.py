@@ -29,6 +29,7 @@ and normalises them there (``data.normalize_on_device``).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 
@@ -223,15 +224,25 @@ class TurboDecoder:
             epoch += 1
 
     def _batches(self, epoch):
+        """A pass's batches. On a GPU, each batch's copies to the device (and the resize)
+        run on a side stream, which the consumer's stream then waits for: they overlap the
+        step already queued before them instead of running after it on the same stream."""
         counts, dev = self._plans[epoch][2], self.device
+        side = torch.cuda.Stream(dev) if dev.type == "cuda" else None
         for b, n in enumerate(counts):
             parts = [next(self._items) for _ in range(n)]
-            if self.resize_on_device:
-                images = self._resized(parts)
-            else:
-                images = data.normalize_on_device(
-                    torch.cat([p[0].to(dev, non_blocking=True) for p in parts]), dev)
-            labels = torch.cat([p[-2] for p in parts]).to(dev, non_blocking=True)
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                if self.resize_on_device:
+                    images = self._resized(parts)
+                else:
+                    images = data.normalize_on_device(
+                        torch.cat([p[0].to(dev, non_blocking=True) for p in parts]), dev)
+                labels = torch.cat([p[-2] for p in parts]).to(dev, non_blocking=True)
+            if side is not None:
+                current = torch.cuda.current_stream(dev)
+                current.wait_stream(side)
+                images.record_stream(current)
+                labels.record_stream(current)
             for part in parts:   # copied out: pinned already on a GPU, by the cat on a CPU
                 self.buffers.give_back(part[-1])
             if b == len(counts) - 1:   # the queue now stands at the next pass's start

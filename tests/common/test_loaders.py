@@ -74,7 +74,7 @@ def test_shared_buffers_serve_the_main_process_when_it_fills_the_items_itself():
     """``workers`` 0: the main process takes from one worker's buffers (the pipeline tool's
     one-thread stage, a loader without processes); otherwise it gets private tensors."""
     buffers = SharedBuffers(workers=0, per_worker=2, numel=15, dtype=torch.int32)
-    (a, sa), (b, sb) = buffers.take((3, 5)), buffers.take((2, 5))
+    (a, sa), (_, sb) = buffers.take((3, 5)), buffers.take((2, 5))
     assert (sa, sb) == (0, 1) and buffers.take((1, 5))[1] == -1   # both busy
     buffers.give_back(sa)
     c, sc = buffers.take((3, 5))
