@@ -15,9 +15,12 @@ FUSION=()
 # With only each crop's region decoded (--region-decode, libjpeg-turbo 3: `make turbojpeg`)
 # 4,429-4,493 img/s against 3,634-3,881 without (session 20). Build that library with nasm
 # installed (its SIMD code): 6,274.4 img/s against 4,808.5 in plain C, one run each on one
-# H100, 86% of the resident step's 7,258.9 (session 25).
+# H100, 86% of the resident step's 7,258.9 (session 25). The crops resized on the GPU, one
+# kernel a batch (--resize-on-device): 6,440-6,565 img/s against 5,735-5,801 without in one
+# call on one H100 machine, +10.2% on a second, -2.6% on a third (6,760 against 6,940;
+# session 26, docs/performance.md).
 REGION=()
-[[ ${DATA_BACKEND:-turbo} == turbo ]] && REGION=(--region-decode)
+[[ ${DATA_BACKEND:-turbo} == turbo ]] && REGION=(--region-decode --resize-on-device)
 TRAIN_ARGS=(
     --precision "$PRECISION" --data-backend "${DATA_BACKEND:-turbo}" --workers 15
     "${REGION[@]}"
