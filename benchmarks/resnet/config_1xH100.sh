@@ -18,7 +18,7 @@ FUSION=()
 # H100, 86% of the resident step's 7,258.9 (session 25). The crops resized on the GPU, one
 # kernel a batch (--resize-on-device): 6,440-6,565 img/s against 5,735-5,801 without in one
 # call on one H100 machine, +10.2% on a second, -2.6% on a third (6,760 against 6,940;
-# session 26, docs/performance.md).
+# session 26, docs/performance.md). EXTRA_ARGS=--no-resize-on-device resizes in the loaders.
 REGION=()
 [[ ${DATA_BACKEND:-turbo} == turbo ]] && REGION=(--region-decode --resize-on-device)
 TRAIN_ARGS=(

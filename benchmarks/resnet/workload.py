@@ -56,7 +56,8 @@ class ResNetWorkload(Workload):
         p.add_argument("--region-decode", action="store_true",
                        help="turbo backend: decode only each crop's region of the JPEG "
                             "(libjpeg-turbo 3, `make turbojpeg`; region_decode.py)")
-        p.add_argument("--resize-on-device", action="store_true",
+        p.add_argument("--resize-on-device", action=argparse.BooleanOptionalAction,
+                       default=False,
                        help="turbo backend: the loader processes send each crop unresized; "
                             "the batch's crops are resized, mirrored and normalised on the "
                             "device, one kernel per batch on a GPU (regions.py)")

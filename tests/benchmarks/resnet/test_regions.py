@@ -4,6 +4,7 @@ buffer per slice, and the batch is resized where it trains. The batches equal th
 large for the buffer's room are resized in the loader as before, and bad input keeps its
 one-line errors. On a GPU the Triton kernel equals the reference (``-m gpu``)."""
 
+import argparse
 import io
 
 import numpy as np
@@ -14,6 +15,7 @@ from PIL import Image
 
 from benchmarks.resnet import data, regions, turbo
 from benchmarks.resnet.region_decode import RegionDecoder
+from benchmarks.resnet.workload import ResNetWorkload
 from common.errors import UserError
 
 CPU = torch.device("cpu")
@@ -123,6 +125,14 @@ def test_unreadable_files_are_named(bad_folder, content):
                 list(loader.epoch(0))
         finally:
             loader.close()
+
+
+def test_the_switch_can_be_turned_off_after_a_config_turned_it_on():
+    p = argparse.ArgumentParser()
+    ResNetWorkload.add_args(p)
+    assert p.parse_args(["--resize-on-device"]).resize_on_device
+    assert not p.parse_args(["--resize-on-device", "--no-resize-on-device"]).resize_on_device
+    assert not p.parse_args([]).resize_on_device
 
 
 def test_other_backends_refuse_it(imagenet_like):
