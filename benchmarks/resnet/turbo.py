@@ -15,7 +15,8 @@ loader process takes a slice of a batch and, for each image:
   crop-then-resize; against the reference's box resize, whose filter also reads the pixels
   just outside the box, only the border pixels of a crop differ;
 - writes the crop into the slice's one uint8 [n, size, size, 3] buffer (the resize writes
-  there itself, in that channels-last order).
+  there itself, in that channels-last order). With ``--resize-on-device`` it writes the
+  crop unresized instead and the batch is resized where it trains (``regions.py``).
 
 Decoding at a reduced DCT scale (libjpeg-turbo's n/8) was measured and left out: Huffman
 decoding, whose cost does not shrink with the scale, is most of the work, and the scales
@@ -23,8 +24,9 @@ other than 1/2, 1/4 and 1/8 run without SIMD (docs/performance.md).
 
 JPEGs libjpeg-turbo cannot convert to RGB (CMYK, YCCK) and files it rejects go to Pillow, as
 the reference decodes them; a file Pillow rejects too is a one-line ``UserError`` naming it.
-The main process copies the slices of a batch to the device (pinned memory, asynchronous)
-and normalises them there (``data.normalize_on_device``).
+The main process copies the slices of a batch to the device (pinned memory, asynchronous,
+on a GPU on a side stream that the step's stream waits for) and normalises them there
+(``data.normalize_on_device``).
 """
 
 from __future__ import annotations
