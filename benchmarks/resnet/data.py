@@ -168,9 +168,14 @@ class _PillowDataset(torch.utils.data.Dataset):
 
 def normalize_on_device(nhwc_uint8: torch.Tensor, device: torch.device) -> torch.Tensor:
     """uint8 NHWC (any device) -> normalised float32 NCHW in channels-last memory on ``device``."""
-    x = nhwc_uint8.to(device, non_blocking=True).permute(0, 3, 1, 2).float()
-    mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1)
-    std = torch.tensor(STD, device=device).view(1, 3, 1, 1)
+    return normalize(nhwc_uint8.to(device, non_blocking=True).permute(0, 3, 1, 2).float())
+
+
+def normalize(x: torch.Tensor) -> torch.Tensor:
+    """float32 NCHW pixels (0-255) -> normalised with the ImageNet mean and standard
+    deviation, in channels-last memory."""
+    mean = torch.tensor(MEAN, device=x.device).view(1, 3, 1, 1)
+    std = torch.tensor(STD, device=x.device).view(1, 3, 1, 1)
     return ((x - mean) / std).contiguous(memory_format=torch.channels_last)
 
 

@@ -42,10 +42,8 @@ def resize_reference(packed: torch.Tensor, meta: torch.Tensor, size: int) -> tor
         y = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True,
                           align_corners=False)
         crops.append(y.flip(3) if row[5] else y)
-    x = torch.cat(crops) if crops else torch.empty(0, 3, size, size, device=packed.device)
-    mean = torch.tensor(data.MEAN, device=x.device).view(1, 3, 1, 1)
-    std = torch.tensor(data.STD, device=x.device).view(1, 3, 1, 1)
-    return ((x - mean) / std).contiguous(memory_format=torch.channels_last)
+    return data.normalize(torch.cat(crops) if crops
+                          else torch.empty(0, 3, size, size, device=packed.device))
 
 
 def resize(packed: torch.Tensor, meta: torch.Tensor, size: int) -> torch.Tensor:

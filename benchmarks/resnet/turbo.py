@@ -87,7 +87,8 @@ def pack_crop(blob: bytes, path: str, size: int, plan, region, buf: torch.Tensor
     located = region.locate(blob, plan) if region is not None else None
     if located is not None:
         shape = (located.rows, located.columns, 3)
-        nbytes, fits = math.prod(shape), math.prod(shape) <= room
+        nbytes = math.prod(shape)
+        fits = nbytes <= room
         pixels = (buf[used:used + nbytes].numpy() if fits
                   else np.empty(nbytes, dtype=np.uint8)).reshape(shape)
         if not region.decode(blob, located, pixels):
