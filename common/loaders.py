@@ -3,7 +3,9 @@ and shared-memory buffers that those processes reuse."""
 
 from __future__ import annotations
 
+import collections
 import math
+from typing import NamedTuple
 
 import torch
 
@@ -41,64 +43,124 @@ class Keys(torch.utils.data.Sampler):
         return len(self.keys)
 
 
-def persistent(dataset, keys: Keys, workers: int, pin: bool) -> torch.utils.data.DataLoader:
+def persistent(dataset, keys: Keys, workers: int, pin: bool,
+               as_is: bool = False) -> torch.utils.data.DataLoader:
     """The DataLoader of ``dataset[key]`` for each key of ``keys`` (items already batched;
-    pinned when ``pin``), its worker processes kept from one pass to the next."""
+    pinned when ``pin``), its worker processes kept from one pass to the next. With
+    ``as_is`` the items cross unchanged (numpy arrays stay arrays, pickled with the item,
+    instead of tensors that each cross through shared memory)."""
     return torch.utils.data.DataLoader(
         dataset, batch_size=None, sampler=keys, num_workers=workers, pin_memory=pin,
-        prefetch_factor=PREFETCH if workers else None, persistent_workers=workers > 0)
+        prefetch_factor=PREFETCH if workers else None, persistent_workers=workers > 0,
+        collate_fn=_as_is if as_is else None)
+
+
+def _as_is(item):
+    return item
+
+
+class Slot(NamedTuple):
+    """An item's tensor left in a ``SharedBuffers`` pool: its slot and shape."""
+    index: int
+    shape: tuple
 
 
 class SharedBuffers:
-    """Buffers in shared memory that each loader process fills again once the main process has
-    given them back, instead of a new buffer per item.
+    """One shared-memory pool of slots, made in the main process before its loader processes
+    start, that the loader processes fill and the main process reads where they are.
 
-    A tensor a worker returns crosses to the main process through shared memory: torch copies
-    a private tensor there when it is sent, and a new buffer also takes a page fault per 4 KiB
-    page where it is first written. For a slice of 109 ImageNet crops (16 MiB) that is about 9
-    ms of a loader process's ~100 ms (the development machine, docs/performance.md). Here each
-    worker keeps up to ``per_worker`` buffers of ``numel`` elements; ``take`` hands one out
-    and marks it busy in a table that the main process shares, and the main process calls
-    ``give_back`` when it has copied the item out. Before a new iterator drops what the
-    workers had queued, the main process calls ``drop_all``: each worker then frees all its
-    buffers at its next ``take``, when none it has taken since holds an item of the new pass.
-    No buffer free, or a larger item: a new private tensor, as before. With ``workers`` 0 the
-    main process fills the items itself and takes from one worker's buffers.
+    An item's tensor crosses to the main process as its slot number (``send`` gives a
+    ``Slot``; ``receive`` turns it back into a view of the pool): no file descriptor, no new
+    mapping and no copy per item. Sent as a tensor instead, torch would pass a file
+    descriptor for each one (a connection to the loader process and back), map it anew, and
+    with ``pin_memory`` copy it into pinned memory: about 500 MB a batch of 1,632 unresized
+    ImageNet crops. With ``pin``, the pool itself is page-locked for the GPU's copies
+    (``cudaHostRegister``), once, after the loader processes have started.
+
+    Each worker owns ``per_worker`` slots of ``numel`` elements; ``take`` hands one out and
+    marks it busy in a table the main process shares; the main process ``release``s the
+    slots of the items it has copied out (on a GPU once the copies, queued on ``stream``,
+    have run). Before a new iterator drops what the workers had queued, the main process
+    calls ``drop_all``: each worker then takes its slots as free again at its next
+    ``take``. No slot free, or a larger item: a private tensor, sent as such. With
+    ``workers`` 0 the main process fills the items itself from one worker's slots.
     """
 
     def __init__(self, workers: int, per_worker: int, numel: int, dtype=torch.uint8):
         self.busy = torch.zeros(max(workers, 1), per_worker, dtype=torch.uint8).share_memory_()
         self.generation = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self.numel, self.dtype, self.in_main = numel, dtype, workers == 0
-        self._own, self._generation = [], 0   # this worker's buffers and generation
-
-    def __getstate__(self):
-        return {**self.__dict__, "_own": [], "_generation": 0}
+        storage = torch.UntypedStorage._new_shared(self.busy.numel() * numel * dtype.itemsize)
+        self.pool = torch.empty(0, dtype=dtype).set_(storage).view(self.busy.numel(), numel)
+        self.numel, self.in_main = numel, workers == 0
+        self._generation, self._pending, self._pinned = 0, collections.deque(), False
 
     def take(self, shape) -> tuple[torch.Tensor, int]:
-        """An uninitialised tensor of ``shape`` and its slot for ``give_back`` (-1: private)."""
+        """An uninitialised tensor of ``shape`` and its slot (-1: a private tensor)."""
         info = torch.utils.data.get_worker_info()
         worker = info.id if info is not None else 0 if self.in_main else None
         numel = math.prod(shape)
         if worker is None or numel > self.numel:
-            return torch.empty(shape, dtype=self.dtype), -1
+            return torch.empty(shape, dtype=self.pool.dtype), -1
         busy = self.busy[worker]
         if self._generation != int(self.generation):
             self._generation = int(self.generation)
             busy.zero_()
-        slot = next((b for b in range(len(self._own)) if not busy[b]), len(self._own))
-        if slot == len(busy):
-            return torch.empty(shape, dtype=self.dtype), -1
-        if slot == len(self._own):
-            nbytes = self.numel * self.dtype.itemsize
-            storage = torch.UntypedStorage._new_shared(nbytes)
-            self._own.append(torch.empty(0, dtype=self.dtype).set_(storage).view(-1))
+        free = torch.nonzero(busy == 0)
+        if not len(free):
+            return torch.empty(shape, dtype=self.pool.dtype), -1
+        slot = int(free[0])
         busy[slot] = 1
-        return self._own[slot][:numel].view(shape), worker * busy.numel() + slot
+        index = worker * busy.numel() + slot
+        return self.pool[index, :numel].view(shape), index
 
-    def give_back(self, slot: int) -> None:
-        if slot >= 0:
-            self.busy.view(-1)[slot] = 0
+    @staticmethod
+    def send(tensor: torch.Tensor, slot: int):
+        """What an item carries for ``tensor`` from ``take``: its ``Slot``, or the private
+        tensor itself."""
+        return Slot(slot, tuple(tensor.shape)) if slot >= 0 else tensor
+
+    def receive(self, sent) -> torch.Tensor:
+        """The tensor that ``send`` sent, a view of the pool where it was left there."""
+        if not isinstance(sent, Slot):
+            return sent
+        return self.pool[sent.index, :math.prod(sent.shape)].view(sent.shape)
+
+    def pin(self) -> None:
+        """Page-lock the pool for asynchronous copies to the GPU (once). Called after the
+        loader processes have started: they share the pool's pages, not this mapping."""
+        if not self._pinned:
+            rc = torch.cuda.cudart().cudaHostRegister(self.pool.data_ptr(),
+                                                      self.pool.nbytes, 0)
+            if rc != 0:
+                raise RuntimeError(f"cudaHostRegister of {self.pool.nbytes} bytes failed: {rc}")
+            self._pinned = True
+
+    def release(self, slots, stream: torch.cuda.Stream | None = None) -> None:
+        """Give ``slots`` back: now, or once the work queued on ``stream`` so far has run."""
+        slots = [s for s in slots if s >= 0]
+        if stream is None:
+            self._free(slots)
+        else:
+            event = torch.cuda.Event()
+            event.record(stream)
+            self._pending.append((event, slots))
+        while self._pending and self._pending[0][0].query():
+            self._free(self._pending.popleft()[1])
 
     def drop_all(self) -> None:
+        """Forget every slot in use: the items the workers had queued will not be read."""
+        while self._pending:
+            event, slots = self._pending.popleft()
+            event.synchronize()
         self.generation += 1
+
+    def close(self) -> None:
+        """Un-page-lock the pool (after the last copy from it has run)."""
+        self.drop_all()
+        if self._pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.pool.data_ptr())
+            self._pinned = False
+
+    def _free(self, slots) -> None:
+        for slot in slots:
+            self.busy.view(-1)[slot] = 0

@@ -176,7 +176,7 @@ def _crops_one_thread(stage, samples, batches, size, seconds, region_decode,
                                                resize_on_device)
             def crop(batch):   # the buffer reused, as in a loader process
                 *_, labels, slot = turbo_slices[1, batch]
-                buffers.give_back(slot)
+                buffers.release([slot])
                 return labels
         return _timed(lambda: map(crop, batches), len, seconds, torch.device("cpu"))
     finally:
@@ -229,7 +229,8 @@ def run_stage(stage, index, args, device, workers: int | None) -> dict:
             loader.close()
     if stage == "resize-regions":
         slices = turbo.DecodedSlices(samples, size, True, 0, args.region_decode, regions=True)
-        packed = [[t.to(device) for t in slices[1, b][:2]] for b in batches[:IN_MEMORY_BATCHES]]
+        packed = [[torch.as_tensor(t).to(device) for t in slices[1, b][:2]]
+                  for b in batches[:IN_MEMORY_BATCHES]]
         return _timed(lambda: (regions.resize(p, m, size) for p, m in packed), len,
                       args.seconds, device)
     items = _in_memory(samples, batches, size)

@@ -24,9 +24,9 @@ other than 1/2, 1/4 and 1/8 run without SIMD (docs/performance.md).
 
 JPEGs libjpeg-turbo cannot convert to RGB (CMYK, YCCK) and files it rejects go to Pillow, as
 the reference decodes them; a file Pillow rejects too is a one-line ``UserError`` naming it.
-The main process copies the slices of a batch to the device (pinned memory, asynchronous,
-on a GPU on a side stream that the step's stream waits for) and normalises them there
-(``data.normalize_on_device``).
+The main process copies the slices of a batch to the device straight from the processes'
+shared, page-locked memory (asynchronous, on a GPU on a side stream that the step's stream
+waits for) and normalises them there (``data.normalize_on_device``).
 """
 
 from __future__ import annotations
@@ -129,11 +129,12 @@ def _resize(pixels: np.ndarray, flip: bool, size: int, out: torch.Tensor | None)
 
 class DecodedSlices(torch.utils.data.Dataset):
     """Item ``(epoch, indices)``: those samples' crops for ``epoch`` as one uint8 [n, size,
-    size, 3] tensor, their labels, and the tensor's slot in ``buffers`` (a
-    ``loaders.SharedBuffers``; -1 without). The key carries the epoch, so persistent workers
-    serve every epoch. With ``regions`` (``--resize-on-device``) the crops come unresized,
-    packed into a uint8 buffer of up to ``REGION_BUDGET`` resized crops' bytes an image,
-    with their ``regions`` rows: ``(buffer, meta, labels, slot)``."""
+    size, 3] tensor (as ``loaders.SharedBuffers.send`` sends it: a slot of ``buffers`` or a
+    private tensor), their labels (a numpy array) and the slot (-1: none). The key carries
+    the epoch, so persistent workers serve every epoch. With ``regions``
+    (``--resize-on-device``) the crops come unresized, packed into a uint8 buffer of up to
+    ``REGION_BUDGET`` resized crops' bytes an image, with their ``regions`` rows (numpy):
+    ``(buffer, meta, labels, slot)``."""
 
     def __init__(self, samples, size: int, train: bool, seed: int, region_decode: bool = False,
                  buffers: loaders.SharedBuffers | None = None, regions: bool = False):
@@ -159,10 +160,11 @@ class DecodedSlices(torch.utils.data.Dataset):
                                  meta[j])
             else:
                 decode_crop(blob, path, self.size, plan, self.region, out[j])
-        labels = torch.tensor([self.samples[i][1] for i in indices])
+        labels = np.array([self.samples[i][1] for i in indices], dtype=np.int64)
         if self.regions:
-            return out[:used], torch.from_numpy(meta), labels, slot
-        return out, labels, slot
+            out = out[:used]
+        sent = loaders.SharedBuffers.send(out, slot)
+        return (sent, meta, labels, slot) if self.regions else (sent, labels, slot)
 
 
 class TurboDecoder:
@@ -176,10 +178,11 @@ class TurboDecoder:
     asked for out of turn (the first, another epoch, or after one left unfinished) restarts
     the processes' queue at that pass.
 
-    The processes write their slices into shared-memory buffers they reuse
-    (``loaders.SharedBuffers``): each slice is given back once it is in the batch. With
-    ``resize_on_device`` they send the crops unresized and the batch is resized on the
-    device (``regions.resize``)."""
+    The processes write their slices into slots of one shared-memory pool
+    (``loaders.SharedBuffers``), page-locked on a GPU, and send the slot's number: the
+    batch's copies to the device read the pool where the processes wrote it, and each slot
+    is given back once they have run. With ``resize_on_device`` they send the crops
+    unresized and the batch is resized on the device (``regions.resize``)."""
 
     def __init__(self, samples, size, train, seed, batch_size, workers, device,
                  region_decode: bool = False, resize_on_device: bool = False):
@@ -190,7 +193,10 @@ class TurboDecoder:
         self.buffers = loaders.SharedBuffers(workers, loaders.PREFETCH + 2, numel)
         slices = DecodedSlices(samples, size, train, seed, region_decode, self.buffers,
                                resize_on_device)
-        self.loader = loaders.persistent(slices, self.keys, workers, device.type == "cuda")
+        self.loader = loaders.persistent(slices, self.keys, workers, pin=False, as_is=True)
+        if device.type == "cuda":
+            iter(self.loader)   # the processes start, sharing the pool's pages, before
+            self.buffers.pin()  # it is page-locked here
         self.batch_size, self.device, self.size = batch_size, device, size
         self.resize_on_device = resize_on_device
         self.upcoming = None
@@ -238,16 +244,18 @@ class TurboDecoder:
                 if self.resize_on_device:
                     images = self._resized(parts)
                 else:
-                    images = data.normalize_on_device(
-                        torch.cat([p[0].to(dev, non_blocking=True) for p in parts]), dev)
-                labels = torch.cat([p[-2] for p in parts]).to(dev, non_blocking=True)
+                    images = data.normalize_on_device(torch.cat(
+                        [self.buffers.receive(p[0]).to(dev, non_blocking=True) for p in parts]),
+                        dev)
+                labels = torch.from_numpy(np.concatenate([p[-2] for p in parts]))
+                labels = labels.to(dev, non_blocking=True)
             if side is not None:
                 current = torch.cuda.current_stream(dev)
                 current.wait_stream(side)
                 images.record_stream(current)
                 labels.record_stream(current)
-            for part in parts:   # copied out: pinned already on a GPU, by the cat on a CPU
-                self.buffers.give_back(part[-1])
+            # copied out (by the cat on a CPU); on a GPU once the side stream's copies have run
+            self.buffers.release([p[-1] for p in parts], side)
             if b == len(counts) - 1:   # the queue now stands at the next pass's start
                 del self._plans[epoch]
                 self._next = epoch + 1
@@ -255,15 +263,16 @@ class TurboDecoder:
 
     def _resized(self, parts) -> torch.Tensor:
         """The slices' packed crops in one buffer on the device, resized there."""
-        sizes = [len(p[0]) for p in parts]
-        packed = torch.empty(sum(sizes), dtype=torch.uint8, device=self.device)
+        bufs = [self.buffers.receive(p[0]) for p in parts]
+        packed = torch.empty(sum(len(b) for b in bufs), dtype=torch.uint8, device=self.device)
         metas, start = [], 0
-        for (buf, meta, *_), n in zip(parts, sizes):
-            packed[start:start + n].copy_(buf, non_blocking=True)
-            metas.append(meta + torch.tensor([start] + [0] * (regions.FIELDS - 1)))
-            start += n
-        meta = torch.cat(metas).to(self.device, non_blocking=True)
+        for buf, (_, meta, *_) in zip(bufs, parts):
+            packed[start:start + len(buf)].copy_(buf, non_blocking=True)
+            metas.append(meta + np.array([start] + [0] * (regions.FIELDS - 1)))
+            start += len(buf)
+        meta = torch.from_numpy(np.concatenate(metas)).to(self.device, non_blocking=True)
         return regions.resize(packed, meta, self.size)
 
     def close(self) -> None:
         loaders.shut_down(self.loader)
+        self.buffers.close()

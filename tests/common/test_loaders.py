@@ -2,9 +2,10 @@
 
 import multiprocessing
 
+import pytest
 import torch
 
-from common.loaders import Keys, SharedBuffers, shut_down
+from common.loaders import Keys, SharedBuffers, Slot, shut_down
 
 
 def _new_workers(before: set) -> list:
@@ -32,7 +33,7 @@ def test_shut_down_of_a_loader_without_workers_does_nothing():
 
 
 class _Filled(torch.utils.data.Dataset):
-    """Item k: a buffer from ``buffers`` filled with k, and its slot."""
+    """Item k: a slot of ``buffers`` filled with k, as sent, and the slot."""
 
     def __init__(self, buffers):
         self.buffers = buffers
@@ -40,21 +41,23 @@ class _Filled(torch.utils.data.Dataset):
     def __getitem__(self, k):
         out, slot = self.buffers.take((k % 3 + 1, 5))
         out.fill_(k)
-        return out, slot
+        return SharedBuffers.send(out, slot), slot
 
 
-def test_shared_buffers_are_reused_once_given_back_and_hold_each_items_values():
+def test_slots_cross_by_number_are_reused_once_released_and_hold_each_items_values():
     buffers = SharedBuffers(workers=2, per_worker=3, numel=15, dtype=torch.int32)
     loader = torch.utils.data.DataLoader(_Filled(buffers), batch_size=None,
                                          sampler=Keys(list(range(40))), num_workers=2,
                                          prefetch_factor=1)
     slots = []
-    for k, (out, slot) in enumerate(loader):
+    for k, (sent, slot) in enumerate(loader):
+        assert isinstance(sent, Slot) and sent.index == slot >= 0   # no tensor crossed
+        out = buffers.receive(sent)
         assert out.shape == (k % 3 + 1, 5) and bool((out == k).all()), (k, out)
-        assert out.is_shared() and slot >= 0
+        assert out.data_ptr() == buffers.pool[slot].data_ptr()   # read where it was written
         slots.append(slot)
-        buffers.give_back(slot)
-    assert len(set(slots)) <= 6 < len(slots)   # 40 items from at most 2 x 3 buffers
+        buffers.release([slot])
+    assert len(set(slots)) <= 6 < len(slots)   # 40 items from at most 2 x 3 slots
     assert not buffers.busy.any()
 
 
@@ -62,21 +65,53 @@ def test_shared_buffers_fall_back_to_a_private_tensor_when_none_is_free_or_fits(
     buffers = SharedBuffers(workers=1, per_worker=2, numel=15, dtype=torch.int32)
     loader = torch.utils.data.DataLoader(_Filled(buffers), batch_size=None,
                                          sampler=Keys(list(range(6))), num_workers=1)
-    slots = [slot for _, slot in loader]   # none given back: two buffers, then private ones
-    assert slots[:2] == [0, 1] and slots[2:] == [-1] * 4
-    buffers.drop_all()   # the next pass's worker frees both at its first take
+    items = list(loader)   # none released: two slots, then private tensors
+    assert [slot for _, slot in items] == [0, 1, -1, -1, -1, -1]
+    for k, (sent, _) in enumerate(items[2:], 2):   # sent as tensors, with their values
+        assert isinstance(sent, torch.Tensor) and bool((buffers.receive(sent) == k).all())
+    buffers.drop_all()   # the next pass's worker takes both as free at its first take
     assert [slot for _, slot in loader] == [0, 1, -1, -1, -1, -1]
     big = SharedBuffers(workers=1, per_worker=2, numel=4)
-    assert big.take((2, 5))[1] == -1   # in the main process, and larger than the buffers
+    assert big.take((2, 5))[1] == -1   # in the main process, and larger than the slots
 
 
 def test_shared_buffers_serve_the_main_process_when_it_fills_the_items_itself():
-    """``workers`` 0: the main process takes from one worker's buffers (the pipeline tool's
+    """``workers`` 0: the main process takes from one worker's slots (the pipeline tool's
     one-thread stage, a loader without processes); otherwise it gets private tensors."""
     buffers = SharedBuffers(workers=0, per_worker=2, numel=15, dtype=torch.int32)
     (a, sa), (_, sb) = buffers.take((3, 5)), buffers.take((2, 5))
     assert (sa, sb) == (0, 1) and buffers.take((1, 5))[1] == -1   # both busy
-    buffers.give_back(sa)
+    buffers.release([sa, -1])
     c, sc = buffers.take((3, 5))
     assert sc == 0 and c.data_ptr() == a.data_ptr()
     assert SharedBuffers(workers=1, per_worker=2, numel=15).take((3, 5))[1] == -1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_pinned_slots_are_released_once_the_copies_queued_before_have_run():
+    """The pool page-locked after a loader process has started: the process still fills it,
+    a copy from it runs asynchronously, and its slot is free only once that copy has run."""
+    buffers = SharedBuffers(workers=1, per_worker=4, numel=1 << 22, dtype=torch.int32)
+    loader = torch.utils.data.DataLoader(_Filled(buffers), batch_size=None,
+                                         sampler=Keys(list(range(4))), num_workers=1,
+                                         prefetch_factor=1, persistent_workers=True)
+    iter(loader)
+    buffers.pin()
+    assert buffers.pool.is_pinned()
+    stream = torch.cuda.Stream()
+    try:
+        for k, (sent, slot) in enumerate(loader):
+            with torch.cuda.stream(stream):
+                torch.cuda._sleep(50_000_000)   # the copy queued behind ~tens of ms of work
+                out = buffers.receive(sent).to("cuda", non_blocking=True)
+            assert slot >= 0
+            buffers.release([slot], stream)
+            assert buffers.busy.view(-1)[slot] == 1   # the copy has not run yet
+            stream.synchronize()
+            buffers.release([], stream)
+            assert buffers.busy.view(-1)[slot] == 0
+            assert bool((out == k).all())
+    finally:
+        shut_down(loader)
+        buffers.close()
