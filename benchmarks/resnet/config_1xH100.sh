@@ -17,8 +17,10 @@ FUSION=()
 # installed (its SIMD code): 6,274.4 img/s against 4,808.5 in plain C, one run each on one
 # H100, 86% of the resident step's 7,258.9 (session 25). The crops resized on the GPU, one
 # kernel a batch (--resize-on-device): 6,440-6,565 img/s against 5,735-5,801 without in one
-# call on one H100 machine, +10.2% on a second, -2.6% on a third (6,760 against 6,940;
-# session 26, docs/performance.md). EXTRA_ARGS=--no-resize-on-device resizes in the loaders.
+# call on one H100 machine, +10.2% on a second, -2.6% on a third (session 26). With the
+# slices read in place from the loaders' page-locked pool: 6,973-7,062 img/s, 96.4-97.6% of
+# the resident step's 7,233.2 in the same call (session 27, docs/performance.md).
+# EXTRA_ARGS=--no-resize-on-device resizes in the loaders.
 REGION=()
 [[ ${DATA_BACKEND:-turbo} == turbo ]] && REGION=(--region-decode --resize-on-device)
 TRAIN_ARGS=(
