@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import collections
 import math
+import os
 from typing import NamedTuple
 
 import torch
+
+from common.errors import UserError
+
+SHM = "/dev/shm"   # where torch's shared-memory segments live
 
 PREFETCH = 4   # items each loader process of ``persistent`` may have queued
 
@@ -89,7 +94,9 @@ class SharedBuffers:
     def __init__(self, workers: int, per_worker: int, numel: int, dtype=torch.uint8):
         self.busy = torch.zeros(max(workers, 1), per_worker, dtype=torch.uint8).share_memory_()
         self.generation = torch.zeros(1, dtype=torch.int64).share_memory_()
-        storage = torch.UntypedStorage._new_shared(self.busy.numel() * numel * dtype.itemsize)
+        nbytes = self.busy.numel() * numel * dtype.itemsize
+        _check_room(nbytes)
+        storage = torch.UntypedStorage._new_shared(nbytes)
         self.pool = torch.empty(0, dtype=dtype).set_(storage).view(self.busy.numel(), numel)
         self.numel, self.in_main = numel, workers == 0
         self._generation, self._pending, self._pinned = 0, collections.deque(), False
@@ -132,7 +139,9 @@ class SharedBuffers:
             rc = torch.cuda.cudart().cudaHostRegister(self.pool.data_ptr(),
                                                       self.pool.nbytes, 0)
             if rc != 0:
-                raise RuntimeError(f"cudaHostRegister of {self.pool.nbytes} bytes failed: {rc}")
+                raise UserError(f"{SHM}: page-locking the loader processes' pool of "
+                                f"{self.pool.nbytes / 2**30:.1f} GiB failed (CUDA error {rc}); "
+                                "free host memory or lower --workers or the batch size")
             self._pinned = True
 
     def release(self, slots, stream: torch.cuda.Stream | None = None) -> None:
@@ -164,3 +173,15 @@ class SharedBuffers:
     def _free(self, slots) -> None:
         for slot in slots:
             self.busy.view(-1)[slot] = 0
+
+
+def _check_room(nbytes: int) -> None:
+    """A pool larger than the free space of ``SHM`` would end its processes with SIGBUS
+    when written: say so first (a container's default /dev/shm is 64 MiB)."""
+    if os.path.isdir(SHM):
+        st = os.statvfs(SHM)
+        free = st.f_bavail * st.f_frsize
+        if nbytes > free:
+            raise UserError(f"{SHM}: {free / 2**30:.2f} GiB free, the loader processes' pool "
+                            f"needs {nbytes / 2**30:.2f} GiB; give the container more shared "
+                            "memory (docker run --shm-size) or lower --workers or the batch size")

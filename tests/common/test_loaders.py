@@ -5,6 +5,8 @@ import multiprocessing
 import pytest
 import torch
 
+from common import loaders
+from common.errors import UserError
 from common.loaders import Keys, SharedBuffers, Slot, shut_down
 
 
@@ -85,6 +87,15 @@ def test_shared_buffers_serve_the_main_process_when_it_fills_the_items_itself():
     c, sc = buffers.take((3, 5))
     assert sc == 0 and c.data_ptr() == a.data_ptr()
     assert SharedBuffers(workers=1, per_worker=2, numel=15).take((3, 5))[1] == -1
+
+
+def test_a_pool_larger_than_the_free_shared_memory_is_a_one_line_error(monkeypatch):
+    class Full:
+        f_bavail, f_frsize = 10, 4096
+    monkeypatch.setattr(loaders.os, "statvfs", lambda path: Full)
+    with pytest.raises(UserError, match=r"/dev/shm: 0.00 GiB free.*--shm-size"):
+        SharedBuffers(workers=2, per_worker=3, numel=1 << 20)
+    SharedBuffers(workers=1, per_worker=2, numel=1000)   # 2,000 bytes fit
 
 
 @pytest.mark.gpu
