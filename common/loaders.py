@@ -1,5 +1,5 @@
 """DataLoaders whose worker processes serve every pass of a run, stopping them at its end,
-and shared-memory buffers that those processes reuse."""
+and a shared-memory pool those processes fill and the main process reads in place."""
 
 from __future__ import annotations
 
@@ -159,8 +159,7 @@ class SharedBuffers:
     def drop_all(self) -> None:
         """Forget every slot in use: the items the workers had queued will not be read."""
         while self._pending:
-            event, slots = self._pending.popleft()
-            event.synchronize()
+            self._pending.popleft()[0].synchronize()
         self.generation += 1
 
     def close(self) -> None:
