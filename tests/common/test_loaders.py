@@ -98,6 +98,17 @@ def test_a_pool_larger_than_the_free_shared_memory_is_a_one_line_error(monkeypat
     SharedBuffers(workers=1, per_worker=2, numel=1000)   # 2,000 bytes fit
 
 
+def test_a_pool_that_cannot_be_page_locked_is_a_one_line_error(monkeypatch):
+    class Cudart:
+        @staticmethod
+        def cudaHostRegister(ptr, size, flags):
+            return 2   # cudaErrorMemoryAllocation
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: Cudart)
+    buffers = SharedBuffers(workers=1, per_worker=2, numel=1000)
+    with pytest.raises(UserError, match=r"page-locking .* failed \(CUDA error 2\); free host"):
+        buffers.pin()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_pinned_slots_are_released_once_the_copies_queued_before_have_run():
