@@ -84,7 +84,7 @@ class SharedBuffers:
 
     Each worker owns ``per_worker`` slots of ``numel`` elements; ``take`` hands one out and
     marks it busy in a table the main process shares; the main process ``release``s the
-    slots of the items it has copied out (on a GPU once the copies, queued on ``stream``,
+    items it has copied out (on a GPU once the copies, queued on ``stream``,
     have run). Before a new iterator drops what the workers had queued, the main process
     calls ``drop_all``: each worker then takes its slots as free again at its next
     ``take``. No slot free, or a larger item: a private tensor, sent as such. With
@@ -144,9 +144,10 @@ class SharedBuffers:
                                 "free host memory or lower --workers or the batch size")
             self._pinned = True
 
-    def release(self, slots, stream: torch.cuda.Stream | None = None) -> None:
-        """Give ``slots`` back: now, or once the work queued on ``stream`` so far has run."""
-        slots = [s for s in slots if s >= 0]
+    def release(self, sent, stream: torch.cuda.Stream | None = None) -> None:
+        """Give back the slots of the ``sent`` items (``send``'s results; private tensors hold
+        none): now, or once the work queued on ``stream`` so far has run."""
+        slots = [s.index for s in sent if isinstance(s, Slot)]
         if stream is None:
             self._free(slots)
         else:

@@ -175,8 +175,8 @@ def _crops_one_thread(stage, samples, batches, size, seconds, region_decode,
             turbo_slices = turbo.DecodedSlices(samples, size, True, 0, region_decode, buffers,
                                                resize_on_device)
             def crop(batch):   # the buffer reused, as in a loader process
-                *_, labels, slot = turbo_slices[1, batch]
-                buffers.release([slot])
+                sent, *_, labels = turbo_slices[1, batch]
+                buffers.release([sent])
                 return labels
         return _timed(lambda: map(crop, batches), len, seconds, torch.device("cpu"))
     finally:

@@ -130,11 +130,10 @@ def _resize(pixels: np.ndarray, flip: bool, size: int, out: torch.Tensor | None)
 class DecodedSlices(torch.utils.data.Dataset):
     """Item ``(epoch, indices)``: those samples' crops for ``epoch`` as one uint8 [n, size,
     size, 3] tensor (as ``loaders.SharedBuffers.send`` sends it: a slot of ``buffers`` or a
-    private tensor), their labels (a numpy array) and the slot (-1: none). The key carries
-    the epoch, so persistent workers serve every epoch. With ``regions``
-    (``--resize-on-device``) the crops come unresized, packed into a uint8 buffer of up to
-    ``REGION_BUDGET`` resized crops' bytes an image, with their ``regions`` rows (numpy):
-    ``(buffer, meta, labels, slot)``."""
+    private tensor) and their labels (a numpy array). The key carries the epoch, so
+    persistent workers serve every epoch. With ``regions`` (``--resize-on-device``) the crops
+    come unresized, packed into a uint8 buffer of up to ``REGION_BUDGET`` resized crops'
+    bytes an image, with their ``regions`` rows (numpy): ``(buffer, meta, labels)``."""
 
     def __init__(self, samples, size: int, train: bool, seed: int, region_decode: bool = False,
                  buffers: loaders.SharedBuffers | None = None, regions: bool = False):
@@ -164,7 +163,7 @@ class DecodedSlices(torch.utils.data.Dataset):
         if self.regions:
             out = out[:used]
         sent = loaders.SharedBuffers.send(out, slot)
-        return (sent, meta, labels, slot) if self.regions else (sent, labels, slot)
+        return (sent, meta, labels) if self.regions else (sent, labels)
 
 
 class TurboDecoder:
@@ -247,7 +246,7 @@ class TurboDecoder:
                     images = data.normalize_on_device(torch.cat(
                         [self.buffers.receive(p[0]).to(dev, non_blocking=True) for p in parts]),
                         dev)
-                labels = torch.from_numpy(np.concatenate([p[-2] for p in parts]))
+                labels = torch.from_numpy(np.concatenate([p[-1] for p in parts]))
                 labels = labels.to(dev, non_blocking=True)
             if side is not None:
                 current = torch.cuda.current_stream(dev)
@@ -255,7 +254,7 @@ class TurboDecoder:
                 images.record_stream(current)
                 labels.record_stream(current)
             # copied out (by the cat on a CPU); on a GPU once the side stream's copies have run
-            self.buffers.release([p[-1] for p in parts], side)
+            self.buffers.release([p[0] for p in parts], side)
             if b == len(counts) - 1:   # the queue now stands at the next pass's start
                 del self._plans[epoch]
                 self._next = epoch + 1

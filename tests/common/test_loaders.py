@@ -58,7 +58,7 @@ def test_slots_cross_by_number_are_reused_once_released_and_hold_each_items_valu
         assert out.shape == (k % 3 + 1, 5) and bool((out == k).all()), (k, out)
         assert out.data_ptr() == buffers.pool[slot].data_ptr()   # read where it was written
         slots.append(slot)
-        buffers.release([slot])
+        buffers.release([sent])
     assert len(set(slots)) <= 6 < len(slots)   # 40 items from at most 2 x 3 slots
     assert not buffers.busy.any()
 
@@ -83,7 +83,7 @@ def test_shared_buffers_serve_the_main_process_when_it_fills_the_items_itself():
     buffers = SharedBuffers(workers=0, per_worker=2, numel=15, dtype=torch.int32)
     (a, sa), (_, sb) = buffers.take((3, 5)), buffers.take((2, 5))
     assert (sa, sb) == (0, 1) and buffers.take((1, 5))[1] == -1   # both busy
-    buffers.release([sa, -1])
+    buffers.release([SharedBuffers.send(a, sa), torch.zeros(2)])   # a private tensor: no slot
     c, sc = buffers.take((3, 5))
     assert sc == 0 and c.data_ptr() == a.data_ptr()
     assert SharedBuffers(workers=1, per_worker=2, numel=15).take((3, 5))[1] == -1
@@ -128,7 +128,7 @@ def test_pinned_slots_are_released_once_the_copies_queued_before_have_run():
                 torch.cuda._sleep(50_000_000)   # the copy queued behind ~tens of ms of work
                 out = buffers.receive(sent).to("cuda", non_blocking=True)
             assert slot >= 0
-            buffers.release([slot], stream)
+            buffers.release([sent], stream)
             assert buffers.busy.view(-1)[slot] == 1   # the copy has not run yet
             stream.synchronize()
             buffers.release([], stream)
