@@ -321,10 +321,16 @@ def _nvjpeg_decoder(*args, cpu_share: float = 0.0):
     return nvjpeg.BatchedDecoder(*args, cpu_share=cpu_share)
 
 
-def _turbo_decoder(*args, region_decode: bool = False, resize_on_device: bool = False):
+def _turbo_decoder(*args, region_decode: bool = False, resize_on_device: bool = False,
+                   nvjpeg_share: float = 0.0):
     from benchmarks.resnet import turbo
+    device_decode = None
+    if nvjpeg_share:
+        from benchmarks.resnet import nvjpeg
+        device_decode = nvjpeg.nvjpeg_decode
     return turbo.TurboDecoder(*args, region_decode=region_decode,
-                              resize_on_device=resize_on_device)
+                              resize_on_device=resize_on_device, device_decode=device_decode,
+                              device_share=nvjpeg_share)
 
 
 _DECODERS = {"cpu": _cpu_decoder, "turbo": _turbo_decoder, "nvjpeg": _nvjpeg_decoder,
@@ -332,7 +338,8 @@ _DECODERS = {"cpu": _cpu_decoder, "turbo": _turbo_decoder, "nvjpeg": _nvjpeg_dec
 
 
 def _build(index, backend, image_size, batch_size, rank, world_size, seed, workers, device,
-           train, cpu_decode_share, region_decode, resize_on_device) -> Loader:
+           train, cpu_decode_share, region_decode, resize_on_device,
+           nvjpeg_share=0.0) -> Loader:
     if backend not in _DECODERS:
         raise UserError(f"unknown data backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "nvjpeg" and device.type != "cuda":
@@ -346,15 +353,30 @@ def _build(index, backend, image_size, batch_size, rank, world_size, seed, worke
         if on and backend != "turbo":
             raise UserError(f"{flag} changes the turbo backend's loader; --data-backend "
                             f"{backend} has none: use --data-backend turbo or leave it out")
+    if nvjpeg_share:
+        _check_nvjpeg_share(nvjpeg_share, backend, resize_on_device, device)
     samples = index.train if train else index.val
     options = {"cpu_share": cpu_decode_share} if cpu_decode_share else {}
     if region_decode:
         options["region_decode"] = True
     if resize_on_device:
         options["resize_on_device"] = True
+    if nvjpeg_share:
+        options["nvjpeg_share"] = nvjpeg_share
     decode = _DECODERS[backend](samples, image_size, train, seed, batch_size, workers, device,
                                 **options)
     return Loader(samples, train, batch_size, rank, world_size, seed, decode)
+
+
+def _check_nvjpeg_share(share, backend, resize_on_device, device) -> None:
+    flag = f"--eval-nvjpeg-share {share}"
+    if not 0 <= share <= 1:
+        raise UserError(f"{flag}: give a fraction from 0 to 1")
+    if backend != "turbo" or not resize_on_device:
+        raise UserError(f"{flag} hands part of the turbo backend's resized-on-device batches "
+                        "to nvJPEG: add --data-backend turbo --resize-on-device, or leave it out")
+    if device.type != "cuda":
+        raise UserError(f"{flag} decodes with nvJPEG and needs a CUDA device; leave it out")
 
 
 def build_train_loader(index, backend: str, image_size: int, batch_size: int, rank: int,
@@ -368,9 +390,11 @@ def build_train_loader(index, backend: str, image_size: int, batch_size: int, ra
 def build_eval_loader(index, backend: str, image_size: int, batch_size: int, rank: int,
                       world_size: int, workers: int, device: torch.device,
                       cpu_decode_share: float = 0.0, region_decode: bool = False,
-                      resize_on_device: bool = False) -> Loader:
+                      resize_on_device: bool = False, nvjpeg_share: float = 0.0) -> Loader:
+    """``nvjpeg_share``: the share of each batch decoded by nvJPEG (``nvjpeg_share.py``)."""
     return _build(index, backend, image_size, batch_size, rank, world_size, 0, workers,
-                  device, False, cpu_decode_share, region_decode, resize_on_device)
+                  device, False, cpu_decode_share, region_decode, resize_on_device,
+                  nvjpeg_share)
 
 
 def synthetic_batch(batch_size: int, image_size: int, num_classes: int, device

@@ -219,6 +219,8 @@ def run_stage(stage, index, args, device, workers: int | None) -> dict:
         if backend == "turbo":
             kw["region_decode"] = args.region_decode
             kw["resize_on_device"] = args.resize_on_device
+            if not train:
+                kw["nvjpeg_share"] = args.eval_nvjpeg_share
         loader = build(index=index, backend=backend, image_size=size, batch_size=batch,
                        rank=0, world_size=1, workers=workers, device=device, **kw)
         epochs = iter(range(1, 1 << 30))
@@ -289,6 +291,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--resize-on-device", action="store_true",
                    help="crops-turbo, turbo-train/-eval: crops sent unresized, each batch "
                         "resized on the device (regions.py)")
+    p.add_argument("--eval-nvjpeg-share", type=float, default=0.0,
+                   help="turbo-eval with --resize-on-device: the share of each batch decoded "
+                        "by nvJPEG in this process (nvjpeg_share.py)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", type=Path, help="write the table and the dataset's statistics here")
     a = p.parse_args(argv)

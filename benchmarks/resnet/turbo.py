@@ -40,7 +40,7 @@ import simplejpeg
 import torch
 from PIL import Image
 
-from benchmarks.resnet import data, regions
+from benchmarks.resnet import data, nvjpeg_share, regions
 from benchmarks.resnet.region_decode import RegionDecoder
 from common import loaders
 
@@ -133,13 +133,16 @@ class DecodedSlices(torch.utils.data.Dataset):
     private tensor) and their labels (a numpy array). The key carries the epoch, so
     persistent workers serve every epoch. With ``regions`` (``--resize-on-device``) the crops
     come unresized, packed into a uint8 buffer of up to ``REGION_BUDGET`` resized crops'
-    bytes an image, with their ``regions`` rows (numpy): ``(buffer, meta, labels)``."""
+    bytes an image, with their ``regions`` rows (numpy) and the rows of the JPEG files sent
+    as they are for ``device_share`` of the positions (``nvjpeg_share``; their ``regions``
+    rows are left for the training process to fill): ``(buffer, meta, files, labels)``."""
 
     def __init__(self, samples, size: int, train: bool, seed: int, region_decode: bool = False,
-                 buffers: loaders.SharedBuffers | None = None, regions: bool = False):
+                 buffers: loaders.SharedBuffers | None = None, regions: bool = False,
+                 device_share: float = 0.0):
         self.samples, self.size, self.train, self.seed = samples, size, train, seed
         self.region = RegionDecoder() if region_decode else None
-        self.buffers, self.regions = buffers, regions
+        self.buffers, self.regions, self.device_share = buffers, regions, device_share
 
     def __getitem__(self, key):
         epoch, indices = key
@@ -148,22 +151,28 @@ class DecodedSlices(torch.utils.data.Dataset):
                  else (len(indices), self.size, self.size, 3))
         out, slot = (self.buffers.take(shape) if self.buffers is not None
                      else (torch.empty(shape, dtype=torch.uint8), -1))
-        meta, used = np.empty((len(indices), regions.FIELDS), dtype=np.int64), 0
+        meta, used = np.zeros((len(indices), regions.FIELDS), dtype=np.int64), 0
+        files, sent_files = np.empty((len(indices), nvjpeg_share.FIELDS), dtype=np.int64), 0
         for j, (blob, i) in enumerate(zip(data.read_files(self.samples, indices), indices)):
             def plan(width, height, i=i):
                 return data.crop_plan(width, height, self.size, self.train, self.seed, epoch, i)
             path = self.samples[i][0]
             if self.regions:   # room for the rest at ``size`` x ``size`` stays free
                 room = out.numel() - used - (len(indices) - j - 1) * tile
+                end = (nvjpeg_share.pack_file(blob, plan, out, used, room, files[sent_files])
+                       if nvjpeg_share.chosen(j, self.device_share) else None)
+                if end is not None:
+                    files[sent_files, :2] = j, i
+                    used, sent_files = end, sent_files + 1
+                    continue
                 used = pack_crop(blob, path, self.size, plan, self.region, out, used, room,
                                  meta[j])
             else:
                 decode_crop(blob, path, self.size, plan, self.region, out[j])
         labels = np.array([self.samples[i][1] for i in indices], dtype=np.int64)
-        if self.regions:
-            out = out[:used]
-        sent = loaders.SharedBuffers.send(out, slot)
-        return (sent, meta, labels) if self.regions else (sent, labels)
+        if not self.regions:
+            return loaders.SharedBuffers.send(out, slot), labels
+        return loaders.SharedBuffers.send(out[:used], slot), meta, files[:sent_files], labels
 
 
 class TurboDecoder:
@@ -181,23 +190,27 @@ class TurboDecoder:
     (``loaders.SharedBuffers``), page-locked on a GPU, and send the slot's number: the
     batch's copies to the device read the pool where the processes wrote it, and each slot
     is given back once they have run. With ``resize_on_device`` they send the crops
-    unresized and the batch is resized on the device (``regions.resize``)."""
+    unresized and the batch is resized on the device (``regions.resize``); with
+    ``device_decode`` as well, ``device_share`` of each slice's images come as JPEG files
+    and are decoded by it here (``nvjpeg_share``)."""
 
     def __init__(self, samples, size, train, seed, batch_size, workers, device,
-                 region_decode: bool = False, resize_on_device: bool = False):
+                 region_decode: bool = False, resize_on_device: bool = False,
+                 device_decode=None, device_share: float = 0.0):
         self.keys = loaders.Keys()
         self.slice = math.ceil(batch_size / max(workers, 1))
         # a worker holds at most the loader's prefetch of slices, and one being written
         numel = int(self.slice * size * size * 3 * (REGION_BUDGET if resize_on_device else 1))
         self.buffers = loaders.SharedBuffers(workers, loaders.PREFETCH + 2, numel)
         slices = DecodedSlices(samples, size, train, seed, region_decode, self.buffers,
-                               resize_on_device)
+                               resize_on_device, device_share if device_decode else 0.0)
         self.loader = loaders.persistent(slices, self.keys, workers, pin=False, as_is=True)
         if device.type == "cuda":
             iter(self.loader)   # the processes start, sharing the pool's pages, before
             self.buffers.pin()  # it is page-locked here
         self.batch_size, self.device, self.size = batch_size, device, size
         self.resize_on_device = resize_on_device
+        self.samples, self.device_decode = samples, device_decode
         self.upcoming = None
         self._plans, self._next, self._items = {}, None, None
 
@@ -261,14 +274,22 @@ class TurboDecoder:
             yield images, labels
 
     def _resized(self, parts) -> torch.Tensor:
-        """The slices' packed crops in one buffer on the device, resized there."""
+        """The slices' packed crops in one buffer on the device, resized there; the files
+        sent as they are decoded here first, their crops packed after the slices'."""
         bufs = [self.buffers.receive(p[0]) for p in parts]
-        packed = torch.empty(sum(len(b) for b in bufs), dtype=torch.uint8, device=self.device)
-        metas, start = [], 0
+        metas, starts, end = [], [], 0
         for buf, (_, meta, *_) in zip(bufs, parts):
+            metas.append(meta + np.array([end] + [0] * (regions.FIELDS - 1)))
+            starts.append(end)
+            end += len(buf)
+        copies, extra = nvjpeg_share.decode_into(bufs, [p[2] for p in parts], metas, end,
+                                                 self.device_decode, self.samples,
+                                                 self.device)
+        packed = torch.empty(end + extra, dtype=torch.uint8, device=self.device)
+        for buf, start in zip(bufs, starts):
             packed[start:start + len(buf)].copy_(buf, non_blocking=True)
-            metas.append(meta + np.array([start] + [0] * (regions.FIELDS - 1)))
-            start += len(buf)
+        for at, crop in copies:
+            packed[at:at + crop.numel()].view(crop.shape).copy_(crop)
         meta = torch.from_numpy(np.concatenate(metas)).to(self.device, non_blocking=True)
         return regions.resize(packed, meta, self.size)
 

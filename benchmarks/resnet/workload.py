@@ -61,6 +61,11 @@ class ResNetWorkload(Workload):
                        help="turbo backend: the loader processes send each crop unresized; "
                             "the batch's crops are resized, mirrored and normalised on the "
                             "device, one kernel per batch on a GPU (regions.py)")
+        p.add_argument("--eval-nvjpeg-share", type=float, default=0.0,
+                       help="turbo backend with --resize-on-device, on a GPU: the share of "
+                            "each evaluation batch (0 to 1) decoded by nvJPEG in the "
+                            "training process instead of the loader processes "
+                            "(nvjpeg_share.py)")
         p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
         p.add_argument("--image-size", type=int, default=224)
         p.add_argument("--batch-size", type=int, default=408, help="per-rank batch per step")
@@ -135,7 +140,9 @@ class ResNetWorkload(Workload):
                           resize_on_device=a.resize_on_device)
             self.train_loader = data.build_train_loader(batch_size=a.batch_size, seed=a.seed,
                                                         **common)
-            self.eval_loader = data.build_eval_loader(batch_size=a.eval_batch_size, **common)
+            self.eval_loader = data.build_eval_loader(batch_size=a.eval_batch_size,
+                                                      nvjpeg_share=a.eval_nvjpeg_share,
+                                                      **common)
             self._steps_per_epoch = len(self.train_loader)
         else:
             self._steps_per_epoch = self.train_samples // self.global_batch_size

@@ -106,8 +106,8 @@ def test_a_slice_over_its_budget_still_fits(imagenet_like, monkeypatch):
         return turbo.DecodedSlices(imagenet_like.train, size, True, 3, True, None,
                                    regions=True)[keys]
     budget = 0.7 * len(packed(100)[0]) / (12 * tile)
-    buf, meta, labels = packed(budget)
-    assert len(buf) <= 12 * tile * budget and len(labels) == 12
+    buf, meta, files, labels = packed(budget)
+    assert len(buf) <= 12 * tile * budget and len(labels) == 12 and not len(files)
     resized = (meta[:, 1] == size) & (meta[:, 3] == size) & (meta[:, 4] == size)
     assert 0 < resized.sum() < 12   # some sent whole, some resized here
     plain = turbo.DecodedSlices(imagenet_like.train, size, True, 3, True)[keys][0]

@@ -1,0 +1,122 @@
+"""``--eval-nvjpeg-share``: a share of each evaluation batch sent as JPEG files and decoded
+where the batch is resized. On the CPU, Pillow stands in for nvJPEG (its pixels equal
+libjpeg-turbo's), so the batches equal the loader processes' alone; on a GPU, nvJPEG's are
+within a few levels (``-m gpu``)."""
+
+import io
+
+import numpy as np
+import pytest
+import simplejpeg
+import torch
+from PIL import Image
+
+from benchmarks.resnet import data, nvjpeg, nvjpeg_share, turbo
+from common.errors import UserError
+
+CPU = torch.device("cpu")
+STD = torch.tensor(data.STD).view(1, 3, 1, 1)
+
+
+def _loader(samples, workers, share, decode=nvjpeg.pillow_decode, device=CPU, batch=7):
+    """The evaluation loader of the turbo backend at 224 px (files fit the buffer's room)."""
+    decoder = turbo.TurboDecoder(samples, 224, False, 0, batch, workers, device,
+                                 region_decode=True, resize_on_device=True,
+                                 device_decode=decode if share else None, device_share=share)
+    return data.Loader(samples, False, batch, 0, 1, 0, decoder)
+
+
+class Recorder:
+    """``pillow_decode``, noting the files it was given."""
+
+    def __init__(self, decode=nvjpeg.pillow_decode):
+        self.paths, self.decode = [], decode
+
+    def __call__(self, blobs, paths, device):
+        self.paths += paths
+        return self.decode(blobs, paths, device)
+
+
+def _batches(loader):
+    try:
+        return list(loader.epoch(0))
+    finally:
+        loader.close()
+
+
+@pytest.mark.parametrize("share,workers", [(0.3, 0), (0.5, 2), (1.0, 2)])
+def test_batches_with_a_share_equal_the_loader_processes_alone(imagenet_like, share, workers):
+    """The same images, labels and order; the pixels equal (Pillow's decode is
+    libjpeg-turbo's); the share of the positions went to the decoder, CMYK files not."""
+    samples = imagenet_like.train
+    record = Recorder()
+    plain = _batches(_loader(samples, workers, 0.0))
+    shared = _batches(_loader(samples, workers, share, record))
+    assert len(plain) == len(shared) == -(-len(samples) // 7)
+    for (a, la), (b, lb) in zip(plain, shared, strict=True):
+        assert torch.equal(la, lb) and b.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-5)
+    spaces = {p: simplejpeg.decode_jpeg_header(open(p, "rb").read())[2] for p, _ in samples}
+    assert all(spaces[p] != "CMYK" for p in record.paths)
+    eligible = sum(s != "CMYK" for s in spaces.values())
+    assert "CMYK" in spaces.values() and len(set(record.paths)) == len(record.paths)
+    assert 0.5 * share * eligible <= len(record.paths) <= share * len(samples) + 4
+
+
+def test_positions_are_spread_evenly():
+    picks = [j for j in range(20) if nvjpeg_share.chosen(j, 0.25)]
+    assert picks == [3, 7, 11, 15, 19]
+    assert not any(nvjpeg_share.chosen(j, 0.0) for j in range(20))
+    assert all(nvjpeg_share.chosen(j, 1.0) for j in range(20))
+
+
+def test_a_file_the_decoders_reject_is_named(bad_folder):
+    """A truncated JPEG whose header reads goes to the decoder: Pillow's rejection names it."""
+    buf = io.BytesIO()
+    noise = np.random.default_rng(0).integers(0, 255, (48, 64, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(buf, "JPEG", quality=90)
+    index = bad_folder(buf.getvalue()[:900])
+    record = Recorder()
+    with pytest.raises(UserError, match=r"x\.JPEG: cannot decode JPEG"):
+        _batches(_loader(index.val, 0, 1.0, record, batch=2))
+    assert any(p.endswith("x.JPEG") for p in record.paths)
+
+
+def test_a_size_other_than_the_headers_is_refused(imagenet_like):
+    def shrunk(blobs, paths, device):
+        return [image[:, 1:] for image in nvjpeg.pillow_decode(blobs, paths, device)]
+    with pytest.raises(UserError, match=r"decoded as .* but its header says .*re-extract"):
+        _batches(_loader(imagenet_like.train, 0, 1.0, shrunk))
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(backend="turbo", resize_on_device=True, nvjpeg_share=1.5), "fraction from 0 to 1"),
+    (dict(backend="turbo", nvjpeg_share=0.3), "add --data-backend turbo --resize-on-device"),
+    (dict(backend="cpu", nvjpeg_share=0.3), "add --data-backend turbo --resize-on-device"),
+    (dict(backend="turbo", resize_on_device=True, nvjpeg_share=0.3), "needs a CUDA device"),
+])
+def test_bad_settings_are_refused(imagenet_like, kw, match):
+    with pytest.raises(UserError, match=rf"--eval-nvjpeg-share .*{match}"):
+        data.build_eval_loader(index=imagenet_like, image_size=64, batch_size=7, rank=0,
+                               world_size=1, workers=0, device=CPU, **kw)
+
+
+@pytest.mark.gpu
+def test_nvjpeg_batches_are_within_a_few_levels_of_the_loader_processes(imagenet_like):
+    """nvJPEG (the hardware engines where it takes the file) against libjpeg-turbo in the
+    loader processes, after the same resize: within 12 levels, 1 level on average."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    cuda = torch.device("cuda")
+    samples = imagenet_like.train
+    record = Recorder(nvjpeg.nvjpeg_decode)
+    plain = _batches(_loader(samples, 2, 0.0))
+    shared = _batches(_loader(samples, 2, 0.5, record, cuda))
+    diffs = []
+    for (a, la), (b, lb) in zip(plain, shared, strict=True):
+        assert b.device.type == "cuda" and torch.equal(la, lb.cpu())
+        diffs.append(((a - b.cpu()) * STD).abs())
+    diffs = torch.cat(diffs)
+    print(f"{len(record.paths)} files by nvJPEG; levels: max {float(diffs.max()):.2f}, "
+          f"mean {float(diffs.mean()):.3f}")
+    assert record.paths and float(diffs.max()) <= 12 and float(diffs.mean()) <= 1
