@@ -20,9 +20,13 @@ FUSION=()
 # call on one H100 machine, +10.2% on a second, -2.6% on a third (session 26). With the
 # slices read in place from the loaders' page-locked pool: 6,973-7,062 img/s, 96.4-97.6% of
 # the resident step's 7,233.2 in the same call (session 27, docs/performance.md).
-# EXTRA_ARGS=--no-resize-on-device resizes in the loaders.
+# Evaluation batches: half of each decoded by nvJPEG in the training process
+# (--eval-nvjpeg-share 0.5): 10,791 img/s for the evaluation pipeline alone against 6,950
+# with the loader processes alone (session 28, docs/performance.md).
+# EXTRA_ARGS="--no-resize-on-device --eval-nvjpeg-share 0" resizes in the loaders.
 REGION=()
-[[ ${DATA_BACKEND:-turbo} == turbo ]] && REGION=(--region-decode --resize-on-device)
+[[ ${DATA_BACKEND:-turbo} == turbo ]] && REGION=(--region-decode --resize-on-device
+                                                 --eval-nvjpeg-share 0.5)
 TRAIN_ARGS=(
     --precision "$PRECISION" --data-backend "${DATA_BACKEND:-turbo}" --workers 15
     "${REGION[@]}"

@@ -36,6 +36,15 @@ FIELDS = 11
 _NVJPEG_COLORSPACES = ("YCbCr", "Gray", "RGB")
 
 
+def warm_up(decode, device) -> None:
+    """One call of ``decode`` on a small generated JPEG (no dataset file), so that loading
+    the decoder and its first call (torchvision's import, nvJPEG's handle and buffers: about
+    0.9 s on an H100 machine) happen where a loader is built, not in the first evaluation."""
+    pixels = np.zeros((16, 16, 3), dtype=np.uint8)
+    blob = simplejpeg.encode_jpeg(pixels, colorspace="RGB")
+    decode([torch.frombuffer(bytearray(blob), dtype=torch.uint8)], ["(warm-up JPEG)"], device)
+
+
 def chosen(position: int, share: float) -> bool:
     """Whether ``position`` of a slice goes to the device: ``share`` of them, evenly spread."""
     return int((position + 1) * share) > int(position * share)

@@ -211,6 +211,8 @@ class TurboDecoder:
         self.batch_size, self.device, self.size = batch_size, device, size
         self.resize_on_device = resize_on_device
         self.samples, self.device_decode = samples, device_decode
+        if device_decode is not None:
+            nvjpeg_share.warm_up(device_decode, device)
         self.upcoming = None
         self._plans, self._next, self._items = {}, None, None
 
