@@ -242,7 +242,19 @@ class ResNetWorkload(Workload):
                 self.lr, self.scaler.loss_scale, self.scaler.growth_tracker]
 
     def warm_up_eval(self) -> None:
-        self.infer_step(*self.synthetic_batch(self.args.eval_batch_size))
+        """The evaluation forward at each batch size this rank's evaluation takes (its last
+        batch may be short), twice each: on a GPU the compiled frames' first call hands the
+        frames after it tensors of another dispatch-key set (``ADInplaceOrView``) than later
+        calls do, and a single warm-up call left the first evaluation to recompile 40 frames
+        (1.5 s on an H100; ``TORCH_LOGS=recompiles``)."""
+        sizes = {self.args.eval_batch_size}
+        if getattr(self, "eval_loader", None) is not None:
+            sizes.add(len(self.eval_loader.shard(0)) % self.args.eval_batch_size
+                      or self.args.eval_batch_size)
+        for size in sorted(sizes):
+            batch = self.synthetic_batch(size)
+            for _ in range(2):
+                self.infer_step(*batch)
 
     def infer_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         self.model.eval()
