@@ -21,8 +21,9 @@ FUSION=()
 # slices read in place from the loaders' page-locked pool: 6,973-7,062 img/s, 96.4-97.6% of
 # the resident step's 7,233.2 in the same call (session 27, docs/performance.md).
 # Evaluation batches: half of each decoded by nvJPEG in the training process
-# (--eval-nvjpeg-share 0.5): 10,791 img/s for the evaluation pipeline alone against 6,950
-# with the loader processes alone (session 28, docs/performance.md).
+# (--eval-nvjpeg-share 0.5): the evaluation pipeline alone fed 9,790 img/s against 7,433 for
+# training's in the same call; with the loader processes alone 6,950 against 9,624 at 0.4
+# (session 28, docs/performance.md).
 # EXTRA_ARGS="--no-resize-on-device --eval-nvjpeg-share 0" resizes in the loaders.
 REGION=()
 [[ ${DATA_BACKEND:-turbo} == turbo ]] && REGION=(--region-decode --resize-on-device

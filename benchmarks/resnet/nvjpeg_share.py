@@ -33,6 +33,7 @@ from common.errors import UserError
 # position in the slice, sample index, byte offset in the buffer, file size, image width
 # and height (header), crop box left, top, width, height, flip
 FIELDS = 11
+WARM_UP = "(warm-up JPEG)"   # the path ``warm_up`` gives its generated file
 _NVJPEG_COLORSPACES = ("YCbCr", "Gray", "RGB")
 
 
@@ -42,7 +43,7 @@ def warm_up(decode, device) -> None:
     0.9 s on an H100 machine) happen where a loader is built, not in the first evaluation."""
     pixels = np.zeros((16, 16, 3), dtype=np.uint8)
     blob = simplejpeg.encode_jpeg(pixels, colorspace="RGB")
-    decode([torch.frombuffer(bytearray(blob), dtype=torch.uint8)], ["(warm-up JPEG)"], device)
+    decode([torch.frombuffer(bytearray(blob), dtype=torch.uint8)], [WARM_UP], device)
 
 
 def chosen(position: int, share: float) -> bool:

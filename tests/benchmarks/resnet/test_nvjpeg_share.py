@@ -27,13 +27,16 @@ def _loader(samples, workers, share, decode=nvjpeg.pillow_decode, device=CPU, ba
 
 
 class Recorder:
-    """``pillow_decode``, noting the files it was given."""
+    """``pillow_decode``, noting the files it was given (``warmed``: the warm-up's call)."""
 
     def __init__(self, decode=nvjpeg.pillow_decode):
-        self.paths, self.decode = [], decode
+        self.paths, self.decode, self.warmed = [], decode, 0
 
     def __call__(self, blobs, paths, device):
-        self.paths += paths
+        if paths == [nvjpeg_share.WARM_UP]:
+            self.warmed += 1
+        else:
+            self.paths += paths
         return self.decode(blobs, paths, device)
 
 
@@ -61,6 +64,16 @@ def test_batches_with_a_share_equal_the_loader_processes_alone(imagenet_like, sh
     eligible = sum(s != "CMYK" for s in spaces.values())
     assert "CMYK" in spaces.values() and len(set(record.paths)) == len(record.paths)
     assert 0.5 * share * eligible <= len(record.paths) <= share * len(samples) + 4
+
+
+def test_the_decoder_is_warmed_up_where_the_loader_is_built(imagenet_like):
+    """Before any batch is asked for (before ``run_start``), on a generated file."""
+    record = Recorder()
+    loader = _loader(imagenet_like.train, 0, 0.5, record)
+    try:
+        assert record.warmed == 1 and not record.paths
+    finally:
+        loader.close()
 
 
 def test_positions_are_spread_evenly():
@@ -104,8 +117,9 @@ def test_bad_settings_are_refused(imagenet_like, kw, match):
 @pytest.mark.gpu
 def test_nvjpeg_batches_are_within_a_few_levels_of_the_loader_processes(imagenet_like):
     """nvJPEG (the hardware engines where it takes the file) against libjpeg-turbo in the
-    loader processes, after the same resize: 1 level on average; single pixels at sharp
-    colour edges differ by tens of levels (chroma upsampling: 35.7 at most on an H100)."""
+    loader processes, after the same resize: within a level on average and 12 levels for
+    99.9% of the values; single pixels at sharp colour edges differ by tens (chroma
+    upsampling). On an H100: mean 0.387, 99.9% 7.92, at most 35.7."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     cuda = torch.device("cuda")
@@ -121,4 +135,5 @@ def test_nvjpeg_batches_are_within_a_few_levels_of_the_loader_processes(imagenet
     q = torch.quantile(diffs.flatten()[::7], torch.tensor([0.99, 0.999]))
     print(f"{len(record.paths)} files by nvJPEG; levels: max {float(diffs.max()):.2f}, "
           f"mean {float(diffs.mean()):.3f}, 99% {float(q[0]):.2f}, 99.9% {float(q[1]):.2f}")
-    assert record.paths and float(diffs.mean()) <= 1 and float(diffs.max()) <= 64
+    assert record.paths and float(diffs.mean()) <= 1 and float(q[1]) <= 12
+    assert float(diffs.max()) <= 64
