@@ -7,11 +7,16 @@ import torch
 from common.sgd import DeviceLRSGD
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("momentum, weight_decay, nesterov", [
     (0.9, 1e-4, False), (0.9, 0.0, True), (0.0, 1e-2, False)])
-def test_the_fused_update_equals_the_plain_one_and_torchs(momentum, weight_decay, nesterov):
+def test_the_fused_update_equals_the_plain_one_and_torchs(momentum, weight_decay, nesterov,
+                                                          device):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
     torch.manual_seed(0)
-    nets = [torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3)) for _ in range(3)]
+    nets = [torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3)).to(device)
+            for _ in range(3)]
     for net in nets[1:]:
         net.load_state_dict(nets[0].state_dict())
 
@@ -21,13 +26,13 @@ def test_the_fused_update_equals_the_plain_one_and_torchs(momentum, weight_decay
         return [{"params": weights, "weight_decay": weight_decay},
                 {"params": biases, "lr": lr * 2, "weight_decay": 0.0}]
 
-    lr = torch.tensor(0.1)
+    lr = torch.tensor(0.1, device=device)
     plain, fused = (DeviceLRSGD(groups(net), lr=lr, momentum=momentum, nesterov=nesterov,
                                 fused=flag) for net, flag in zip(nets, (False, True)))
     lr = 0.1
     ref = torch.optim.SGD(groups(nets[2]), lr=lr, momentum=momentum, nesterov=nesterov)
     for _ in range(5):
-        x = torch.randn(8, 6)
+        x = torch.randn(8, 6, device=device)
         for net, opt in zip(nets, (plain, fused, ref)):
             opt.zero_grad()
             net(x).square().mean().backward()
