@@ -320,6 +320,7 @@ def run(wl: Workload, step, log: MLLog, args, env,
             return outcome
         done = point.step
         at = {constants.EPOCH_NUM: point.epoch_num}
+        t_eval = time.perf_counter()
         log.start(constants.EVAL_START, metadata=at)
         with torch.no_grad():
             if scorer:
@@ -329,6 +330,10 @@ def run(wl: Workload, step, log: MLLog, args, env,
                 metrics = wl.evaluate()
                 log.event(constants.EVAL_ACCURACY, wl.eval_accuracy(metrics), metadata=at)
         log.end(constants.EVAL_STOP, metadata=at)
+        seconds = time.perf_counter() - t_eval
+        say(f"evaluation at epoch_num {point.epoch_num}: {wl.eval_samples} samples, "
+            f"{seconds:.2f} s, {wl.eval_samples / seconds:.1f} samples/s"
+            f"{' (forward passes; scored in the background)' if scorer else ''}", env.is_main)
         log.end(constants.BLOCK_STOP, metadata={constants.FIRST_EPOCH_NUM: point.first_epoch_num})
         raise_if_stopped()
         if metrics is not None and _evaluated(wl, log, env, point, metrics, outcome):

@@ -24,6 +24,7 @@
 | cpu-train | the ``cpu`` backend: the Pillow reference training pipeline, whole |
 | turbo-train | the ``turbo`` backend, whole training pipeline |
 | turbo-eval | the ``turbo`` backend, whole evaluation pipeline (resize 256, centre 224) |
+  (``--eval-nvjpeg-share``: that share of each batch decoded by nvJPEG in this process) |
 | h2d | host-to-device copies of packed file bytes from pinned memory (batches in memory) |
 | decode-nvjpeg | one batched ``decode_jpeg`` per batch (batches in pinned memory; GPU) |
 | crop-resize | the batched crop, resize, flip, normalise on decoded batches on the device |

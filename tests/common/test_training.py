@@ -1,3 +1,4 @@
+import re
 import signal
 import subprocess
 import sys
@@ -42,6 +43,15 @@ def test_success_logs_every_required_key_in_order(tmp_path):
     s = summarize(log)
     assert s.status == "success" and s.seed == 3 and s.seconds > 0
     assert s.dataset.startswith("toy")
+
+
+def test_each_evaluation_prints_its_samples_time_and_rate(tmp_path, capsys):
+    code, log = run_toy(tmp_path)
+    lines = re.findall(r"evaluation at epoch_num (\d+): 256 samples, [\d.]+ s, ([\d.]+) "
+                       r"samples/s\n", capsys.readouterr().out)
+    evals = [e["metadata"]["epoch_num"] for e in read_events(log) if e["key"] == "eval_start"]
+    assert code == 0 and evals and [int(n) for n, _ in lines] == evals
+    assert all(float(rate) > 0 for _, rate in lines)
 
 
 def test_epoch_cap_without_target_is_aborted(tmp_path):
