@@ -25,7 +25,9 @@ def test_the_meter_times_each_collection_and_lets_go_of_the_collector():
 def test_freeze_puts_what_exists_out_of_the_collectors_reach():
     before, after = Node(), None
     try:
-        assert gc_pauses.freeze() == gc.get_freeze_count() > 1000   # torch's, pytest's
+        # torch's and pytest's objects; a thread an earlier test left (a loader's) may free a
+        # frozen object between the two reads, so the count can only have fallen
+        assert gc_pauses.freeze() >= gc.get_freeze_count() > 1000
         after = Node()
         frozen, fresh = weakref.ref(before), weakref.ref(after)
         del before, after
