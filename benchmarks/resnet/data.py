@@ -318,6 +318,7 @@ def _dali_policy(train: bool):
 
 def _nvjpeg_decoder(*args, cpu_share: float = 0.0):
     from benchmarks.resnet import nvjpeg
+    nvjpeg.require_torchvision("--data-backend nvjpeg")
     return nvjpeg.BatchedDecoder(*args, cpu_share=cpu_share)
 
 
@@ -327,6 +328,7 @@ def _turbo_decoder(*args, region_decode: bool = False, resize_on_device: bool = 
     device_decode = None
     if nvjpeg_share:
         from benchmarks.resnet import nvjpeg
+        nvjpeg.require_torchvision(f"--eval-nvjpeg-share {nvjpeg_share}")
         device_decode = nvjpeg.nvjpeg_decode
     return turbo.TurboDecoder(*args, region_decode=region_decode,
                               resize_on_device=resize_on_device, device_decode=device_decode,

@@ -184,6 +184,17 @@ def _bilinear_crops(flat, offsets, dims, boxes, flips, size) -> torch.Tensor:
     return torch.lerp(top, bottom, wy)
 
 
+def require_torchvision(flag: str) -> None:
+    """A one-line ``UserError`` naming ``flag`` where torchvision (whose ``decode_jpeg``
+    runs nvJPEG) does not import, before any loader starts."""
+    try:
+        import torchvision.io  # noqa: F401  GPU machines only
+    except (ImportError, RuntimeError) as exc:
+        raise UserError(f"{flag} decodes with torchvision's nvJPEG, and torchvision does not "
+                        f"import here ({str(exc).splitlines()[0] if str(exc) else exc!r}): "
+                        "pip install -e '.[gpu]', or leave it out") from None
+
+
 def nvjpeg_decode(blobs: list[torch.Tensor], paths: list[str], device) -> list[torch.Tensor]:
     """uint8 [3, H, W] RGB images on ``device``: one batched nvJPEG call; where it fails, each
     file again alone, and Pillow for those nvJPEG still rejects."""

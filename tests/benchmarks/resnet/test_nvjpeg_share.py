@@ -4,6 +4,7 @@ libjpeg-turbo's), so the batches equal the loader processes' alone; on a GPU, nv
 within a few levels (``-m gpu``)."""
 
 import io
+import sys
 
 import numpy as np
 import pytest
@@ -112,6 +113,15 @@ def test_bad_settings_are_refused(imagenet_like, kw, match):
     with pytest.raises(UserError, match=rf"--eval-nvjpeg-share .*{match}"):
         data.build_eval_loader(index=imagenet_like, image_size=64, batch_size=7, rank=0,
                                world_size=1, workers=0, device=CPU, **kw)
+
+
+@pytest.mark.parametrize("flag", ["--eval-nvjpeg-share 0.5", "--data-backend nvjpeg"])
+def test_a_missing_torchvision_is_one_line_naming_the_flag(monkeypatch, flag):
+    monkeypatch.setitem(sys.modules, "torchvision", None)   # import fails
+    monkeypatch.setitem(sys.modules, "torchvision.io", None)
+    with pytest.raises(UserError, match=rf"^{flag} decodes with torchvision's nvJPEG.*"
+                                        r"pip install -e '\.\[gpu\]'"):
+        nvjpeg.require_torchvision(flag)
 
 
 @pytest.mark.gpu
