@@ -140,6 +140,13 @@ def _decode_error(path: str, exc: Exception) -> UserError:
     return UserError(f"{path}: cannot decode JPEG ({exc}); remove or re-extract this file")
 
 
+def check_decoded_size(image: torch.Tensor, height: int, width: int, path: str) -> None:
+    """A one-line ``UserError`` where a decoded [C, H, W] image is not the header's size."""
+    if tuple(image.shape[1:]) != (height, width):
+        raise UserError(f"{path}: decoded as {tuple(image.shape[1:])} pixels but its "
+                        f"header says {(height, width)}; re-extract this file")
+
+
 # -- CPU backend: Pillow in DataLoader workers -------------------------------------------
 class _PillowDataset(torch.utils.data.Dataset):
     def __init__(self, samples, size: int, train: bool, seed: int):

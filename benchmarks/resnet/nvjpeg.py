@@ -233,9 +233,7 @@ class BatchAssembler:
         paths = [self.samples[indices[j]][0] for j in todo]
         images = self.decode([blobs[j] for j in todo], paths, self.device) if todo else []
         for image, (h, w), path in zip(images, dims.tolist(), paths):
-            if tuple(image.shape[1:]) != (h, w):
-                raise UserError(f"{path}: decoded as {tuple(image.shape[1:])} pixels but its "
-                                f"header says {(h, w)}; re-extract this file")
+            data.check_decoded_size(image, h, w, path)
         return images, (dims, boxes, flips, todo, decoded_at, decoded, labels)
 
     def crops(self, images: list[torch.Tensor], dims, boxes, flips, todo, decoded_at,

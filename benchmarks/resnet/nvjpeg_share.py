@@ -28,7 +28,7 @@ import numpy as np
 import simplejpeg
 import torch
 
-from common.errors import UserError
+from benchmarks.resnet import data
 
 # position in the slice, sample index, byte offset in the buffer, file size, image width
 # and height (header), crop box left, top, width, height, flip
@@ -85,9 +85,7 @@ def decode_into(bufs, files, metas, start, decode, samples, device) -> tuple[lis
     copies, at = [], start
     for (k, r), image, path in zip(rows, images, paths):
         position, _, _, _, width, height, left, top, w, h, flip = r
-        if tuple(image.shape[1:]) != (height, width):
-            raise UserError(f"{path}: decoded as {tuple(image.shape[1:])} pixels but its "
-                            f"header says {(height, width)}; re-extract this file")
+        data.check_decoded_size(image, height, width, path)
         crop = image[:, top:top + h].permute(1, 2, 0)   # [h, width, 3]: whole rows
         metas[k][position] = at, width, left, w, h, flip
         copies.append((at, crop))
