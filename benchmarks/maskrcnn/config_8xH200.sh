@@ -19,6 +19,9 @@
 # session 26 once side streams held their inputs until the join (docs/performance.md,
 # Mask R-CNN). A 4-GPU fixture run with both switches reached both targets (session 25);
 # neither has run on 8 GPUs.
+# And the SGD update as PyTorch's fused kernel (--fused-sgd): +3.0% img/s in the mean of 6
+# same-process pairs on one H100 (5 of 6 positive, sessions 26 and 28); with it the fixture on
+# one H100 reached both targets (session 29; docs/performance.md, Mask R-CNN).
 # --size-buckets 4 pads batches to 7 shapes, each compiled, then recorded as a graph, before
 # the clock (--init-steps 14: two steps of each); these flags reached both targets on the
 # fixture on one H100 (there with 3 shapes, recorded inside the run); on COCO the bucket count is
@@ -33,7 +36,7 @@ PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
     --precision "$PRECISION" --workers 12 --fold-frozen-bn --channels-last --nms triton
     --compile default --compile-losses --loss-streams --backbone-graphs --head-graphs
-    --box-head-before-sync
+    --box-head-before-sync --fused-sgd
     --box-roi-multiple 512 --mask-roi-multiple 128
     --size-buckets 4 --init-steps 14 --gc-freeze
     --backbone-checkpoint "${BACKBONE_CHECKPOINT:?set BACKBONE_CHECKPOINT to a torchvision resnet50 state dict (docs/data.md#maskrcnn)}"
