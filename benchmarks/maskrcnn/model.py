@@ -23,6 +23,9 @@
   81 x 4 class-specific box deltas.
 - Mask head: RoIAlign 14x14, four 3x3 convolutions of 256 with ReLU, a 2x2 stride-2
   transposed convolution and ReLU, then 81 mask logits of 28x28.
+- ``aligned_outputs``: the layers of 3, 12, 81 and 324 outputs (RPN, box and mask
+  predictors) with their output counts padded to multiples of 8 by zero rows, computed as
+  one GEMM or 1x1 convolution per head (:mod:`common.aligned_outputs`); the same outputs.
 
 Every width is an argument of :class:`MaskRCNN` (the ResNet's base ``width``, the FPN's
 channels, the box head's and the mask head's widths), the reference's sizes by default, so a
@@ -45,6 +48,7 @@ from torch import nn
 from benchmarks.maskrcnn.anchors import ASPECT_RATIOS
 from benchmarks.maskrcnn.frozen_bn import conv_frozen_bn, folded_conv_frozen_bn
 from benchmarks.maskrcnn.roi_align import BOX_RESOLUTION, MASK_RESOLUTION, Pooler
+from common import aligned_outputs
 from common.errors import UserError
 
 NUM_CLASSES = 81                    # 80 COCO categories and background
@@ -218,17 +222,24 @@ class FPN(nn.Module):
 
 class RPNHead(nn.Module):
     """``forward(levels)`` -> ``(objectness, deltas)``: per level ``[N, A, H, W]`` logits
-    and ``[N, 4A, H, W]`` box deltas, the same weights on every level."""
+    and ``[N, 4A, H, W]`` box deltas, the same weights on every level. ``aligned``: both
+    1x1 convolutions as one of aligned outputs (:mod:`common.aligned_outputs`)."""
 
-    def __init__(self, channels: int = FPN_CHANNELS, num_anchors: int = NUM_ANCHORS):
+    def __init__(self, channels: int = FPN_CHANNELS, num_anchors: int = NUM_ANCHORS,
+                 aligned: bool = False):
         super().__init__()
         self.conv = _normal(nn.Conv2d(channels, channels, 3, padding=1), 0.01)
         self.cls_logits = _normal(nn.Conv2d(channels, num_anchors, 1), 0.01)
         self.bbox_pred = _normal(nn.Conv2d(channels, 4 * num_anchors, 1), 0.01)
+        self.aligned = aligned
 
     def forward(self, levels: list[torch.Tensor]
                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         hidden = [F.relu(self.conv(x)) for x in levels]
+        if self.aligned:
+            outputs = [aligned_outputs.conv1x1(h, (self.cls_logits, self.bbox_pred))
+                       for h in hidden]
+            return [o[0] for o in outputs], [o[1] for o in outputs]
         return [self.cls_logits(h) for h in hidden], [self.bbox_pred(h) for h in hidden]
 
 
@@ -250,14 +261,19 @@ class BoxFeatureExtractor(nn.Module):
 
 class BoxPredictor(nn.Module):
     """The reference's ``FPNPredictor``: ``forward(x [K, 1024])`` -> ``(scores [K, 81],
-    deltas [K, 81 * 4])``, one box per class."""
+    deltas [K, 81 * 4])``, one box per class. ``aligned``: both as one GEMM of aligned
+    outputs (:mod:`common.aligned_outputs`)."""
 
-    def __init__(self, hidden: int = MLP_HEAD_DIM, num_classes: int = NUM_CLASSES):
+    def __init__(self, hidden: int = MLP_HEAD_DIM, num_classes: int = NUM_CLASSES,
+                 aligned: bool = False):
         super().__init__()
         self.cls_score = _normal(nn.Linear(hidden, num_classes), 0.01)
         self.bbox_pred = _normal(nn.Linear(hidden, 4 * num_classes), 0.001)
+        self.aligned = aligned
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.aligned:
+            return tuple(aligned_outputs.linear(x, (self.cls_score, self.bbox_pred)))
         return self.cls_score(x), self.bbox_pred(x)
 
 
@@ -280,15 +296,21 @@ class MaskFeatureExtractor(nn.Module):
 
 class MaskPredictor(nn.Module):
     """The reference's ``MaskRCNNC4Predictor`` on FPN: ``forward(x [K, 256, 14, 14])`` ->
-    ``[K, 81, 28, 28]`` mask logits, one mask per class."""
+    ``[K, 81, 28, 28]`` mask logits, one mask per class. ``aligned``: the logits' 1x1
+    convolution with aligned outputs (:mod:`common.aligned_outputs`)."""
 
-    def __init__(self, channels: int = MASK_CONV_LAYERS[-1], num_classes: int = NUM_CLASSES):
+    def __init__(self, channels: int = MASK_CONV_LAYERS[-1], num_classes: int = NUM_CLASSES,
+                 aligned: bool = False):
         super().__init__()
         self.conv5_mask = _msra(nn.ConvTranspose2d(channels, channels, 2, stride=2))
         self.mask_fcn_logits = _msra(nn.Conv2d(channels, num_classes, 1))
+        self.aligned = aligned
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.mask_fcn_logits(F.relu(self.conv5_mask(x)))
+        x = F.relu(self.conv5_mask(x))
+        if self.aligned:
+            return aligned_outputs.conv1x1(x, (self.mask_fcn_logits,))[0]
+        return self.mask_fcn_logits(x)
 
 
 class MaskRCNN(nn.Module):
@@ -300,21 +322,24 @@ class MaskRCNN(nn.Module):
     ``width`` is the ResNet's base width, ``fpn_channels`` the FPN's and the RPN head's,
     ``box_head_dim`` the width of fc6 and fc7, ``mask_head_dim`` that of the mask head's four
     convolutions and its transposed convolution; the defaults are the reference's.
-    ``fold_frozen_bn`` folds the backbone's batch norm into its convolutions."""
+    ``fold_frozen_bn`` folds the backbone's batch norm into its convolutions;
+    ``aligned_outputs`` computes the RPN head's, box predictor's and mask predictor's outputs
+    with output counts padded to multiples of 8 (:mod:`common.aligned_outputs`)."""
 
     def __init__(self, stride_in_1x1: bool = False, num_classes: int = NUM_CLASSES,
                  width: int = WIDTH, fpn_channels: int = FPN_CHANNELS,
                  box_head_dim: int = MLP_HEAD_DIM, mask_head_dim: int = MASK_CONV_LAYERS[-1],
-                 fold_frozen_bn: bool = False):
+                 fold_frozen_bn: bool = False, aligned_outputs: bool = False):
         super().__init__()
         self.backbone = ResNet50(stride_in_1x1, width=width, fold_frozen_bn=fold_frozen_bn)
         self.fpn = FPN(self.backbone.out_channels, fpn_channels)
-        self.rpn = RPNHead(fpn_channels)
+        self.rpn = RPNHead(fpn_channels, aligned=aligned_outputs)
         self.box_features = BoxFeatureExtractor(fpn_channels, box_head_dim)
-        self.box_predictor = BoxPredictor(box_head_dim, num_classes)
+        self.box_predictor = BoxPredictor(box_head_dim, num_classes, aligned=aligned_outputs)
         self.mask_features = MaskFeatureExtractor(
             fpn_channels, (mask_head_dim,) * len(MASK_CONV_LAYERS))
-        self.mask_predictor = MaskPredictor(mask_head_dim, num_classes)
+        self.mask_predictor = MaskPredictor(mask_head_dim, num_classes,
+                                            aligned=aligned_outputs)
 
     def features(self, images: torch.Tensor) -> list[torch.Tensor]:
         """FPN levels ``[P2, ..., P6]`` of padded images [N, 3, H, W] (H, W multiples of 32)."""

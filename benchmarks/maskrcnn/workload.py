@@ -137,6 +137,12 @@ class MaskRCNNWorkload(Workload):
         p.add_argument("--channels-last", action=argparse.BooleanOptionalAction,
                        default=False, help="images and networks in channels-last memory "
                        "(cuDNN's NHWC kernels without layout conversions)")
+        p.add_argument("--aligned-outputs", action=argparse.BooleanOptionalAction,
+                       default=False, help="the RPN head's two 1x1 convolutions as one, the "
+                       "box predictor's two linears as one, and the mask logits, each with "
+                       "output counts padded to multiples of 8 by zero rows, so cuBLAS and "
+                       "cuDNN take aligned kernels (common/aligned_outputs.py; the same "
+                       "result)")
         p.add_argument("--size-buckets", type=int, default=0,
                        help="pad each batch's sides up to one of this many sizes between "
                             "--min-size and --max-size (a few batch shapes, so --compile "
@@ -236,7 +242,8 @@ class MaskRCNNWorkload(Workload):
             self.num_classes = self.train_split.categories.num_classes + 1
         net = MaskRCNN(num_classes=self.num_classes, width=a.width,
                        fpn_channels=a.fpn_channels, box_head_dim=a.box_head_dim,
-                       mask_head_dim=a.mask_head_dim, fold_frozen_bn=a.fold_frozen_bn)
+                       mask_head_dim=a.mask_head_dim, fold_frozen_bn=a.fold_frozen_bn,
+                       aligned_outputs=a.aligned_outputs)
         if a.backbone_checkpoint:
             cli.load_backbone(a.backbone_checkpoint, "resnet50",
                               lambda state: load_torchvision_backbone(net, state))

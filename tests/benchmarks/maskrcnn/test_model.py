@@ -299,3 +299,29 @@ def test_shrunken_model_runs_the_same_path(model):
     assert small.box_features.fc6.in_features == 16 * 7 * 7
     assert sum(p.numel() for p in small.parameters()) < 0.01 * sum(
         p.numel() for p in model.parameters())
+
+
+def test_aligned_outputs_are_the_plain_heads():
+    """``aligned_outputs``: the RPN's, box predictor's and mask predictor's outputs and their
+    parameters' gradients are the plain layers', the parameters and their names the same."""
+    torch.manual_seed(0)
+    sizes = dict(width=8, fpn_channels=16, box_head_dim=32, mask_head_dim=8)
+    plain, aligned = MaskRCNN(**sizes), MaskRCNN(**sizes, aligned_outputs=True)
+    aligned.load_state_dict(plain.state_dict())
+    assert mllog_tensor_names(aligned) == mllog_tensor_names(plain)
+    with torch.no_grad():
+        levels = plain.features(torch.randn(2, 3, 64, 96))
+    rois = rois_from_boxes(BOXES)
+    results = []
+    for net in plain, aligned:
+        logits, deltas = net.rpn(levels)
+        scores, box_deltas = net.box_predictor(net.box_features(levels, rois))
+        masks = net.mask_predictor(net.mask_features(levels, rois))
+        outputs = [*logits, *deltas, scores, box_deltas, masks]
+        torch.manual_seed(1)
+        sum((o * torch.randn_like(o)).sum() for o in outputs).backward()
+        heads = (net.rpn, net.box_predictor, net.mask_predictor)
+        results.append((outputs, [p.grad for h in heads for p in h.parameters()]))
+    (want, want_grads), (got, got_grads) = results
+    for g, w in zip(got + got_grads, want + want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)   # to fp32 rounding
