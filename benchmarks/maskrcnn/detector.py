@@ -43,6 +43,16 @@ by waiting for their copy alone: the GPU works through the box head while the ho
 to the mask head, which needs the positives' count. The same losses; plain, the box head
 waits for the counts.
 
+``backward_before_sync`` (with ``box_head_before_sync``) also queues, before the host waits
+for the counts, the backward of the RPN's and box head's losses: work for the GPU while the
+host, past the counts, launches the mask head, its loss and the rest of the backward. The
+losses and heads then take the backbone region's outputs (FPN levels, RPN objectness and
+deltas) as leaves cut from them, so that backward stops there, its gradients gathered on
+the leaves (where the mask head's add to them); :meth:`finish_backward` runs the mask loss's
+backward, then the backbone region's with the leaves' gradients. The same gradients;
+single-process only (DDP expects one backward a step). The losses are scaled by
+``scale_loss`` (a ``GradScaler``'s ``scale``).
+
 ``loss_streams`` computes the RPN's targets and loss, the box head's loss and the mask
 targets and loss each on a CUDA stream of its own (:class:`common.streams.SideStreams`),
 beside the proposal selection and the heads on the current stream, joined before the losses
@@ -128,7 +138,7 @@ class Detector(nn.Module):
                  backbone_graphs: bool = False, head_graphs: bool = False,
                  box_roi_multiple: int = 0, mask_roi_multiple: int = 0,
                  compile_losses: bool = False, compile_proposals: bool = False,
-                 box_head_before_sync: bool = False):
+                 box_head_before_sync: bool = False, backward_before_sync: bool = False):
         super().__init__()
         self.nms_keep = nms_keep
         self.net, self.rpn, self.sampler = net, rpn, sampler
@@ -139,6 +149,11 @@ class Detector(nn.Module):
         self.compiled = compile_mode != "none"
         self.head_graphs = head_graphs
         self.box_head_before_sync = box_head_before_sync
+        if backward_before_sync and not box_head_before_sync:
+            raise ValueError("backward_before_sync needs box_head_before_sync")
+        self.backward_before_sync = backward_before_sync
+        self.scale_loss = lambda loss: loss
+        self._pending: list[torch.Tensor] = []
         if self.compiled:   # a graph per padded size and grad mode, more than the default 8
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                        RECOMPILE_LIMIT)
@@ -242,6 +257,8 @@ class Detector(nn.Module):
             sizes = [tuple(s) for s in image_sizes.tolist()]
             proposals = self.rpn.proposals(objectness, deltas, anchors, sizes)
             return self._detect(levels, proposals, sizes, targets[0])
+        if self.backward_before_sync:
+            levels, objectness, deltas = self._cut(levels, objectness, deltas)
         gt_boxes, gt_labels, gt_masks = targets
         gt_valid = gt_labels > 0
         side, (rpn_loss, _, mask_loss_fn) = self._side, self._losses
@@ -258,6 +275,10 @@ class Detector(nn.Module):
         if self.box_head_before_sync:
             rows = self._box_rows(len(proposals), proposals.shape[1], gt_labels.shape[1])
             box_losses = self._box_losses(levels, padded.first(rows, 0))
+        if self.backward_before_sync:
+            with region("backward-before-sync"):
+                side.join()     # the RPN's and box head's losses
+                self.scale_loss(loss_objectness + loss_rpn_box_reg + sum(box_losses)).backward()
         with region("roi-sampler"):
             sampled, positive = counts()
             samples = padded.first(sampled, positive)
@@ -280,6 +301,23 @@ class Detector(nn.Module):
         side.join()
         return dict(zip(LOSSES, (loss_objectness, loss_rpn_box_reg, loss_classifier,
                                  loss_box_reg, loss_mask)))
+
+    def _cut(self, *outputs: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+        """The backbone region's outputs (lists of tensors) as leaves of their own, kept with
+        the outputs for :meth:`finish_backward`."""
+        self._pending = [(x, x.detach().requires_grad_()) for group in outputs for x in group]
+        leaves = iter(leaf for _, leaf in self._pending)
+        return [[next(leaves) for _ in group] for group in outputs]
+
+    def finish_backward(self, mask_loss: torch.Tensor) -> None:
+        """With ``backward_before_sync``, the rest of the step's backward: the (scaled) mask
+        loss's, then the backbone region's from the gradients gathered on its outputs' leaves."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            raise RuntimeError("finish_backward without a training forward before it")
+        mask_loss.backward()
+        reached = [(x, leaf.grad) for x, leaf in pending if leaf.grad is not None]
+        torch.autograd.backward([x for x, _ in reached], [g for _, g in reached])
 
     def _detect(self, levels: list[torch.Tensor], proposals: list[torch.Tensor],
                 sizes: list[tuple[int, int]], original_sizes: torch.Tensor

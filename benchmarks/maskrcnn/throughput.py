@@ -32,7 +32,8 @@ RPN's proposal selection (``--compile-proposals``); ``ours-early-box`` and
 one fused kernel (``--fused-sgd``), ``ours-early-box-sgd`` is ``ours-early-box`` with it;
 ``ours-aligned`` is ``ours-early-box-sgd`` with the RPN's, box predictor's and mask
 predictor's output counts padded to multiples of 8 (``--aligned-outputs``; the GPU configs'
-step), ``ours-aligned-proposals`` that with ``--compile-proposals``;
+step), ``ours-aligned-proposals`` that with ``--compile-proposals``, ``ours-early-backward``
+with the RPN's and box losses' backward before the sampler's sync (``--backward-before-sync``);
 ``ours-tuned-streams-nms`` is ``ours-compile-streams-nms`` under ``--compile tuned`` (Inductor's
 coordinate-descent tuning of each fused kernel).
 The baselines are torchvision's ``MaskRCNN`` on a ResNet-50 FPN, trained as torchvision's
@@ -99,6 +100,8 @@ OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
                          "--fused-sgd", "--aligned-outputs"),
         "ours-aligned-proposals": (*HEAD_GRAPHS, "--compile-losses", "--box-head-before-sync",
                                    "--fused-sgd", "--aligned-outputs", "--compile-proposals"),
+        "ours-early-backward": (*HEAD_GRAPHS, "--compile-losses", "--box-head-before-sync",
+                                "--fused-sgd", "--aligned-outputs", "--backward-before-sync"),
         "ours-tuned-streams-nms": ("--fold-frozen-bn", "--channels-last", "--compile",
                                    "tuned", "--loss-streams", "--nms", "triton")}
 # variant -> whether torchvision's model runs through torch.compile

@@ -183,6 +183,11 @@ class MaskRCNNWorkload(Workload):
                        help="run the box head and its loss on a bound of the sampled RoIs "
                             "that the host knows, before it reads the sampler's counts (the "
                             "rows past the samples left out of the loss; the same losses)")
+        p.add_argument("--backward-before-sync", action=argparse.BooleanOptionalAction,
+                       default=False,
+                       help="with --box-head-before-sync, also queue the RPN's and box "
+                            "losses' backward (down to the FPN levels) before the host waits "
+                            "for the sampler's counts (the same gradients; one process only)")
         p.add_argument("--box-roi-multiple", type=int, default=0,
                        help="run the box head on its RoI count rounded up to a multiple of "
                             "this (copies of the last RoI, dropped after); 0: the count as it is")
@@ -206,6 +211,12 @@ class MaskRCNNWorkload(Workload):
                             "reference's schedule (e.g. 60000,80000)")
         self.buckets = (data.size_buckets(a.size_buckets, a.min_size, a.max_size)
                         if a.size_buckets else ())
+        if a.backward_before_sync and not a.box_head_before_sync:
+            raise UserError("--backward-before-sync needs --box-head-before-sync (the box "
+                            "losses it runs backward are computed before the sync only then)")
+        if a.backward_before_sync and env.distributed:
+            raise UserError(f"--backward-before-sync runs the backward in two parts, which "
+                            f"DDP cannot all-reduce: drop it for {env.world_size} processes")
         if a.loss_streams:
             require_cuda(env.device, "--loss-streams puts the losses on CUDA streams",
                          "leave it out on the CPU")
@@ -268,7 +279,8 @@ class MaskRCNNWorkload(Workload):
                                  mask_roi_multiple=a.mask_roi_multiple,
                                  compile_losses=a.compile_losses,
                                  compile_proposals=a.compile_proposals,
-                                 box_head_before_sync=a.box_head_before_sync)
+                                 box_head_before_sync=a.box_head_before_sync,
+                                 backward_before_sync=a.backward_before_sync)
         self.model = dist.data_parallel(self.detector, env)
         self.lr = torch.zeros((), device=env.device)
         self.bias_lr = torch.zeros((), device=env.device)
@@ -276,6 +288,7 @@ class MaskRCNNWorkload(Workload):
         self.optimizer = DeviceLRSGD(self._param_groups(), lr=self.lr, momentum=a.momentum,
                                      fused=a.fused_sgd)
         self.scaler = self.precision.grad_scaler()
+        self.detector.scale_loss = self.scaler.scale
         if self.synthetic:
             self._steps_per_epoch = coco.COCO_TRAIN_IMAGES // self.global_batch_size
             return
@@ -360,7 +373,10 @@ class MaskRCNNWorkload(Workload):
             losses = self.model(images, image_sizes, boxes, labels, masks)
         loss = sum(losses.values())
         with region("backward"):
-            self.scaler.scale(loss).backward()
+            if a.backward_before_sync:     # the RPN's and box losses' already ran
+                self.detector.finish_backward(self.scaler.scale(losses["loss_mask"]))
+            else:
+                self.scaler.scale(loss).backward()
         with region("optimizer"):
             self.scaler.step(self.optimizer)
             self.scaler.update()

@@ -27,7 +27,8 @@ TINY = ["--synthetic-data", "--device", "cpu", "--precision", "fp32", "--width",
         "--rpn-pre-nms-top-n-train", "50", "--rpn-post-nms-top-n-train", "50",
         "--rpn-fpn-post-nms-top-n-train", "1000", "--rpn-batch-size-per-image", "32",
         "--roi-batch-size-per-image", "32", "--lr", "0.02", "--warmup-steps", "2"]
-SWITCHES = [["--fold-frozen-bn"], ["--channels-last"], ["--fold-frozen-bn", "--channels-last"]]
+SWITCHES = [["--fold-frozen-bn"], ["--channels-last"], ["--fold-frozen-bn", "--channels-last"],
+            ["--aligned-outputs"]]
 
 
 def build(argv):
@@ -213,6 +214,36 @@ def test_box_head_before_the_sync_takes_the_plain_steps_losses_and_gradients(mul
     assert seen[1] == 64 and seen[0] <= 64, seen
 
 
+@pytest.mark.parametrize("switches", [[], ["--fold-frozen-bn", "--channels-last",
+                                           "--aligned-outputs"]])
+def test_backward_before_the_sync_takes_the_plain_steps_losses_and_gradients(switches):
+    """``--backward-before-sync``: the RPN's and box losses' backward queued before the
+    sampler's sync, the rest after the mask loss: the same gradients, over two steps (the
+    second from the first's updated weights)."""
+    early_box = [*TINY, *switches, "--box-head-before-sync"]
+    plain, early = build(early_box), build([*early_box, "--backward-before-sync"])
+    passes, net = [], early.detector.net
+    for name, p in (("box", net.box_predictor.cls_score.weight),
+                    ("mask", net.mask_predictor.mask_fcn_logits.weight),
+                    ("fpn", net.fpn.layer_blocks[0].weight)):
+        p.register_hook(lambda grad, name=name: passes.append(name))
+    assert_same_step(plain, early)
+    assert passes == ["box", "mask", "fpn"]     # the box head's first, the backbone's last
+    assert not early.detector._pending
+    for wl in (plain, early):
+        torch.manual_seed(2)
+        wl.train_step(*plain.synthetic_batch(2))
+    for (name, p), q in zip(plain.net.named_parameters(), early.net.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--backward-before-sync"], "needs --box-head-before-sync")])
+def test_backward_before_the_sync_without_the_early_box_head_is_one_line(flags, message):
+    with pytest.raises(UserError, match=message):
+        build([*TINY, *flags])
+
+
 def test_a_box_head_bound_below_the_sampled_count_stops_the_step(monkeypatch):
     early = build([*TINY, "--box-head-before-sync"])
     monkeypatch.setattr(early.detector, "_box_rows", lambda *_sizes: 8)
@@ -347,6 +378,22 @@ def test_compiled_losses_and_proposals_take_the_graphed_steps_losses():
         plain = build_cuda(argv)
         fast = build_cuda([*argv, "--compile-losses", "--compile-proposals",
                            "--box-head-before-sync"])
+        same_steps(plain, fast, plain.warm_up_batches(2)[:2])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_backward_before_the_sync_takes_the_graphed_steps_losses():
+    """The GPU configs' step with ``--backward-before-sync`` against it without (6 steps over
+    two padded sizes, as above): the backward in two parts through the graphed regions."""
+    argv = [*TINY, "--compile", "default", "--size-buckets", "2", "--fold-frozen-bn",
+            "--channels-last", "--loss-streams", "--nms", "triton", "--backbone-graphs",
+            "--head-graphs", *MULTIPLES, "--compile-losses", "--box-head-before-sync",
+            "--aligned-outputs"]
+    argv[argv.index("--max-size") + 1] = "128"
+    with torch._inductor.config.patch(fallback_random=True):
+        plain = build_cuda(argv)
+        fast = build_cuda([*argv, "--backward-before-sync"])
         same_steps(plain, fast, plain.warm_up_batches(2)[:2])
 
 
