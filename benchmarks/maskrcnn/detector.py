@@ -148,6 +148,7 @@ class Detector(nn.Module):
         self._side = SideStreams(next(net.parameters()).device, 3 if loss_streams else 0)
         self.compiled = compile_mode != "none"
         self.head_graphs = head_graphs
+        self.graphed = backbone_graphs or head_graphs
         self.box_head_before_sync = box_head_before_sync
         if backward_before_sync and not box_head_before_sync:
             raise ValueError("backward_before_sync needs box_head_before_sync")
@@ -188,9 +189,10 @@ class Detector(nn.Module):
 
     def levels_and_rpn(self, images: torch.Tensor):
         """FPN levels, RPN objectness and deltas of padded images [N, 3, H, W]. With
-        ``head_graphs``, in inference, the levels are copies: there each call of a graphed
-        region starts a new iteration of the CUDA graph trees, which frees the outputs of the
-        calls before it (the box head's call would free the levels the mask head takes)."""
+        ``head_graphs``, in inference, the levels are copies: a call of a graphed region that
+        starts a new iteration of the CUDA graph trees (outside :meth:`forward`'s marked steps,
+        each call in inference) frees the outputs of the calls before it (the box head's call
+        would free the levels the mask head takes)."""
         levels, objectness, deltas = self._backbone(images)
         if self.head_graphs and not torch.is_grad_enabled():
             levels = [x.clone() for x in levels]
@@ -250,6 +252,11 @@ class Detector(nn.Module):
         """Training: ``(images, image_sizes, boxes, labels, masks)`` of a ``TrainBatch`` ->
         the losses (dict of float32 scalars). Evaluation: ``(images, image_sizes,
         original_sizes)`` -> one ``ImageDetections`` per image, masks pasted."""
+        if self.graphed:
+            # a step of the CUDA graph trees begins here, not wherever they would guess it
+            # from their regions' order: with backward_before_sync a backward runs between
+            # forwards, after which they would free the backbone's outputs before the mask head
+            torch.compiler.cudagraph_mark_step_begin()
         with region("backbone+rpn-head"):
             levels, objectness, deltas = self.levels_and_rpn(images)
         anchors = self.anchors(levels)
