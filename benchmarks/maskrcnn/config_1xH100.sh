@@ -24,6 +24,10 @@
 # (--aligned-outputs): 1.47 ms (4.6%) less kernel time a step on one H100, where unaligned
 # tensor-core kernels took 0.2-0.3 ms for 1x1 convolutions of a few microseconds' arithmetic;
 # the fixture reached both targets with it on one H100 at two seeds (session 29).
+# And the RPN's and box losses' backward queued before the RoI sampler's host sync
+# (--backward-before-sync; one process only, so not in the 8-GPU config): +5.5% img/s in
+# the mean of 4 same-process pairs on one H100, each position in the call matched (session
+# 29); its GPU test and a fixture run on one H100 passed (docs/performance.md, Mask R-CNN).
 # --size-buckets 4 pads batches to 7 shapes, each compiled, then recorded as a graph, before
 # the clock (--init-steps 14: two steps of each); these flags reached both targets on the
 # fixture on one H100 (there with 3 shapes, recorded inside the run); on COCO the bucket count is
@@ -35,7 +39,7 @@ PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
     --precision "$PRECISION" --workers 14 --fold-frozen-bn --channels-last --nms triton
     --compile default --compile-losses --loss-streams --backbone-graphs --head-graphs
-    --box-head-before-sync --fused-sgd --aligned-outputs
+    --box-head-before-sync --fused-sgd --aligned-outputs --backward-before-sync
     --box-roi-multiple 512 --mask-roi-multiple 128
     --size-buckets 4 --init-steps 14
     --backbone-checkpoint "${BACKBONE_CHECKPOINT:?set BACKBONE_CHECKPOINT to a torchvision resnet50 state dict (docs/data.md#maskrcnn)}"

@@ -237,11 +237,14 @@ def test_backward_before_the_sync_takes_the_plain_steps_losses_and_gradients(swi
         torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--backward-before-sync"], "needs --box-head-before-sync")])
-def test_backward_before_the_sync_without_the_early_box_head_is_one_line(flags, message):
-    with pytest.raises(UserError, match=message):
-        build([*TINY, *flags])
+def test_backward_before_the_sync_without_the_early_box_head_or_with_ddp_is_one_line():
+    with pytest.raises(UserError, match="needs --box-head-before-sync"):
+        build([*TINY, "--backward-before-sync"])
+    args = build_parser(MaskRCNNWorkload).parse_args(
+        [*TINY, "--box-head-before-sync", "--backward-before-sync"])
+    wl = MaskRCNNWorkload(args, DistEnv(world_size=2), Precision("fp32", "cpu"))
+    with pytest.raises(UserError, match="DDP cannot all-reduce: drop it for 2 processes"):
+        wl.build()
 
 
 def test_a_box_head_bound_below_the_sampled_count_stops_the_step(monkeypatch):
