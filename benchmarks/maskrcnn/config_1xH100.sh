@@ -25,9 +25,9 @@
 # tensor-core kernels took 0.2-0.3 ms for 1x1 convolutions of a few microseconds' arithmetic;
 # the fixture reached both targets with it on one H100 at two seeds (session 29).
 # And the RPN's and box losses' backward queued before the RoI sampler's host sync
-# (--backward-before-sync; one process only, so not in the 8-GPU config): +5.5% img/s in
-# the mean of 4 same-process pairs on one H100, each position in the call matched (session
-# 29); its GPU test and a fixture run on one H100 passed (docs/performance.md, Mask R-CNN).
+# (--backward-before-sync; one process only, so not in the 8-GPU config): +5.6% img/s in
+# the mean of 4 same-process pairs on one H100 (+11.6, +8.4, +0.6, +1.7%; session 29); its
+# GPU test and a fixture run on one H100 passed (docs/performance.md, Mask R-CNN).
 # --size-buckets 4 pads batches to 7 shapes, each compiled, then recorded as a graph, before
 # the clock (--init-steps 14: two steps of each); these flags reached both targets on the
 # fixture on one H100 (there with 3 shapes, recorded inside the run); on COCO the bucket count is

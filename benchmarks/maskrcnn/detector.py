@@ -154,7 +154,7 @@ class Detector(nn.Module):
             raise ValueError("backward_before_sync needs box_head_before_sync")
         self.backward_before_sync = backward_before_sync
         self.scale_loss = lambda loss: loss
-        self._pending: list[torch.Tensor] = []
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []   # (output, its leaf)
         if self.compiled:   # a graph per padded size and grad mode, more than the default 8
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
                                                        RECOMPILE_LIMIT)
