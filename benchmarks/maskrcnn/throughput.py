@@ -23,7 +23,7 @@ compiled backbone's forward and backward as CUDA graphs (``--backbone-graphs``),
 ``ours-graphs-pad`` also rounds the mask head's RoI count up to a multiple of 128
 (``--mask-roi-multiple 128``), ``ours-graphs-pad-buckets`` also
 pads images to the configs' 4 sizes (``--size-buckets 4``; 800 x 1152 here),
-``ours-head-graphs`` (the GPU configs' step) also replays the box and mask heads as CUDA
+``ours-head-graphs`` also replays the box and mask heads as CUDA
 graphs (``--head-graphs``, with ``--box-roi-multiple 512``), ``ours-losses`` also compiles
 the RPN, box and mask losses (``--compile-losses``), ``ours-losses-proposals`` also the
 RPN's proposal selection (``--compile-proposals``); ``ours-early-box`` and
@@ -31,9 +31,10 @@ RPN's proposal selection (``--compile-proposals``); ``ours-early-box`` and
 (``--box-head-before-sync``); ``ours-fused-sgd`` is ``ours-losses`` with the SGD update as
 one fused kernel (``--fused-sgd``), ``ours-early-box-sgd`` is ``ours-early-box`` with it;
 ``ours-aligned`` is ``ours-early-box-sgd`` with the RPN's, box predictor's and mask
-predictor's output counts padded to multiples of 8 (``--aligned-outputs``; the GPU configs'
-step), ``ours-aligned-proposals`` that with ``--compile-proposals``, ``ours-early-backward``
-with the RPN's and box losses' backward before the sampler's sync (``--backward-before-sync``);
+predictor's output counts padded to multiples of 8 (``--aligned-outputs``; the 8xH200
+config's step), ``ours-aligned-proposals`` that with ``--compile-proposals``,
+``ours-early-backward`` (the 1xH100 config's step) that with the RPN's and box losses'
+backward before the sampler's sync (``--backward-before-sync``);
 ``ours-tuned-streams-nms`` is ``ours-compile-streams-nms`` under ``--compile tuned`` (Inductor's
 coordinate-descent tuning of each fused kernel).
 The baselines are torchvision's ``MaskRCNN`` on a ResNet-50 FPN, trained as torchvision's
@@ -72,7 +73,7 @@ STREAMS_NMS = ("--fold-frozen-bn", "--channels-last", "--compile", "default", "-
 # that step with the backbone's graphs, padded mask RoIs and the configs' size buckets
 GRAPHS_PAD_BUCKETS = (*STREAMS_NMS, "--backbone-graphs", "--mask-roi-multiple", "128",
                       "--size-buckets", "4")
-# that step with the heads' graphs: the GPU configs' step
+# that step with the heads' graphs, which the configs' steps build on
 HEAD_GRAPHS = (*GRAPHS_PAD_BUCKETS, "--head-graphs", "--box-roi-multiple", "512")
 # variant -> workload flags of the workload's step
 OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
