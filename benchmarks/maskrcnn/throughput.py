@@ -75,6 +75,9 @@ GRAPHS_PAD_BUCKETS = (*STREAMS_NMS, "--backbone-graphs", "--mask-roi-multiple", 
                       "--size-buckets", "4")
 # that step with the heads' graphs, which the configs' steps build on
 HEAD_GRAPHS = (*GRAPHS_PAD_BUCKETS, "--head-graphs", "--box-roi-multiple", "512")
+# the 8xH200 config's step (the 1xH100 config's adds --backward-before-sync)
+ALIGNED = (*HEAD_GRAPHS, "--compile-losses", "--box-head-before-sync", "--fused-sgd",
+           "--aligned-outputs")
 # variant -> workload flags of the workload's step
 OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-per-image": ("--fpn-post-nms-per-image",), "ours-fold": ("--fold-frozen-bn",),
@@ -97,12 +100,9 @@ OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-fused-sgd": (*HEAD_GRAPHS, "--compile-losses", "--fused-sgd"),
         "ours-early-box-sgd": (*HEAD_GRAPHS, "--compile-losses", "--box-head-before-sync",
                                "--fused-sgd"),
-        "ours-aligned": (*HEAD_GRAPHS, "--compile-losses", "--box-head-before-sync",
-                         "--fused-sgd", "--aligned-outputs"),
-        "ours-aligned-proposals": (*HEAD_GRAPHS, "--compile-losses", "--box-head-before-sync",
-                                   "--fused-sgd", "--aligned-outputs", "--compile-proposals"),
-        "ours-early-backward": (*HEAD_GRAPHS, "--compile-losses", "--box-head-before-sync",
-                                "--fused-sgd", "--aligned-outputs", "--backward-before-sync"),
+        "ours-aligned": ALIGNED,
+        "ours-aligned-proposals": (*ALIGNED, "--compile-proposals"),
+        "ours-early-backward": (*ALIGNED, "--backward-before-sync"),
         "ours-tuned-streams-nms": ("--fold-frozen-bn", "--channels-last", "--compile",
                                    "tuned", "--loss-streams", "--nms", "triton")}
 # variant -> whether torchvision's model runs through torch.compile
