@@ -34,7 +34,10 @@ one fused kernel (``--fused-sgd``), ``ours-early-box-sgd`` is ``ours-early-box``
 predictor's output counts padded to multiples of 8 (``--aligned-outputs``; the 8xH200
 config's step), ``ours-aligned-proposals`` that with ``--compile-proposals``,
 ``ours-early-backward`` (the 1xH100 config's step) that with the RPN's and box losses'
-backward before the sampler's sync (``--backward-before-sync``);
+backward before the sampler's sync (``--backward-before-sync``), ``ours-s2d`` that with the
+stem over 2x2 pixel blocks (``--space-to-depth``), ``ours-1xh100`` it with the 1xH100
+config's 6000 proposals per batch (``--rpn-fpn-post-nms-top-n-train``; for its batch of 48:
+at 2000, the reference's default, 48 images would share 2000 proposals);
 ``ours-tuned-streams-nms`` is ``ours-compile-streams-nms`` under ``--compile tuned`` (Inductor's
 coordinate-descent tuning of each fused kernel).
 The baselines are torchvision's ``MaskRCNN`` on a ResNet-50 FPN, trained as torchvision's
@@ -78,6 +81,8 @@ HEAD_GRAPHS = (*GRAPHS_PAD_BUCKETS, "--head-graphs", "--box-roi-multiple", "512"
 # the 8xH200 config's step (the 1xH100 config's adds --backward-before-sync)
 ALIGNED = (*HEAD_GRAPHS, "--compile-losses", "--box-head-before-sync", "--fused-sgd",
            "--aligned-outputs")
+# the 1xH100 config's step
+EARLY_BACKWARD = (*ALIGNED, "--backward-before-sync")
 # variant -> workload flags of the workload's step
 OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-per-image": ("--fpn-post-nms-per-image",), "ours-fold": ("--fold-frozen-bn",),
@@ -102,7 +107,9 @@ OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
                                "--fused-sgd"),
         "ours-aligned": ALIGNED,
         "ours-aligned-proposals": (*ALIGNED, "--compile-proposals"),
-        "ours-early-backward": (*ALIGNED, "--backward-before-sync"),
+        "ours-early-backward": EARLY_BACKWARD,
+        "ours-s2d": (*EARLY_BACKWARD, "--space-to-depth"),
+        "ours-1xh100": (*EARLY_BACKWARD, "--rpn-fpn-post-nms-top-n-train", "6000"),
         "ours-tuned-streams-nms": ("--fold-frozen-bn", "--channels-last", "--compile",
                                    "tuned", "--loss-streams", "--nms", "triton")}
 # variant -> whether torchvision's model runs through torch.compile
