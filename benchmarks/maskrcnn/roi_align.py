@@ -79,6 +79,7 @@ def _roi_align_levels(features: list[torch.Tensor], scales: list[float], rois: t
         raise ValueError("sampling_ratio must be positive (the adaptive grid is not supported)")
     rois = rois.detach()
     out_h, out_w = output_size
+    channels = features[0].shape[1]
     table = _table(features)
     # under torch.compile the sizes may be symbolic: traced into the graph, not cached
     level_constants = (_level_constants.__wrapped__ if torch.compiler.is_compiling()
@@ -93,25 +94,15 @@ def _roi_align_levels(features: list[torch.Tensor], scales: list[float], rois: t
     x_idx, x_w = _axis_samples(rois[:, 1] * scale, rois[:, 3] * scale, widths, out_w,
                                sampling_ratio)
     rows = base[:, None, None] + y_idx * widths.long()[:, None, None]     # [K, Y, 2]
-    # every sample's 4 neighbours of every bin as one gather and one weighted sum: one
-    # backward scatter into one zero table (a gather per neighbour would zero and add four)
-    index = rows[:, :, None, :, None] + x_idx[:, None, :, None, :]        # [K, Y, X, 2, 2]
-    weight = y_w[:, :, None, :, None] * x_w[:, None, :, None, :] / sampling_ratio ** 2
-    samples = 4 * sampling_ratio ** 2
-    index, weight = (_per_bin(t, out_h, out_w, sampling_ratio, samples) for t in (index, weight))
-    if table.is_floating_point():           # integer maps (masks) are weighted in rois' dtype
-        weight = weight.to(table.dtype)
-    pooled = (weight[..., None] * table[index]).sum(dim=3)               # [K, out_h, out_w, C]
-    return pooled.permute(0, 3, 1, 2)
-
-
-def _per_bin(t: torch.Tensor, out_h: int, out_w: int, sampling_ratio: int,
-             samples: int) -> torch.Tensor:
-    """[K, out_h * r, out_w * r, 2, 2] per sample and neighbour -> [K, out_h, out_w, 4 r^2]
-    per output bin (r the sampling ratio)."""
-    r = sampling_ratio
-    t = t.reshape(len(t), out_h, r, out_w, r, 2, 2).permute(0, 1, 3, 2, 4, 5, 6)
-    return t.reshape(len(t), out_h, out_w, samples)
+    pooled = 0
+    for a, b in itertools.product(range(2), repeat=2):                   # the 4 neighbours
+        index = rows[:, :, None, a] + x_idx[:, None, :, b]               # [K, Y, X]
+        weight = y_w[:, :, None, a] * x_w[:, None, :, b]
+        if table.is_floating_point():       # integer maps (masks) are weighted in rois' dtype
+            weight = weight.to(table.dtype)
+        pooled = pooled + weight[..., None] * table[index]
+    pooled = pooled.reshape(len(rois), out_h, sampling_ratio, out_w, sampling_ratio, channels)
+    return pooled.mean(dim=(2, 4)).permute(0, 3, 1, 2)
 
 
 def roi_align(features: torch.Tensor, rois: torch.Tensor, output_size: int | tuple[int, int],
