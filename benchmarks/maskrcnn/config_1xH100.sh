@@ -2,7 +2,9 @@
 # for global batch 48 "maskrcnn_ref_48" (rcps_maskrcnn.json; the smallest batch the RCPs
 # cover): base LR 0.06, an 800-step warm-up from 0.000096 x, x0.1 at steps 24000 and 32000,
 # 6000 post-NMS proposals per batch. The backbone starts from torchvision's ImageNet resnet50
-# weights (BACKBONE_CHECKPOINT). Not yet run on the GPU: whether batch 48 fits in 80 GB is open.
+# weights (BACKBONE_CHECKPOINT). The step at batch 48 fits on one H100 (26.1 GiB peak on the
+# throughput tool's 800 x 1088 batch, 327.4-329.2 img/s: `ours-1xh100`, docs/performance.md,
+# Mask R-CNN, session 30); not yet run on COCO.
 # The step: frozen batch norm folded into the convolutions, channels-last memory, NMS's greedy
 # step as one Triton kernel (--nms triton), three compiled regions (--compile), the losses on
 # CUDA streams of their own (--loss-streams), the compiled backbone's forward and backward

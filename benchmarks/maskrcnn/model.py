@@ -50,13 +50,11 @@ from benchmarks.maskrcnn.frozen_bn import conv_frozen_bn, folded_conv_frozen_bn
 from benchmarks.maskrcnn.roi_align import BOX_RESOLUTION, MASK_RESOLUTION, Pooler
 from common import aligned_outputs
 from common.errors import UserError
-from common.stem import space_to_depth_conv
 
 NUM_CLASSES = 81                    # 80 COCO categories and background
 STAGE_BLOCKS = (3, 4, 6, 3)         # ResNet-50's bottlenecks in layer1..layer4
 WIDTH = 64                          # ResNet-50's base width: the stem's channels and
                                     # layer1's bottleneck width (layer k: 2^(k-1) x, out 4 x)
-STEM_CHANNELS = 16                  # input channels of the space-to-depth stem (4 x 3, padded)
 FREEZE_AT = 2                       # stem (stage 0) and layer1 (stage 1) are not trained
 BN_EPS = 1e-5                       # torchvision's BatchNorm2d eps (see FrozenBatchNorm2d)
 FPN_CHANNELS = 256
@@ -154,10 +152,9 @@ class ResNet50(nn.Module):
     (``4 * width * 2^k`` in general)."""
 
     def __init__(self, stride_in_1x1: bool = False, freeze_at: int = FREEZE_AT,
-                 width: int = WIDTH, fold_frozen_bn: bool = False, space_to_depth: bool = False):
+                 width: int = WIDTH, fold_frozen_bn: bool = False):
         super().__init__()
         self.conv_bn = folded_conv_frozen_bn if fold_frozen_bn else conv_frozen_bn
-        self.fold_frozen_bn, self.space_to_depth = fold_frozen_bn, space_to_depth
         self.conv1 = _conv(3, width, 7, stride=2)
         self.bn1 = FrozenBatchNorm2d(width)
         cin = width
@@ -180,21 +177,8 @@ class ResNet50(nn.Module):
         return [[self.conv1, self.bn1], [self.layer1], [self.layer2], [self.layer3],
                 [self.layer4]]
 
-    def stem(self, x: torch.Tensor) -> torch.Tensor:
-        """The 7x7/2 convolution and its frozen batch norm; ``space_to_depth``: as a 4x4
-        convolution over 2x2 pixel blocks (:func:`common.stem.space_to_depth_conv`, 16 input
-        channels), folded or not as the other convolutions."""
-        if not self.space_to_depth:
-            return self.conv_bn(self.conv1, self.bn1, x)
-        if not self.fold_frozen_bn:
-            return self.bn1(space_to_depth_conv(x, self.conv1.weight, STEM_CHANNELS))
-        scale, shift = self.bn1.scale_shift()
-        y = space_to_depth_conv(x, self.conv1.weight * scale[:, None, None, None],
-                                STEM_CHANNELS)
-        return y + shift.to(y.dtype)[:, None, None]
-
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-        x = F.relu(self.stem(x))
+        x = F.relu(self.conv_bn(self.conv1, self.bn1, x))
         x = F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
         features = []
         for layer in (self.layer1, self.layer2, self.layer3, self.layer4):
@@ -339,19 +323,15 @@ class MaskRCNN(nn.Module):
     ``box_head_dim`` the width of fc6 and fc7, ``mask_head_dim`` that of the mask head's four
     convolutions and its transposed convolution; the defaults are the reference's.
     ``fold_frozen_bn`` folds the backbone's batch norm into its convolutions;
-    ``space_to_depth`` computes the stem over 2x2 pixel blocks (cuDNN is slow on 3 input
-    channels); ``aligned_outputs`` computes the RPN head's, box predictor's and mask
-    predictor's outputs with output counts padded to multiples of 8
-    (:mod:`common.aligned_outputs`)."""
+    ``aligned_outputs`` computes the RPN head's, box predictor's and mask predictor's outputs
+    with output counts padded to multiples of 8 (:mod:`common.aligned_outputs`)."""
 
     def __init__(self, stride_in_1x1: bool = False, num_classes: int = NUM_CLASSES,
                  width: int = WIDTH, fpn_channels: int = FPN_CHANNELS,
                  box_head_dim: int = MLP_HEAD_DIM, mask_head_dim: int = MASK_CONV_LAYERS[-1],
-                 fold_frozen_bn: bool = False, aligned_outputs: bool = False,
-                 space_to_depth: bool = False):
+                 fold_frozen_bn: bool = False, aligned_outputs: bool = False):
         super().__init__()
-        self.backbone = ResNet50(stride_in_1x1, width=width, fold_frozen_bn=fold_frozen_bn,
-                                 space_to_depth=space_to_depth)
+        self.backbone = ResNet50(stride_in_1x1, width=width, fold_frozen_bn=fold_frozen_bn)
         self.fpn = FPN(self.backbone.out_channels, fpn_channels)
         self.rpn = RPNHead(fpn_channels, aligned=aligned_outputs)
         self.box_features = BoxFeatureExtractor(fpn_channels, box_head_dim)

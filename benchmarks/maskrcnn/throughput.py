@@ -34,10 +34,9 @@ one fused kernel (``--fused-sgd``), ``ours-early-box-sgd`` is ``ours-early-box``
 predictor's output counts padded to multiples of 8 (``--aligned-outputs``; the 8xH200
 config's step), ``ours-aligned-proposals`` that with ``--compile-proposals``,
 ``ours-early-backward`` (the 1xH100 config's step) that with the RPN's and box losses'
-backward before the sampler's sync (``--backward-before-sync``), ``ours-s2d`` that with the
-stem over 2x2 pixel blocks (``--space-to-depth``), ``ours-1xh100`` it with the 1xH100
-config's 6000 proposals per batch (``--rpn-fpn-post-nms-top-n-train``; for its batch of 48:
-at 2000, the reference's default, 48 images would share 2000 proposals);
+backward before the sampler's sync (``--backward-before-sync``), ``ours-1xh100`` that with
+the 1xH100 config's 6000 proposals per batch (``--rpn-fpn-post-nms-top-n-train``), for its
+batch of 48 (at the default 2000, 48 images would share 2000 proposals);
 ``ours-tuned-streams-nms`` is ``ours-compile-streams-nms`` under ``--compile tuned`` (Inductor's
 coordinate-descent tuning of each fused kernel).
 The baselines are torchvision's ``MaskRCNN`` on a ResNet-50 FPN, trained as torchvision's
@@ -108,7 +107,6 @@ OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-aligned": ALIGNED,
         "ours-aligned-proposals": (*ALIGNED, "--compile-proposals"),
         "ours-early-backward": EARLY_BACKWARD,
-        "ours-s2d": (*EARLY_BACKWARD, "--space-to-depth"),
         "ours-1xh100": (*EARLY_BACKWARD, "--rpn-fpn-post-nms-top-n-train", "6000"),
         "ours-tuned-streams-nms": ("--fold-frozen-bn", "--channels-last", "--compile",
                                    "tuned", "--loss-streams", "--nms", "triton")}

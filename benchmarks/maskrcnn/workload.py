@@ -143,9 +143,6 @@ class MaskRCNNWorkload(Workload):
                        "output counts padded to multiples of 8 by zero rows, so cuBLAS and "
                        "cuDNN take aligned kernels (common/aligned_outputs.py; the same "
                        "result)")
-        p.add_argument("--space-to-depth", action=argparse.BooleanOptionalAction,
-                       default=False, help="the stem's 7x7/2 convolution as a 4x4 one over "
-                       "2x2 pixel blocks (the same result; cuDNN is slow on 3 input channels)")
         p.add_argument("--size-buckets", type=int, default=0,
                        help="pad each batch's sides up to one of this many sizes between "
                             "--min-size and --max-size (a few batch shapes, so --compile "
@@ -257,7 +254,7 @@ class MaskRCNNWorkload(Workload):
         net = MaskRCNN(num_classes=self.num_classes, width=a.width,
                        fpn_channels=a.fpn_channels, box_head_dim=a.box_head_dim,
                        mask_head_dim=a.mask_head_dim, fold_frozen_bn=a.fold_frozen_bn,
-                       aligned_outputs=a.aligned_outputs, space_to_depth=a.space_to_depth)
+                       aligned_outputs=a.aligned_outputs)
         if a.backbone_checkpoint:
             cli.load_backbone(a.backbone_checkpoint, "resnet50",
                               lambda state: load_torchvision_backbone(net, state))

@@ -24,7 +24,6 @@ from benchmarks.maskrcnn.model import (
 )
 from benchmarks.maskrcnn.roi_align import rois_from_boxes
 from common.errors import UserError
-from tests.benchmarks.maskrcnn.test_frozen_bn import random_statistics
 
 RULES = (Path(mlperf_logging.__file__).parent / "compliance_checker" / "training_1.1.0"
          / "closed_maskrcnn.yaml")
@@ -326,19 +325,3 @@ def test_aligned_outputs_are_the_plain_heads():
     (want, want_grads), (got, got_grads) = results
     for g, w in zip(got + got_grads, want + want_grads, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)   # to fp32 rounding
-
-
-@pytest.mark.parametrize("fold", [False, True])
-def test_the_space_to_depth_stem_is_the_plain_stem(fold):
-    """``space_to_depth``: the stem's 7x7/2 convolution over 2x2 pixel blocks, with its
-    frozen batch norm folded or not, gives the plain stem's output and the same C2..C5."""
-    torch.manual_seed(0)
-    plain = ResNet50(width=8, fold_frozen_bn=fold)
-    g = torch.Generator().manual_seed(2)
-    random_statistics(plain.bn1, g)
-    s2d = ResNet50(width=8, fold_frozen_bn=fold, space_to_depth=True)
-    s2d.load_state_dict(plain.state_dict())
-    x = torch.randn(2, 3, 64, 96)
-    torch.testing.assert_close(s2d.stem(x), plain.stem(x), rtol=1e-4, atol=1e-5)
-    for got, want in zip(s2d(x), plain(x), strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

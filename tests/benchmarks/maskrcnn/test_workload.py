@@ -28,7 +28,7 @@ TINY = ["--synthetic-data", "--device", "cpu", "--precision", "fp32", "--width",
         "--rpn-fpn-post-nms-top-n-train", "1000", "--rpn-batch-size-per-image", "32",
         "--roi-batch-size-per-image", "32", "--lr", "0.02", "--warmup-steps", "2"]
 SWITCHES = [["--fold-frozen-bn"], ["--channels-last"], ["--fold-frozen-bn", "--channels-last"],
-            ["--aligned-outputs"], ["--fold-frozen-bn", "--channels-last", "--space-to-depth"]]
+            ["--aligned-outputs"]]
 
 
 def build(argv):
