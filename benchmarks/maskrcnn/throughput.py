@@ -77,9 +77,10 @@ GRAPHS_PAD_BUCKETS = (*STREAMS_NMS, "--backbone-graphs", "--mask-roi-multiple", 
                       "--size-buckets", "4")
 # that step with the heads' graphs, which the configs' steps build on
 HEAD_GRAPHS = (*GRAPHS_PAD_BUCKETS, "--head-graphs", "--box-roi-multiple", "512")
+# that step with its losses compiled, the box head before the sync and the fused SGD update
+EARLY_BOX_SGD = (*HEAD_GRAPHS, "--compile-losses", "--box-head-before-sync", "--fused-sgd")
 # the 8xH200 config's step (the 1xH100 config's adds --backward-before-sync)
-ALIGNED = (*HEAD_GRAPHS, "--compile-losses", "--box-head-before-sync", "--fused-sgd",
-           "--aligned-outputs")
+ALIGNED = (*EARLY_BOX_SGD, "--aligned-outputs")
 # the 1xH100 config's step
 EARLY_BACKWARD = (*ALIGNED, "--backward-before-sync")
 # variant -> workload flags of the workload's step
@@ -102,8 +103,7 @@ OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-early-box-proposals": (*HEAD_GRAPHS, "--compile-losses", "--compile-proposals",
                                      "--box-head-before-sync"),
         "ours-fused-sgd": (*HEAD_GRAPHS, "--compile-losses", "--fused-sgd"),
-        "ours-early-box-sgd": (*HEAD_GRAPHS, "--compile-losses", "--box-head-before-sync",
-                               "--fused-sgd"),
+        "ours-early-box-sgd": EARLY_BOX_SGD,
         "ours-aligned": ALIGNED,
         "ours-aligned-proposals": (*ALIGNED, "--compile-proposals"),
         "ours-early-backward": EARLY_BACKWARD,
