@@ -22,7 +22,8 @@ greedy step as one Triton kernel (``--nms triton``), ``ours-graphs`` also replay
 compiled backbone's forward and backward as CUDA graphs (``--backbone-graphs``),
 ``ours-graphs-pad`` also rounds the mask head's RoI count up to a multiple of 128
 (``--mask-roi-multiple 128``), ``ours-graphs-pad-buckets`` also
-pads images to the configs' 4 sizes (``--size-buckets 4``; 800 x 1152 here),
+takes the configs' 4 size buckets (``--size-buckets 4``; only the
+loaders and warm-up batches pad to them: this tool's batch stays 800 x 1088),
 ``ours-head-graphs`` also replays the box and mask heads as CUDA
 graphs (``--head-graphs``, with ``--box-roi-multiple 512``), ``ours-losses`` also compiles
 the RPN, box and mask losses (``--compile-losses``), ``ours-losses-proposals`` also the
