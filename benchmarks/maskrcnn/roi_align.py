@@ -70,9 +70,9 @@ def _level_constants(sizes: tuple[tuple[int, int], ...], scales: tuple[float, ..
                         dtype=torch.float64, device=device)
 
 
-def _roi_align_levels(features: list[torch.Tensor], scales: list[float], rois: torch.Tensor,
-                      levels: torch.Tensor, output_size: tuple[int, int],
-                      sampling_ratio: int) -> torch.Tensor:
+def roi_align_levels(features: list[torch.Tensor], scales: list[float], rois: torch.Tensor,
+                     levels: torch.Tensor, output_size: tuple[int, int],
+                     sampling_ratio: int) -> torch.Tensor:
     """RoIAlign of each RoI [K, 5] on the feature map [N, C, H_l, W_l] of its level [K]:
     every level's pixels are rows of one channels-last table, so all RoIs are one gather."""
     if sampling_ratio <= 0:
@@ -112,8 +112,8 @@ def roi_align(features: torch.Tensor, rois: torch.Tensor, output_size: int | tup
     if isinstance(output_size, int):
         output_size = (output_size, output_size)
     levels = torch.zeros(len(rois), dtype=torch.long, device=rois.device)
-    return _roi_align_levels([features], [spatial_scale], rois, levels, output_size,
-                             sampling_ratio)
+    return roi_align_levels([features], [spatial_scale], rois, levels, output_size,
+                            sampling_ratio)
 
 
 class LevelMapper:
@@ -137,19 +137,21 @@ class LevelMapper:
 class Pooler:
     """RoIAlign over the FPN levels: each RoI [K, 5] is pooled from the level that
     :class:`LevelMapper` assigns it (``scales`` from finest to coarsest, halving), into
-    ``output_size`` (7 for the box head, 14 for the mask head)."""
+    ``output_size`` (7 for the box head, 14 for the mask head). ``align``: the function that
+    pools, :func:`roi_align_levels` or its GPU counterpart (``--roi-align triton``)."""
 
     def __init__(self, output_size: int, scales: tuple[float, ...] = POOLER_SCALES,
-                 sampling_ratio: int = SAMPLING_RATIO):
+                 sampling_ratio: int = SAMPLING_RATIO, align=roi_align_levels):
         self.output_size = (output_size, output_size)
+        self.align = align
         self.scales = list(scales)
         self.sampling_ratio = sampling_ratio
         self.map_levels = LevelMapper(round(-math.log2(scales[0])), round(-math.log2(scales[-1])))
 
     def __call__(self, features: list[torch.Tensor], rois: torch.Tensor) -> torch.Tensor:
         """Pooled features [K, C, out, out] of the levels' maps [N, C, H_l, W_l]."""
-        return _roi_align_levels(features, self.scales, rois, self.map_levels(rois[:, 1:]),
-                                 self.output_size, self.sampling_ratio)
+        return self.align(features, self.scales, rois, self.map_levels(rois[:, 1:]),
+                          self.output_size, self.sampling_ratio)
 
 
 def rois_from_boxes(boxes: list[torch.Tensor]) -> torch.Tensor:

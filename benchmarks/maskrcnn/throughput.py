@@ -109,6 +109,9 @@ OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-aligned-proposals": (*ALIGNED, "--compile-proposals"),
         "ours-early-backward": EARLY_BACKWARD,
         "ours-1xh100": (*EARLY_BACKWARD, "--rpn-fpn-post-nms-top-n-train", "6000"),
+        "ours-roi-triton": (*EARLY_BACKWARD, "--roi-align", "triton"),
+        "ours-1xh100-roi-triton": (*EARLY_BACKWARD, "--rpn-fpn-post-nms-top-n-train", "6000",
+                                   "--roi-align", "triton"),
         "ours-tuned-streams-nms": ("--fold-frozen-bn", "--channels-last", "--compile",
                                    "tuned", "--loss-streams", "--nms", "triton")}
 # variant -> whether torchvision's model runs through torch.compile

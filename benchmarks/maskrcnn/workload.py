@@ -152,6 +152,10 @@ class MaskRCNNWorkload(Workload):
                        help="NMS's greedy step (RPN proposals, test detections): the "
                             "pure-PyTorch reference, or one Triton kernel without host "
                             "syncs (CUDA only; the same result)")
+        p.add_argument("--roi-align", choices=("reference", "triton"), default="reference",
+                       help="the box and mask heads' RoIAlign: the pure-PyTorch reference, or "
+                            "two Triton kernels whose backward adds into one fp32 table per "
+                            "level (CUDA only; the same result to fp32 rounding)")
         p.add_argument("--loss-streams", action=argparse.BooleanOptionalAction, default=False,
                        help="compute the RPN, box and mask losses each on a CUDA stream of "
                             "its own beside the rest of the forward (CUDA only)")
@@ -255,6 +259,12 @@ class MaskRCNNWorkload(Workload):
                        fpn_channels=a.fpn_channels, box_head_dim=a.box_head_dim,
                        mask_head_dim=a.mask_head_dim, fold_frozen_bn=a.fold_frozen_bn,
                        aligned_outputs=a.aligned_outputs)
+        if a.roi_align == "triton":
+            require_cuda(env.device, "--roi-align triton runs CUDA kernels",
+                         "use --roi-align reference on the CPU")
+            from benchmarks.maskrcnn import roi_align_triton  # Triton: GPU machines only
+            for pooler in (net.box_features.pooler, net.mask_features.pooler):
+                pooler.align = roi_align_triton.roi_align_levels
         if a.backbone_checkpoint:
             cli.load_backbone(a.backbone_checkpoint, "resnet50",
                               lambda state: load_torchvision_backbone(net, state))
