@@ -30,6 +30,11 @@
 # (--backward-before-sync; one process only, so not in the 8-GPU config): +5.6% img/s in
 # the mean of 4 same-process pairs on one H100 (+11.6, +8.4, +0.6, +1.7%; session 29); its
 # GPU test and a fixture run on one H100 passed (docs/performance.md, Mask R-CNN).
+# And RoIAlign as two Triton kernels (--roi-align triton; its backward adds into one fp32 table
+# per level, where the compiled reference path adds into bf16 tables): at batch 48 on one H100
+# 337.3 img/s against 328.3 without (+2.7%, torchvision eager 88.3-88.5 in the same process),
+# at batch 8 246.4 and 250.7 against 242.0 (+1.8, +3.6%); the fixture reached both targets with
+# it on one H100 at two seeds (docs/performance.md, Mask R-CNN, session 31).
 # --size-buckets 4 pads batches to 7 shapes, each compiled, then recorded as a graph, before
 # the clock (--init-steps 14: two steps of each); these flags reached both targets on the
 # fixture on one H100 (there with 3 shapes, recorded inside the run); on COCO the bucket count is
@@ -42,6 +47,7 @@ TRAIN_ARGS=(
     --precision "$PRECISION" --workers 14 --fold-frozen-bn --channels-last --nms triton
     --compile default --compile-losses --loss-streams --backbone-graphs --head-graphs
     --box-head-before-sync --fused-sgd --aligned-outputs --backward-before-sync
+    --roi-align triton
     --box-roi-multiple 512 --mask-roi-multiple 128
     --size-buckets 4 --init-steps 14
     --backbone-checkpoint "${BACKBONE_CHECKPOINT:?set BACKBONE_CHECKPOINT to a torchvision resnet50 state dict (docs/data.md#maskrcnn)}"

@@ -26,6 +26,12 @@
 # (--aligned-outputs): 1.47 ms (4.6%) less kernel time a step on one H100, where unaligned
 # tensor-core kernels took 0.2-0.3 ms for 1x1 convolutions of a few microseconds' arithmetic;
 # the fixture reached both targets with it on one H100 at two seeds (session 29).
+# And RoIAlign as two Triton kernels (--roi-align triton; its backward adds into one fp32 table
+# per level, where the compiled reference path adds into bf16 tables): at batch 48 on one H100
+# 337.3 img/s against 328.3 without (+2.7%, torchvision eager 88.3-88.5 in the same process),
+# at batch 8 246.4 and 250.7 against 242.0 (+1.8, +3.6%); the fixture reached both targets with
+# it on one H100 at two seeds (docs/performance.md, Mask R-CNN, session 31).
+# Not yet run on several GPUs.
 # --size-buckets 4 pads batches to 7 shapes, each compiled, then recorded as a graph, before
 # the clock (--init-steps 14: two steps of each); these flags reached both targets on the
 # fixture on one H100 (there with 3 shapes, recorded inside the run); on COCO the bucket count is
@@ -40,7 +46,7 @@ PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
     --precision "$PRECISION" --workers 12 --fold-frozen-bn --channels-last --nms triton
     --compile default --compile-losses --loss-streams --backbone-graphs --head-graphs
-    --box-head-before-sync --fused-sgd --aligned-outputs
+    --box-head-before-sync --fused-sgd --aligned-outputs --roi-align triton
     --box-roi-multiple 512 --mask-roi-multiple 128
     --size-buckets 4 --init-steps 14 --gc-freeze
     --backbone-checkpoint "${BACKBONE_CHECKPOINT:?set BACKBONE_CHECKPOINT to a torchvision resnet50 state dict (docs/data.md#maskrcnn)}"

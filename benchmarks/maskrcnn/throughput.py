@@ -80,9 +80,11 @@ GRAPHS_PAD_BUCKETS = (*STREAMS_NMS, "--backbone-graphs", "--mask-roi-multiple", 
 HEAD_GRAPHS = (*GRAPHS_PAD_BUCKETS, "--head-graphs", "--box-roi-multiple", "512")
 # that step with its losses compiled, the box head before the sync and the fused SGD update
 EARLY_BOX_SGD = (*HEAD_GRAPHS, "--compile-losses", "--box-head-before-sync", "--fused-sgd")
-# the 8xH200 config's step (the 1xH100 config's adds --backward-before-sync)
+# the 8xH200 config's step until session 31, without --roi-align triton (the 1xH100 config's
+# added --backward-before-sync)
 ALIGNED = (*EARLY_BOX_SGD, "--aligned-outputs")
-# the 1xH100 config's step
+# the 1xH100 config's step until session 31 (ours-roi-triton adds the config's --roi-align
+# triton; ours-1xh100 and ours-1xh100-roi-triton are the same at the config's 6000 proposals)
 EARLY_BACKWARD = (*ALIGNED, "--backward-before-sync")
 # variant -> workload flags of the workload's step
 OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
