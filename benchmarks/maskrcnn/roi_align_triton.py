@@ -1,15 +1,17 @@
-"""RoIAlign over the FPN levels in two Triton kernels (``--roi-align triton``): the GPU
-counterpart of :func:`benchmarks.maskrcnn.roi_align.roi_align_levels`, which stays the
-reference.
+"""RoIAlign over the FPN levels as a Triton kernel, forward and backward (``--roi-align
+triton``): the GPU counterpart of :func:`benchmarks.maskrcnn.roi_align.roi_align_levels`,
+which stays the reference.
 
 The reference path copies the levels into one table and gathers the four neighbours of every
 sample from it; autograd's backward of those gathers is a zero-filled table per neighbour, a
 scatter into each and their sum, for each head. Here the forward reads each level where it
 lies, one program per row of output bins (bins x channels in registers, fp32 sums); the
 backward adds each bin's weighted gradient straight into one fp32 table per level (atomic
-adds, as the reference's CUDA kernel does), cast once to the levels' dtype. One launch per
-level; a program whose RoI is on another level touches no memory. The sample positions and
-weights are the reference's arithmetic (IEEE divisions, no multiply-add contraction)."""
+adds, as the reference's CUDA kernel does), cast once to the levels' dtype. A bin's value is
+separable into row and column taps, and a pixel that both of a bin's samples read along an
+axis is one tap: a bin under a pixel wide issues 4 atomic adds a channel, not 16. One launch
+per level; a program whose RoI is on another level touches no memory. The sample positions
+and weights are the reference's arithmetic (IEEE divisions, no multiply-add contraction)."""
 
 from __future__ import annotations
 
@@ -62,122 +64,114 @@ def _taps(start, end, size, index, BINS: tl.constexpr):
 
 
 @triton.jit
-def _roi(rois, levels, k, level, scale):
-    """Whether RoI ``k`` is on ``level``, its image and its sides scaled to the level."""
-    on_level = tl.load(levels + k) == level
-    image = tl.load(rois + k * 5).to(tl.int64)
-    return (on_level, image, tl.load(rois + k * 5 + 1) * scale, tl.load(rois + k * 5 + 2) * scale,
-            tl.load(rois + k * 5 + 3) * scale, tl.load(rois + k * 5 + 4) * scale)
+def _bin_row(rois, levels, level, height, width, scale, stride_n, stride_c, channels,
+             BINS_H: tl.constexpr, BINS_W: tl.constexpr, BLOCK_W: tl.constexpr,
+             BLOCK_C: tl.constexpr):
+    """This program's row of output bins: the mask of its [BLOCK_W, BLOCK_C] tile (bins,
+    channels; all off where its RoI is on another level), the tile's offsets in the pooled
+    rows [K, out_h, out_w, C], the offsets of its RoI's image's channels in a map [1,
+    BLOCK_C], then the row's taps (scalars) and the columns' ([BLOCK_W])."""
+    k = tl.program_id(0) // BINS_H
+    pw = tl.arange(0, BLOCK_W)
+    c = tl.arange(0, BLOCK_C)
+    mask = (pw[:, None] < BINS_W) & (c[None, :] < channels) & (tl.load(levels + k) == level)
+    tile = (tl.program_id(0) * BINS_W + pw[:, None]) * channels + c[None, :]
+    origin = tl.load(rois + k * 5).to(tl.int64) * stride_n + c[None, :] * stride_c
+    y0, y1, y2, y3, wy0, wy1, wy2, wy3 = _taps(
+        tl.load(rois + k * 5 + 2) * scale, tl.load(rois + k * 5 + 4) * scale, height + 0.0,
+        tl.program_id(0) % BINS_H, BINS_H)
+    x0, x1, x2, x3, wx0, wx1, wx2, wx3 = _taps(
+        tl.load(rois + k * 5 + 1) * scale, tl.load(rois + k * 5 + 3) * scale, width + 0.0, pw,
+        BINS_W)
+    return (mask, tile, origin, y0, y1, y2, y3, wy0, wy1, wy2, wy3, x0, x1, x2, x3, wx0, wx1,
+            wx2, wx3)
 
 
 @triton.jit
-def _gather(row, x, weight, stride_w, mask):
-    """The pixels at columns ``x`` [BLOCK_W] of a row (pointers [1, BLOCK_C] to its channels),
-    weighted [BLOCK_W] in fp32; none loaded where the weight is 0."""
-    values = tl.load(row + x[:, None] * stride_w, mask=mask & (weight != 0.0)[:, None],
-                     other=0.0)
-    return weight[:, None] * values.to(tl.float32)
+def _tap(row, x, weight, grad, stride_w, mask, SCATTER: tl.constexpr):
+    """The pixels at columns ``x`` [BLOCK_W] of a row (pointers [1, BLOCK_C] to its
+    channels), ``weight`` [BLOCK_W] each, nothing touched where it is 0: with ``SCATTER``,
+    ``grad`` [BLOCK_W, BLOCK_C] times the weight added to them (zeros returned); else the
+    pixels times the weight, in fp32."""
+    at = row + x[:, None] * stride_w
+    live = mask & (weight != 0.0)[:, None]
+    if SCATTER:
+        tl.atomic_add(at, weight[:, None] * grad, mask=live, sem="relaxed")
+        result = tl.zeros(at.shape, tl.float32)
+    else:
+        result = weight[:, None] * tl.load(at, mask=live, other=0.0).to(tl.float32)
+    return result
 
 
 @triton.jit
-def _gather_row(row, wy, x0, x1, x2, x3, wx0, wx1, wx2, wx3, stride_w, mask):
-    """A row tap of weight ``wy``: its pixels at the four column taps, weighted."""
-    return (_gather(row, x0, wy * wx0, stride_w, mask) + _gather(row, x1, wy * wx1, stride_w, mask)
-            + _gather(row, x2, wy * wx2, stride_w, mask)
-            + _gather(row, x3, wy * wx3, stride_w, mask))
+def _row(row, wy, x0, x1, x2, x3, wx0, wx1, wx2, wx3, grad, stride_w, mask,
+         SCATTER: tl.constexpr):
+    """:func:`_tap` at a row tap of weight ``wy`` and the four column taps; their sum."""
+    return (_tap(row, x0, wy * wx0, grad, stride_w, mask, SCATTER)
+            + _tap(row, x1, wy * wx1, grad, stride_w, mask, SCATTER)
+            + _tap(row, x2, wy * wx2, grad, stride_w, mask, SCATTER)
+            + _tap(row, x3, wy * wx3, grad, stride_w, mask, SCATTER))
 
 
 @triton.jit
-def _scatter(row, x, weight, grad, stride_w, mask):
-    """``grad`` [BLOCK_W, BLOCK_C] times ``weight`` [BLOCK_W] added to the pixels at columns
-    ``x`` of a row; nothing where the weight is 0."""
-    tl.atomic_add(row + x[:, None] * stride_w, weight[:, None] * grad,
-                  mask=mask & (weight != 0.0)[:, None], sem="relaxed")
-
-
-@triton.jit
-def _scatter_row(row, wy, x0, x1, x2, x3, wx0, wx1, wx2, wx3, grad, stride_w, mask):
-    """A row tap of weight ``wy``: ``grad`` added to its pixels at the four column taps."""
-    _scatter(row, x0, wy * wx0, grad, stride_w, mask)
-    _scatter(row, x1, wy * wx1, grad, stride_w, mask)
-    _scatter(row, x2, wy * wx2, grad, stride_w, mask)
-    _scatter(row, x3, wy * wx3, grad, stride_w, mask)
+def _bins(base, y0, y1, y2, y3, wy0, wy1, wy2, wy3, x0, x1, x2, x3, wx0, wx1, wx2, wx3, grad,
+          stride_h, stride_w, mask, SCATTER: tl.constexpr):
+    """:func:`_row` at each of the four row taps (``base`` the image's channels [1,
+    BLOCK_C]): the bins' weighted sums of their pixels, or their gradients added."""
+    return (_row(base + y0 * stride_h, wy0, x0, x1, x2, x3, wx0, wx1, wx2, wx3, grad, stride_w,
+                 mask, SCATTER)
+            + _row(base + y1 * stride_h, wy1, x0, x1, x2, x3, wx0, wx1, wx2, wx3, grad,
+                   stride_w, mask, SCATTER)
+            + _row(base + y2 * stride_h, wy2, x0, x1, x2, x3, wx0, wx1, wx2, wx3, grad,
+                   stride_w, mask, SCATTER)
+            + _row(base + y3 * stride_h, wy3, x0, x1, x2, x3, wx0, wx1, wx2, wx3, grad,
+                   stride_w, mask, SCATTER))
 
 
 @triton.jit(do_not_specialize=_SIZES)
-def _forward(features, rois, levels, out, level, height, width, scale, stride_n, stride_c,
-             stride_h, stride_w, channels, BINS_H: tl.constexpr, BINS_W: tl.constexpr,
-             BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
-    k = tl.program_id(0) // BINS_H
-    ph = tl.program_id(0) % BINS_H
-    on_level, image, left, top, right, bottom = _roi(rois, levels, k, level, scale)
-    pw = tl.arange(0, BLOCK_W)
-    c = tl.arange(0, BLOCK_C)
-    mask = (pw[:, None] < BINS_W) & (c[None, :] < channels) & on_level
-    y0, y1, y2, y3, wy0, wy1, wy2, wy3 = _taps(top, bottom, height + 0.0, ph, BINS_H)
-    x0, x1, x2, x3, wx0, wx1, wx2, wx3 = _taps(left, right, width + 0.0, pw, BINS_W)
-    base = features + image * stride_n + c[None, :] * stride_c
-    acc = _gather_row(base + y0 * stride_h, wy0, x0, x1, x2, x3, wx0, wx1, wx2, wx3,
-                      stride_w, mask)
-    acc += _gather_row(base + y1 * stride_h, wy1, x0, x1, x2, x3, wx0, wx1, wx2, wx3,
-                       stride_w, mask)
-    acc += _gather_row(base + y2 * stride_h, wy2, x0, x1, x2, x3, wx0, wx1, wx2, wx3,
-                       stride_w, mask)
-    acc += _gather_row(base + y3 * stride_h, wy3, x0, x1, x2, x3, wx0, wx1, wx2, wx3,
-                       stride_w, mask)
-    at = out + (tl.program_id(0) * BINS_W + pw[:, None]) * channels + c[None, :]
-    tl.store(at, (acc / 4).to(out.dtype.element_ty), mask=mask)
+def _roi_align(maps, rois, levels, rows, level, height, width, scale, stride_n, stride_c,
+               stride_h, stride_w, channels, BINS_H: tl.constexpr, BINS_W: tl.constexpr,
+               BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr, SCATTER: tl.constexpr):
+    """One level's RoIs: pooled into ``rows`` [K, out_h, out_w, C] from ``maps``, or with
+    ``SCATTER`` their gradients ``rows`` added into the gradient tables ``maps``."""
+    mask, tile, origin, y0, y1, y2, y3, wy0, wy1, wy2, wy3, x0, x1, x2, x3, wx0, wx1, wx2, wx3 = \
+        _bin_row(rois, levels, level, height, width, scale, stride_n, stride_c, channels,
+                 BINS_H, BINS_W, BLOCK_W, BLOCK_C)
+    if SCATTER:
+        g = tl.load(rows + tile, mask=mask, other=0.0).to(tl.float32) / 4
+        _bins(maps + origin, y0, y1, y2, y3, wy0, wy1, wy2, wy3, x0, x1, x2, x3, wx0, wx1, wx2,
+              wx3, g, stride_h, stride_w, mask, SCATTER=True)
+    else:
+        acc = _bins(maps + origin, y0, y1, y2, y3, wy0, wy1, wy2, wy3, x0, x1, x2, x3, wx0, wx1,
+                    wx2, wx3, 0.0, stride_h, stride_w, mask, SCATTER=False)
+        tl.store(rows + tile, (acc / 4).to(rows.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=_SIZES)
-def _backward(grads, rois, levels, grad_out, level, height, width, scale, stride_n, stride_c,
-              stride_h, stride_w, channels, BINS_H: tl.constexpr, BINS_W: tl.constexpr,
-              BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr):
-    k = tl.program_id(0) // BINS_H
-    ph = tl.program_id(0) % BINS_H
-    on_level, image, left, top, right, bottom = _roi(rois, levels, k, level, scale)
-    pw = tl.arange(0, BLOCK_W)
-    c = tl.arange(0, BLOCK_C)
-    mask = (pw[:, None] < BINS_W) & (c[None, :] < channels) & on_level
-    at = grad_out + (tl.program_id(0) * BINS_W + pw[:, None]) * channels + c[None, :]
-    g = tl.load(at, mask=mask, other=0.0).to(tl.float32) / 4
-    y0, y1, y2, y3, wy0, wy1, wy2, wy3 = _taps(top, bottom, height + 0.0, ph, BINS_H)
-    x0, x1, x2, x3, wx0, wx1, wx2, wx3 = _taps(left, right, width + 0.0, pw, BINS_W)
-    base = grads + image * stride_n + c[None, :] * stride_c
-    _scatter_row(base + y0 * stride_h, wy0, x0, x1, x2, x3, wx0, wx1, wx2, wx3, g, stride_w,
-                 mask)
-    _scatter_row(base + y1 * stride_h, wy1, x0, x1, x2, x3, wx0, wx1, wx2, wx3, g, stride_w,
-                 mask)
-    _scatter_row(base + y2 * stride_h, wy2, x0, x1, x2, x3, wx0, wx1, wx2, wx3, g, stride_w,
-                 mask)
-    _scatter_row(base + y3 * stride_h, wy3, x0, x1, x2, x3, wx0, wx1, wx2, wx3, g, stride_w,
-                 mask)
-
-
-def _launch(kernel, maps: list[torch.Tensor], rois: torch.Tensor, levels: torch.Tensor,
+def _launch(maps: list[torch.Tensor], rois: torch.Tensor, levels: torch.Tensor,
             rows: torch.Tensor, scales: list[float], output_size: list[int],
-            channels: int) -> None:
-    """``kernel`` once per level on ``maps`` (the levels, or their gradients' tables), with
-    ``rows`` [K, out_h, out_w, C] the pooled output or its gradient."""
+            scatter: bool) -> None:
+    """:func:`_roi_align` once per level on ``maps`` (the levels, or with ``scatter`` their
+    gradients' tables), with ``rows`` [K, out_h, out_w, C] the pooled output or its
+    gradient."""
     bins_h, bins_w = output_size
     if not len(rois):
         return
+    channels = rows.shape[-1]
     block_c = triton.next_power_of_2(channels)
     for level, (m, scale) in enumerate(zip(maps, scales, strict=True)):
         n, c, h, w = m.stride()
-        kernel[(len(rois) * bins_h,)](
+        _roi_align[(len(rois) * bins_h,)](
             m, rois, levels, rows, level, m.shape[2], m.shape[3], float(scale), n, c, h, w,
             channels, BINS_H=bins_h, BINS_W=bins_w,
-            BLOCK_W=triton.next_power_of_2(bins_w), BLOCK_C=block_c,
+            BLOCK_W=triton.next_power_of_2(bins_w), BLOCK_C=block_c, SCATTER=scatter,
             num_warps=4 if block_c * bins_w <= 2048 else 8, enable_fp_fusion=False)
 
 
 @torch.library.custom_op("maskrcnn::roi_align_fpn", mutates_args=())
 def _roi_align_fpn(features: list[torch.Tensor], rois: torch.Tensor, levels: torch.Tensor,
                    scales: list[float], output_size: list[int]) -> torch.Tensor:
-    channels = features[0].shape[1]
-    out = features[0].new_empty(len(rois), *output_size, channels)
-    _launch(_forward, features, rois, levels, out, scales, output_size, channels)
+    out = features[0].new_empty(len(rois), *output_size, features[0].shape[1])
+    _launch(features, rois, levels, out, scales, output_size, scatter=False)
     return out
 
 
@@ -191,8 +185,7 @@ def _roi_align_fpn_backward(grad: torch.Tensor, features: list[torch.Tensor],
                             rois: torch.Tensor, levels: torch.Tensor, scales: list[float],
                             output_size: list[int]) -> list[torch.Tensor]:
     tables = [torch.zeros_like(f, dtype=torch.float32) for f in features]
-    _launch(_backward, tables, rois, levels, grad.contiguous(), scales, output_size,
-            features[0].shape[1])
+    _launch(tables, rois, levels, grad.contiguous(), scales, output_size, scatter=True)
     return [t.to(f.dtype) for t, f in zip(tables, features, strict=True)]
 
 
