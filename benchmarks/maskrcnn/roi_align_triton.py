@@ -22,15 +22,16 @@ import triton.language as tl
 from benchmarks.maskrcnn.roi_align import SAMPLING_RATIO
 
 # the maps' sizes change with the padded image size: not specialised on, so that no variant is
-# compiled inside a timed step; their strides are (in channels-last memory, multiples of the
-# channels, so 16-byte aligned rows and vector loads for any size)
+# compiled inside a timed step; their strides are specialised on (in channels-last memory they
+# are multiples of the channels for any size: 16-byte aligned rows, vector loads)
 _SIZES = ["level", "height", "width"]
 
 
 @triton.jit
 def _sample(start, bin_size, size, index, SAMPLE: tl.constexpr):
-    """One sample of bin ``index`` (of ``RATIO`` = 2 per bin) along an axis of ``size``
-    pixels: its two neighbours (int32) and their bilinear weights, zero out of the map."""
+    """Sample ``SAMPLE`` (0 or 1: the reference's sampling ratio 2) of bin ``index`` along an
+    axis of ``size`` pixels: its two neighbours (int32) and their bilinear weights, zero out
+    of the map."""
     pos = start + index.to(tl.float32) * bin_size + tl.div_rn((SAMPLE + 0.5) * bin_size, 2.0)
     inside = (pos >= -1.0) & (pos <= size)
     pos = tl.maximum(pos, 0.0)
