@@ -30,7 +30,7 @@
 # (--backward-before-sync; one process only, so not in the 8-GPU config): +5.6% img/s in
 # the mean of 4 same-process pairs on one H100 (+11.6, +8.4, +0.6, +1.7%; session 29); its
 # GPU test and a fixture run on one H100 passed (docs/performance.md, Mask R-CNN).
-# And RoIAlign as two Triton kernels (--roi-align triton; its backward adds into one fp32 table
+# And RoIAlign as a Triton kernel (--roi-align triton; its backward adds into one fp32 table
 # per level, where the compiled reference path adds into bf16 tables): at batch 48 on one H100
 # 337.3 img/s against 328.3 without (+2.7%, torchvision eager 88.3-88.5 in the same process),
 # at batch 8 246.4 and 250.7 against 242.0 (+1.8, +3.6%); the fixture reached both targets with

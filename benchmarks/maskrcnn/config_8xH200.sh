@@ -26,7 +26,7 @@
 # (--aligned-outputs): 1.47 ms (4.6%) less kernel time a step on one H100, where unaligned
 # tensor-core kernels took 0.2-0.3 ms for 1x1 convolutions of a few microseconds' arithmetic;
 # the fixture reached both targets with it on one H100 at two seeds (session 29).
-# And RoIAlign as two Triton kernels (--roi-align triton; its backward adds into one fp32 table
+# And RoIAlign as a Triton kernel (--roi-align triton; its backward adds into one fp32 table
 # per level, where the compiled reference path adds into bf16 tables): at batch 48 on one H100
 # 337.3 img/s against 328.3 without (+2.7%, torchvision eager 88.3-88.5 in the same process),
 # at batch 8 246.4 and 250.7 against 242.0 (+1.8, +3.6%); the fixture reached both targets with

@@ -56,11 +56,11 @@ def _taps(start, end, size, index, BINS: tl.constexpr):
     # the second sample is not before the first: it shares the first's low pixel (and then
     # its high one) or only the first's high pixel, or none
     same_low = p2 == p0
-    shares_high = same_low | (p2 == p1)
+    low_is_high = p2 == p1
     w0 = tl.where(same_low, w0 + w2, w0)
-    w1 = tl.where(same_low, w1 + w3, tl.where(p2 == p1, w1 + w2, w1))
+    w1 = tl.where(same_low, w1 + w3, tl.where(low_is_high, w1 + w2, w1))
     w3 = tl.where(same_low, 0.0, w3)
-    w2 = tl.where(shares_high, 0.0, w2)
+    w2 = tl.where(same_low | low_is_high, 0.0, w2)
     return p0, p1, p2, p3, w0, w1, w2, w3
 
 

@@ -33,11 +33,14 @@ RPN's proposal selection (``--compile-proposals``); ``ours-early-box`` and
 one fused kernel (``--fused-sgd``), ``ours-early-box-sgd`` is ``ours-early-box`` with it;
 ``ours-aligned`` is ``ours-early-box-sgd`` with the RPN's, box predictor's and mask
 predictor's output counts padded to multiples of 8 (``--aligned-outputs``; the 8xH200
-config's step), ``ours-aligned-proposals`` that with ``--compile-proposals``,
-``ours-early-backward`` (the 1xH100 config's step) that with the RPN's and box losses'
-backward before the sampler's sync (``--backward-before-sync``), ``ours-1xh100`` that with
-the 1xH100 config's 6000 proposals per batch (``--rpn-fpn-post-nms-top-n-train``), for its
-batch of 48 (at the default 2000, 48 images would share 2000 proposals);
+config's step until session 31), ``ours-aligned-proposals`` that with
+``--compile-proposals``, ``ours-early-backward`` (the 1xH100 config's step until session 31)
+that with the RPN's and box losses' backward before the sampler's sync
+(``--backward-before-sync``), ``ours-roi-triton`` (the 1xH100 config's step) that with
+RoIAlign as a Triton kernel (``--roi-align triton``), ``ours-1xh100`` and
+``ours-1xh100-roi-triton`` those two with the 1xH100 config's 6000 proposals per batch
+(``--rpn-fpn-post-nms-top-n-train``), for its batch of 48 (at the default 2000, 48 images
+would share 2000 proposals);
 ``ours-tuned-streams-nms`` is ``ours-compile-streams-nms`` under ``--compile tuned`` (Inductor's
 coordinate-descent tuning of each fused kernel).
 The baselines are torchvision's ``MaskRCNN`` on a ResNet-50 FPN, trained as torchvision's
@@ -83,9 +86,12 @@ EARLY_BOX_SGD = (*HEAD_GRAPHS, "--compile-losses", "--box-head-before-sync", "--
 # the 8xH200 config's step until session 31, without --roi-align triton (the 1xH100 config's
 # added --backward-before-sync)
 ALIGNED = (*EARLY_BOX_SGD, "--aligned-outputs")
-# the 1xH100 config's step until session 31 (ours-roi-triton adds the config's --roi-align
-# triton; ours-1xh100 and ours-1xh100-roi-triton are the same at the config's 6000 proposals)
+# the 1xH100 config's step until session 31
 EARLY_BACKWARD = (*ALIGNED, "--backward-before-sync")
+# the 1xH100 config's step
+ROI_TRITON = (*EARLY_BACKWARD, "--roi-align", "triton")
+# the 1xH100 config's proposals per batch, for its batch of 48
+PROPOSALS_1XH100 = ("--rpn-fpn-post-nms-top-n-train", "6000")
 # variant -> workload flags of the workload's step
 OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-per-image": ("--fpn-post-nms-per-image",), "ours-fold": ("--fold-frozen-bn",),
@@ -110,10 +116,9 @@ OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-aligned": ALIGNED,
         "ours-aligned-proposals": (*ALIGNED, "--compile-proposals"),
         "ours-early-backward": EARLY_BACKWARD,
-        "ours-1xh100": (*EARLY_BACKWARD, "--rpn-fpn-post-nms-top-n-train", "6000"),
-        "ours-roi-triton": (*EARLY_BACKWARD, "--roi-align", "triton"),
-        "ours-1xh100-roi-triton": (*EARLY_BACKWARD, "--rpn-fpn-post-nms-top-n-train", "6000",
-                                   "--roi-align", "triton"),
+        "ours-1xh100": (*EARLY_BACKWARD, *PROPOSALS_1XH100),
+        "ours-roi-triton": ROI_TRITON,
+        "ours-1xh100-roi-triton": (*ROI_TRITON, *PROPOSALS_1XH100),
         "ours-tuned-streams-nms": ("--fold-frozen-bn", "--channels-last", "--compile",
                                    "tuned", "--loss-streams", "--nms", "triton")}
 # variant -> whether torchvision's model runs through torch.compile

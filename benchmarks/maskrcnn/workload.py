@@ -154,7 +154,7 @@ class MaskRCNNWorkload(Workload):
                             "syncs (CUDA only; the same result)")
         p.add_argument("--roi-align", choices=("reference", "triton"), default="reference",
                        help="the box and mask heads' RoIAlign: the pure-PyTorch reference, or "
-                            "two Triton kernels whose backward adds into one fp32 table per "
+                            "a Triton kernel whose backward adds into one fp32 table per "
                             "level (CUDA only; the same result to fp32 rounding)")
         p.add_argument("--loss-streams", action=argparse.BooleanOptionalAction, default=False,
                        help="compute the RPN, box and mask losses each on a CUDA stream of "

@@ -389,16 +389,23 @@ def test_compiled_losses_and_proposals_take_the_graphed_steps_losses():
         same_steps(plain, fast, plain.warm_up_batches(2)[:2])
 
 
+def graphed_argv(*extra: str) -> list[str]:
+    """The tiny config with the 8xH200 config's switches (before ``--roi-align triton``) and
+    ``extra``, over two padded sizes."""
+    argv = [*TINY, "--compile", "default", "--size-buckets", "2", "--fold-frozen-bn",
+            "--channels-last", "--loss-streams", "--nms", "triton", "--backbone-graphs",
+            "--head-graphs", *MULTIPLES, "--compile-losses", "--box-head-before-sync",
+            "--aligned-outputs", *extra]
+    argv[argv.index("--max-size") + 1] = "128"
+    return argv
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_backward_before_the_sync_takes_the_graphed_steps_losses():
     """The GPU configs' step with ``--backward-before-sync`` against it without (6 steps over
     two padded sizes, as above): the backward in two parts through the graphed regions."""
-    argv = [*TINY, "--compile", "default", "--size-buckets", "2", "--fold-frozen-bn",
-            "--channels-last", "--loss-streams", "--nms", "triton", "--backbone-graphs",
-            "--head-graphs", *MULTIPLES, "--compile-losses", "--box-head-before-sync",
-            "--aligned-outputs"]
-    argv[argv.index("--max-size") + 1] = "128"
+    argv = graphed_argv()
     with torch._inductor.config.patch(fallback_random=True):
         plain = build_cuda(argv)
         fast = build_cuda([*argv, "--backward-before-sync"])
@@ -415,11 +422,7 @@ def test_triton_roi_align_takes_the_graphed_steps_losses():
     from the eager one by 7.5e-6), which flips a few ReLUs of this tiny mask head of about
     ten RoIs: its gradients moved by up to 5e-3 of their largest in one step of six. A wrong
     tap or level moves them by their whole size."""
-    argv = [*TINY, "--compile", "default", "--size-buckets", "2", "--fold-frozen-bn",
-            "--channels-last", "--loss-streams", "--nms", "triton", "--backbone-graphs",
-            "--head-graphs", *MULTIPLES, "--compile-losses", "--box-head-before-sync",
-            "--aligned-outputs", "--backward-before-sync"]
-    argv[argv.index("--max-size") + 1] = "128"
+    argv = graphed_argv("--backward-before-sync")
     with torch._inductor.config.patch(fallback_random=True):
         plain = build_cuda(argv)
         fast = build_cuda([*argv, "--roi-align", "triton"])
