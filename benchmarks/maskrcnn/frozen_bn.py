@@ -7,6 +7,11 @@ feature map by fp32 buffers, so under autocast every bf16 map of the backbone be
 and bias ``shift``, made at each forward from the buffers: autograd gives ``conv.weight`` its
 exact gradient, the output stays in the autocast dtype, and module names, state dict and
 checkpoint loading are the plain model's.
+
+With ``--fused-conv-relu`` a folded convolution, its shift, the residual and the ReLU after
+it are one cuDNN kernel (:func:`fused_conv_frozen_bn_relu`, :mod:`common.conv_relu`); the
+plain and folded paths add and apply the ReLU after the convolution
+(:func:`conv_frozen_bn_relu`).
 """
 
 from __future__ import annotations
@@ -17,7 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.conv_relu import conv_bias_relu
+
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from benchmarks.maskrcnn.model import FrozenBatchNorm2d
 
 
@@ -32,3 +41,18 @@ def folded_conv_frozen_bn(conv: nn.Conv2d, bn: FrozenBatchNorm2d, x: torch.Tenso
     scale, shift = bn.scale_shift()
     return F.conv2d(x, conv.weight * scale[:, None, None, None], shift, conv.stride,
                     conv.padding, conv.dilation, conv.groups)
+
+
+def conv_frozen_bn_relu(conv_bn: Callable, conv: nn.Conv2d, bn: FrozenBatchNorm2d,
+                        x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``relu(conv_bn(conv, bn, x) [+ residual])`` for the plain or folded ``conv_bn``."""
+    y = conv_bn(conv, bn, x)
+    return F.relu(y if residual is None else y + residual)
+
+
+def fused_conv_frozen_bn_relu(conv: nn.Conv2d, bn: FrozenBatchNorm2d, x: torch.Tensor,
+                              residual: torch.Tensor | None = None) -> torch.Tensor:
+    """The folded convolution, its shift, ``residual`` and the ReLU as one cuDNN kernel."""
+    scale, shift = bn.scale_shift()
+    return conv_bias_relu(x, conv.weight * scale[:, None, None, None], shift, residual,
+                          conv.stride[0], conv.padding[0])

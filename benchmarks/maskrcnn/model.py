@@ -39,17 +39,20 @@ every bias 0.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.maskrcnn import frozen_bn
 from benchmarks.maskrcnn.anchors import ASPECT_RATIOS
-from benchmarks.maskrcnn.frozen_bn import conv_frozen_bn, folded_conv_frozen_bn
 from benchmarks.maskrcnn.roi_align import BOX_RESOLUTION, MASK_RESOLUTION, Pooler
 from common import aligned_outputs
+from common.conv_relu import conv_bias_relu, conv_relu, plain_conv_relu
 from common.errors import UserError
+from common.stem import space_to_depth
 
 NUM_CLASSES = 81                    # 80 COCO categories and background
 STAGE_BLOCKS = (3, 4, 6, 3)         # ResNet-50's bottlenecks in layer1..layer4
@@ -61,6 +64,7 @@ FPN_CHANNELS = 256
 NUM_ANCHORS = len(ASPECT_RATIOS)    # anchors per location and level
 MLP_HEAD_DIM = 1024
 MASK_CONV_LAYERS = (256, 256, 256, 256)
+STEM_CHANNELS = 16                  # --space-to-depth: the stem's 12 input channels padded
 EXPANSION = 4                       # a bottleneck's output channels over its width
 
 
@@ -120,14 +124,23 @@ def _conv(cin: int, cout: int, kernel: int, stride: int = 1) -> nn.Conv2d:
                                       bias=False))
 
 
+def _conv_bn_relu(conv_bn, fused: bool):
+    """``(conv, bn, x, residual=None) -> relu(conv_bn(conv, bn, x) [+ residual])``: one cuDNN
+    kernel if ``fused`` (the batch norm folded), else ``conv_bn`` then the add and ReLU."""
+    return (frozen_bn.fused_conv_frozen_bn_relu if fused
+            else functools.partial(frozen_bn.conv_frozen_bn_relu, conv_bn))
+
+
 class Bottleneck(nn.Module):
     """1x1, 3x3, 1x1 convolutions, each with frozen batch norm, plus a residual that a
     strided 1x1 projection carries where the width changes."""
 
     def __init__(self, cin: int, mid: int, cout: int, stride: int, stride_in_1x1: bool,
-                 fold_frozen_bn: bool = False):
+                 fold_frozen_bn: bool = False, fused_conv_relu: bool = False):
         super().__init__()
-        self.conv_bn = folded_conv_frozen_bn if fold_frozen_bn else conv_frozen_bn
+        self.conv_bn = (frozen_bn.folded_conv_frozen_bn if fold_frozen_bn
+                        else frozen_bn.conv_frozen_bn)
+        self.conv_bn_relu = _conv_bn_relu(self.conv_bn, fused_conv_relu)
         stride_1x1, stride_3x3 = (stride, 1) if stride_in_1x1 else (1, stride)
         self.conv1 = _conv(cin, mid, 1, stride_1x1)
         self.bn1 = FrozenBatchNorm2d(mid)
@@ -139,11 +152,10 @@ class Bottleneck(nn.Module):
                            if cin != cout else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.relu(self.conv_bn(self.conv1, self.bn1, x))
-        out = F.relu(self.conv_bn(self.conv2, self.bn2, out))
-        out = self.conv_bn(self.conv3, self.bn3, out)
+        out = self.conv_bn_relu(self.conv1, self.bn1, x)
+        out = self.conv_bn_relu(self.conv2, self.bn2, out)
         shortcut = x if self.downsample is None else self.conv_bn(*self.downsample, x)
-        return F.relu(out + shortcut)
+        return self.conv_bn_relu(self.conv3, self.bn3, out, shortcut)
 
 
 class ResNet50(nn.Module):
@@ -152,9 +164,15 @@ class ResNet50(nn.Module):
     (``4 * width * 2^k`` in general)."""
 
     def __init__(self, stride_in_1x1: bool = False, freeze_at: int = FREEZE_AT,
-                 width: int = WIDTH, fold_frozen_bn: bool = False):
+                 width: int = WIDTH, fold_frozen_bn: bool = False,
+                 fused_conv_relu: bool = False, space_to_depth: bool = False):
         super().__init__()
-        self.conv_bn = folded_conv_frozen_bn if fold_frozen_bn else conv_frozen_bn
+        if (fused_conv_relu or space_to_depth) and not fold_frozen_bn:
+            raise ValueError("fused_conv_relu and space_to_depth need fold_frozen_bn")
+        self.conv_bn = (frozen_bn.folded_conv_frozen_bn if fold_frozen_bn
+                        else frozen_bn.conv_frozen_bn)
+        self.conv_bn_relu = _conv_bn_relu(self.conv_bn, fused_conv_relu)
+        self.fused_conv_relu, self.space_to_depth = fused_conv_relu, space_to_depth
         self.conv1 = _conv(3, width, 7, stride=2)
         self.bn1 = FrozenBatchNorm2d(width)
         cin = width
@@ -162,9 +180,10 @@ class ResNet50(nn.Module):
             mid = width * 2 ** (index - 1)
             cout = EXPANSION * mid
             stride = 1 if index == 1 else 2
-            layer = [Bottleneck(cin, mid, cout, stride, stride_in_1x1, fold_frozen_bn)]
-            layer += [Bottleneck(cout, mid, cout, 1, stride_in_1x1, fold_frozen_bn)
-                      for _ in range(blocks - 1)]
+            layer = [Bottleneck(cin, mid, cout, stride, stride_in_1x1, fold_frozen_bn,
+                                fused_conv_relu)]
+            layer += [Bottleneck(cout, mid, cout, 1, stride_in_1x1, fold_frozen_bn,
+                                 fused_conv_relu) for _ in range(blocks - 1)]
             self.add_module(f"layer{index}", nn.Sequential(*layer))
             cin = cout
         self.out_channels = tuple(EXPANSION * width * 2 ** k for k in range(len(STAGE_BLOCKS)))
@@ -177,8 +196,21 @@ class ResNet50(nn.Module):
         return [[self.conv1, self.bn1], [self.layer1], [self.layer2], [self.layer3],
                 [self.layer4]]
 
+    def stem(self, x: torch.Tensor) -> torch.Tensor:
+        """``relu(bn1(conv1(x)))``; with ``space_to_depth`` the folded 7x7 stride-2
+        convolution as a 4x4 one over 2x2 pixel blocks (:mod:`common.stem`: cuDNN's kernels
+        for 3 input channels are slow)."""
+        if not self.space_to_depth:
+            return self.conv_bn_relu(self.conv1, self.bn1, x)
+        scale, shift = self.bn1.scale_shift()
+        x, weight = space_to_depth(x, self.conv1.weight * scale[:, None, None, None],
+                                   STEM_CHANNELS)
+        if self.fused_conv_relu:
+            return conv_bias_relu(x, weight, shift)
+        return F.relu(F.conv2d(x, weight, shift))
+
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-        x = F.relu(self.conv_bn(self.conv1, self.bn1, x))
+        x = self.stem(x)
         x = F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
         features = []
         for layer in (self.layer1, self.layer2, self.layer3, self.layer4):
@@ -226,16 +258,17 @@ class RPNHead(nn.Module):
     1x1 convolutions as one of aligned outputs (:mod:`common.aligned_outputs`)."""
 
     def __init__(self, channels: int = FPN_CHANNELS, num_anchors: int = NUM_ANCHORS,
-                 aligned: bool = False):
+                 aligned: bool = False, fused_conv_relu: bool = False):
         super().__init__()
         self.conv = _normal(nn.Conv2d(channels, channels, 3, padding=1), 0.01)
         self.cls_logits = _normal(nn.Conv2d(channels, num_anchors, 1), 0.01)
         self.bbox_pred = _normal(nn.Conv2d(channels, 4 * num_anchors, 1), 0.01)
         self.aligned = aligned
+        self.conv_relu = conv_relu if fused_conv_relu else plain_conv_relu
 
     def forward(self, levels: list[torch.Tensor]
                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        hidden = [F.relu(self.conv(x)) for x in levels]
+        hidden = [self.conv_relu(self.conv, x) for x in levels]
         if self.aligned:
             outputs = [aligned_outputs.conv1x1(h, (self.cls_logits, self.bbox_pred))
                        for h in hidden]
@@ -281,16 +314,18 @@ class MaskFeatureExtractor(nn.Module):
     """The reference's ``MaskRCNNFPNFeatureExtractor``: ``forward(levels, rois [K, 5])`` ->
     ``[K, 256, 14, 14]``, RoIAlign 14x14 on P2..P5 then four 3x3 convolutions with ReLU."""
 
-    def __init__(self, channels: int = FPN_CHANNELS, layers: tuple[int, ...] = MASK_CONV_LAYERS):
+    def __init__(self, channels: int = FPN_CHANNELS, layers: tuple[int, ...] = MASK_CONV_LAYERS,
+                 fused_conv_relu: bool = False):
         super().__init__()
         self.pooler = Pooler(MASK_RESOLUTION)
         self.convs = nn.ModuleList(_msra(nn.Conv2d(cin, cout, 3, padding=1))
                                    for cin, cout in zip((channels, *layers[:-1]), layers))
+        self.conv_relu = conv_relu if fused_conv_relu else plain_conv_relu
 
     def forward(self, levels: list[torch.Tensor], rois: torch.Tensor) -> torch.Tensor:
         x = self.pooler(levels[:len(self.pooler.scales)], rois)
         for conv in self.convs:
-            x = F.relu(conv(x))
+            x = self.conv_relu(conv, x)
         return x
 
 
@@ -323,21 +358,28 @@ class MaskRCNN(nn.Module):
     ``box_head_dim`` the width of fc6 and fc7, ``mask_head_dim`` that of the mask head's four
     convolutions and its transposed convolution; the defaults are the reference's.
     ``fold_frozen_bn`` folds the backbone's batch norm into its convolutions;
-    ``aligned_outputs`` computes the RPN head's, box predictor's and mask predictor's outputs
-    with output counts padded to multiples of 8 (:mod:`common.aligned_outputs`)."""
+    ``fused_conv_relu`` (with it) runs every convolution followed by a ReLU (the backbone's,
+    with their shift and residual, the RPN head's, the mask head's four) as one cuDNN kernel
+    (:mod:`common.conv_relu`); ``space_to_depth`` (with it) the stem's convolution over 2x2
+    pixel blocks (:meth:`ResNet50.stem`); ``aligned_outputs`` computes the RPN head's, box
+    predictor's and mask predictor's outputs with output counts padded to multiples of 8
+    (:mod:`common.aligned_outputs`)."""
 
     def __init__(self, stride_in_1x1: bool = False, num_classes: int = NUM_CLASSES,
                  width: int = WIDTH, fpn_channels: int = FPN_CHANNELS,
                  box_head_dim: int = MLP_HEAD_DIM, mask_head_dim: int = MASK_CONV_LAYERS[-1],
-                 fold_frozen_bn: bool = False, aligned_outputs: bool = False):
+                 fold_frozen_bn: bool = False, aligned_outputs: bool = False,
+                 fused_conv_relu: bool = False, space_to_depth: bool = False):
         super().__init__()
-        self.backbone = ResNet50(stride_in_1x1, width=width, fold_frozen_bn=fold_frozen_bn)
+        self.backbone = ResNet50(stride_in_1x1, width=width, fold_frozen_bn=fold_frozen_bn,
+                                 fused_conv_relu=fused_conv_relu, space_to_depth=space_to_depth)
         self.fpn = FPN(self.backbone.out_channels, fpn_channels)
-        self.rpn = RPNHead(fpn_channels, aligned=aligned_outputs)
+        self.rpn = RPNHead(fpn_channels, aligned=aligned_outputs,
+                           fused_conv_relu=fused_conv_relu)
         self.box_features = BoxFeatureExtractor(fpn_channels, box_head_dim)
         self.box_predictor = BoxPredictor(box_head_dim, num_classes, aligned=aligned_outputs)
         self.mask_features = MaskFeatureExtractor(
-            fpn_channels, (mask_head_dim,) * len(MASK_CONV_LAYERS))
+            fpn_channels, (mask_head_dim,) * len(MASK_CONV_LAYERS), fused_conv_relu)
         self.mask_predictor = MaskPredictor(mask_head_dim, num_classes,
                                             aligned=aligned_outputs)
 

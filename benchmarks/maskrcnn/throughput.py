@@ -36,9 +36,13 @@ predictor's output counts padded to multiples of 8 (``--aligned-outputs``; the 8
 config's step until session 31), ``ours-aligned-proposals`` that with
 ``--compile-proposals``, ``ours-early-backward`` (the 1xH100 config's step until session 31)
 that with the RPN's and box losses' backward before the sampler's sync
-(``--backward-before-sync``), ``ours-roi-triton`` (the 1xH100 config's step) that with
-RoIAlign as a Triton kernel (``--roi-align triton``), ``ours-1xh100`` and
-``ours-1xh100-roi-triton`` those two with the 1xH100 config's 6000 proposals per batch
+(``--backward-before-sync``), ``ours-roi-triton`` (the 1xH100 config's step until session
+32) that with RoIAlign as a Triton kernel (``--roi-align triton``), ``ours-conv-relu`` that
+with each convolution's adds and ReLU in cuDNN's epilogue (``--fused-conv-relu``),
+``ours-conv-relu-s2d`` (the 1xH100 config's step) that with the stem over 2x2 pixel blocks
+(``--space-to-depth``); ``ours-1xh100``, ``ours-1xh100-roi-triton`` and
+``ours-1xh100-conv-relu-s2d`` are ``ours-early-backward``, ``ours-roi-triton`` and
+``ours-conv-relu-s2d`` with the 1xH100 config's 6000 proposals per batch
 (``--rpn-fpn-post-nms-top-n-train``), for its batch of 48 (at the default 2000, 48 images
 would share 2000 proposals);
 ``ours-tuned-streams-nms`` is ``ours-compile-streams-nms`` under ``--compile tuned`` (Inductor's
@@ -88,8 +92,12 @@ EARLY_BOX_SGD = (*HEAD_GRAPHS, "--compile-losses", "--box-head-before-sync", "--
 ALIGNED = (*EARLY_BOX_SGD, "--aligned-outputs")
 # the 1xH100 config's step until session 31
 EARLY_BACKWARD = (*ALIGNED, "--backward-before-sync")
-# the 1xH100 config's step
+# the 1xH100 config's step until session 32
 ROI_TRITON = (*EARLY_BACKWARD, "--roi-align", "triton")
+# that step with the convolutions' adds and ReLUs in cuDNN's epilogues
+CONV_RELU = (*ROI_TRITON, "--fused-conv-relu")
+# the 1xH100 config's step: that with the stem over 2x2 pixel blocks
+CONV_RELU_S2D = (*CONV_RELU, "--space-to-depth")
 # the 1xH100 config's proposals per batch, for its batch of 48
 PROPOSALS_1XH100 = ("--rpn-fpn-post-nms-top-n-train", "6000")
 # variant -> workload flags of the workload's step
@@ -119,6 +127,9 @@ OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-1xh100": (*EARLY_BACKWARD, *PROPOSALS_1XH100),
         "ours-roi-triton": ROI_TRITON,
         "ours-1xh100-roi-triton": (*ROI_TRITON, *PROPOSALS_1XH100),
+        "ours-conv-relu": CONV_RELU,
+        "ours-conv-relu-s2d": CONV_RELU_S2D,
+        "ours-1xh100-conv-relu-s2d": (*CONV_RELU_S2D, *PROPOSALS_1XH100),
         "ours-tuned-streams-nms": ("--fold-frozen-bn", "--channels-last", "--compile",
                                    "tuned", "--loss-streams", "--nms", "triton")}
 # variant -> whether torchvision's model runs through torch.compile

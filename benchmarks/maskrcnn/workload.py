@@ -134,6 +134,16 @@ class MaskRCNNWorkload(Workload):
         p.add_argument("--fold-frozen-bn", action=argparse.BooleanOptionalAction,
                        default=False, help="each backbone convolution and its frozen batch "
                        "norm as one convolution (the same result; keeps autocast's dtype)")
+        p.add_argument("--fused-conv-relu", action=argparse.BooleanOptionalAction,
+                       default=False, help="every convolution followed by a ReLU (the "
+                       "backbone's, with their folded shift and residual; the RPN head's; the "
+                       "mask head's) as one cuDNN kernel, the adds and ReLU in its epilogue "
+                       "(common/conv_relu.py; needs --fold-frozen-bn, CUDA only; the same "
+                       "result to bf16 rounding)")
+        p.add_argument("--space-to-depth", action=argparse.BooleanOptionalAction,
+                       default=False, help="the stem's 7x7 stride-2 convolution as a 4x4 one "
+                       "over 2x2 pixel blocks (common/stem.py; needs --fold-frozen-bn; the "
+                       "same result: cuDNN is slow on 3 input channels)")
         p.add_argument("--channels-last", action=argparse.BooleanOptionalAction,
                        default=False, help="images and networks in channels-last memory "
                        "(cuDNN's NHWC kernels without layout conversions)")
@@ -224,6 +234,14 @@ class MaskRCNNWorkload(Workload):
         if a.loss_streams:
             require_cuda(env.device, "--loss-streams puts the losses on CUDA streams",
                          "leave it out on the CPU")
+        for flag, on in (("--fused-conv-relu", a.fused_conv_relu),
+                         ("--space-to-depth", a.space_to_depth)):
+            if on and not a.fold_frozen_bn:
+                raise UserError(f"{flag} works on the folded convolutions: add "
+                                "--fold-frozen-bn")
+        if a.fused_conv_relu:
+            require_cuda(env.device, "--fused-conv-relu runs cuDNN's fused kernels",
+                         "leave it out on the CPU")
         for flag, multiple in (("--box-roi-multiple", a.box_roi_multiple),
                                ("--mask-roi-multiple", a.mask_roi_multiple)):
             if multiple < 0:
@@ -258,7 +276,8 @@ class MaskRCNNWorkload(Workload):
         net = MaskRCNN(num_classes=self.num_classes, width=a.width,
                        fpn_channels=a.fpn_channels, box_head_dim=a.box_head_dim,
                        mask_head_dim=a.mask_head_dim, fold_frozen_bn=a.fold_frozen_bn,
-                       aligned_outputs=a.aligned_outputs)
+                       aligned_outputs=a.aligned_outputs, fused_conv_relu=a.fused_conv_relu,
+                       space_to_depth=a.space_to_depth)
         if a.roi_align == "triton":
             require_cuda(env.device, "--roi-align triton runs CUDA kernels",
                          "use --roi-align reference on the CPU")

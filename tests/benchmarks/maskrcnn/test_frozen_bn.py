@@ -10,12 +10,14 @@ from benchmarks.maskrcnn.frozen_bn import conv_frozen_bn, folded_conv_frozen_bn
 from benchmarks.maskrcnn.model import FrozenBatchNorm2d, MaskRCNN
 
 
-def random_statistics(bn: FrozenBatchNorm2d, g: torch.Generator) -> None:
+def random_statistics(bn: FrozenBatchNorm2d, g: torch.Generator, spread: float = 1.0) -> None:
+    """Random affine terms and statistics, ``spread`` from the identity (at 1: scales 0.5 to
+    4.7, which a deep network compounds)."""
     c = len(bn.weight)
-    bn.weight.copy_(torch.rand(c, generator=g) + 0.5)
-    bn.bias.copy_(torch.randn(c, generator=g))
-    bn.running_mean.copy_(torch.randn(c, generator=g))
-    bn.running_var.copy_(torch.rand(c, generator=g) + 0.1)
+    bn.weight.copy_(spread * torch.rand(c, generator=g) + (1 - spread / 2))
+    bn.bias.copy_(spread * torch.randn(c, generator=g))
+    bn.running_mean.copy_(spread * torch.randn(c, generator=g))
+    bn.running_var.copy_(spread * torch.rand(c, generator=g) + (1 - 0.9 * spread))
 
 
 @pytest.mark.parametrize("kernel, stride", [(1, 1), (1, 2), (3, 2), (7, 2)])
@@ -66,3 +68,40 @@ def test_backbone_and_fpn_stay_in_bf16_under_autocast():
     plain = output_dtypes(MaskRCNN(**kw), images)
     assert plain["backbone.layer1.0.bn1"] == {torch.float32}
     assert plain["backbone.layer4.2"] == {torch.float32}
+
+
+@pytest.mark.parametrize("switches", [dict(fused_conv_relu=True), dict(space_to_depth=True),
+                                      dict(fused_conv_relu=True, space_to_depth=True)])
+def test_fused_conv_relu_and_space_to_depth_compute_the_folded_model(switches):
+    """``--fused-conv-relu`` and ``--space-to-depth`` against the folded model: the same FPN
+    levels, RPN and mask head outputs and trained weights' gradients (on the CPU the fused
+    operator is the plain form, so this checks the wiring and the operator's autograd; the
+    cuDNN kernels are checked in tests/common/test_conv_relu.py)."""
+    g = torch.Generator().manual_seed(5)
+    kw = dict(num_classes=4, width=4, fpn_channels=8, box_head_dim=16, mask_head_dim=8,
+              fold_frozen_bn=True)
+    nets = [MaskRCNN(**kw), MaskRCNN(**kw, **switches)]
+    for module in nets[0].modules():
+        if isinstance(module, FrozenBatchNorm2d):
+            random_statistics(module, g, spread=0.2)
+    nets[1].load_state_dict(nets[0].state_dict())
+    images = torch.randn(2, 3, 64, 96, generator=g)
+    rois = torch.tensor([[0, 4.0, 6.0, 40.0, 30.0], [1, 10.0, 2.0, 90.0, 60.0]])
+    results = []
+    for net in nets:
+        net.zero_grad()
+        levels = net.features(images)
+        objectness, deltas = net.rpn(levels)
+        masks = net.mask_features(levels, rois)
+        outputs = [*levels, *objectness, *deltas, masks]
+        sum((o * torch.linspace(-1, 1, o.numel()).view(o.shape)).sum() for o in outputs).backward()
+        results.append([*outputs, *(p.grad for p in net.parameters() if p.grad is not None)])
+    assert len(results[0]) == len(results[1])
+    for got, expected in zip(*results[::-1]):   # the stem over pixel blocks sums in
+        torch.testing.assert_close(got, expected, rtol=0,   # another order
+                                   atol=1e-5 * expected.abs().max().item())
+
+
+def test_fused_conv_relu_and_space_to_depth_need_folding():
+    with pytest.raises(ValueError, match="need fold_frozen_bn"):
+        MaskRCNN(width=4, fpn_channels=8, space_to_depth=True)

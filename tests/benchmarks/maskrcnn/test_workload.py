@@ -158,6 +158,17 @@ def test_triton_roi_align_off_cuda_is_one_line():
         build([*TINY, "--roi-align", "triton"])
 
 
+def test_fused_conv_relu_off_cuda_is_one_line():
+    with pytest.raises(UserError, match="--fused-conv-relu .* --device cuda"):
+        build([*TINY, "--fold-frozen-bn", "--fused-conv-relu"])
+
+
+@pytest.mark.parametrize("flag", ["--fused-conv-relu", "--space-to-depth"])
+def test_fused_conv_relu_and_space_to_depth_without_folding_are_one_line(flag):
+    with pytest.raises(UserError, match=f"{flag} works on the folded .* add --fold-frozen-bn"):
+        build([*TINY, flag])
+
+
 def test_loss_streams_off_cuda_is_one_line():
     with pytest.raises(UserError, match="--loss-streams .* --device cuda"):
         build([*TINY, "--loss-streams"])
@@ -426,6 +437,19 @@ def test_triton_roi_align_takes_the_graphed_steps_losses():
     with torch._inductor.config.patch(fallback_random=True):
         plain = build_cuda(argv)
         fast = build_cuda([*argv, "--roi-align", "triton"])
+        same_steps(plain, fast, plain.warm_up_batches(2)[:2], grad_tol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_conv_relu_and_space_to_depth_take_the_graphed_steps_losses():
+    """The 1xH100 config's step with ``--fused-conv-relu --space-to-depth`` against it without
+    (6 steps over two padded sizes, as above): cuDNN's fused kernels and the stem over pixel
+    blocks inside the compiled, graphed backbone and heads, forward and backward."""
+    argv = graphed_argv("--backward-before-sync", "--roi-align", "triton")
+    with torch._inductor.config.patch(fallback_random=True):
+        plain = build_cuda(argv)
+        fast = build_cuda([*argv, "--fused-conv-relu", "--space-to-depth"])
         same_steps(plain, fast, plain.warm_up_batches(2)[:2], grad_tol=2e-2)
 
 
