@@ -40,11 +40,11 @@ that with the RPN's and box losses' backward before the sampler's sync
 32) that with RoIAlign as a Triton kernel (``--roi-align triton``), ``ours-conv-relu`` that
 with each convolution's adds and ReLU in cuDNN's epilogue (``--fused-conv-relu``),
 ``ours-conv-relu-s2d`` (the 1xH100 config's step) that with the stem over 2x2 pixel blocks
-(``--space-to-depth``); ``ours-1xh100``, ``ours-1xh100-roi-triton`` and
-``ours-1xh100-conv-relu-s2d`` are ``ours-early-backward``, ``ours-roi-triton`` and
-``ours-conv-relu-s2d`` with the 1xH100 config's 6000 proposals per batch
-(``--rpn-fpn-post-nms-top-n-train``), for its batch of 48 (at the default 2000, 48 images
-would share 2000 proposals);
+(``--space-to-depth``); ``ours-1xh100``, ``ours-1xh100-roi-triton``,
+``ours-1xh100-conv-relu`` and ``ours-1xh100-conv-relu-s2d`` are ``ours-early-backward``,
+``ours-roi-triton``, ``ours-conv-relu`` and ``ours-conv-relu-s2d`` with the 1xH100 config's
+6000 proposals per batch (``--rpn-fpn-post-nms-top-n-train``), for its batch of 48 (at the
+default 2000, 48 images would share 2000 proposals);
 ``ours-tuned-streams-nms`` is ``ours-compile-streams-nms`` under ``--compile tuned`` (Inductor's
 coordinate-descent tuning of each fused kernel).
 The baselines are torchvision's ``MaskRCNN`` on a ResNet-50 FPN, trained as torchvision's
@@ -129,6 +129,7 @@ OURS = {"ours": (), "ours-topk4": ("--topk-chunks", str(SPLIT_TOPK_CHUNKS)),
         "ours-1xh100-roi-triton": (*ROI_TRITON, *PROPOSALS_1XH100),
         "ours-conv-relu": CONV_RELU,
         "ours-conv-relu-s2d": CONV_RELU_S2D,
+        "ours-1xh100-conv-relu": (*CONV_RELU, *PROPOSALS_1XH100),
         "ours-1xh100-conv-relu-s2d": (*CONV_RELU_S2D, *PROPOSALS_1XH100),
         "ours-tuned-streams-nms": ("--fold-frozen-bn", "--channels-last", "--compile",
                                    "tuned", "--loss-streams", "--nms", "triton")}
