@@ -443,14 +443,32 @@ def test_triton_roi_align_takes_the_graphed_steps_losses():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fused_conv_relu_and_space_to_depth_take_the_graphed_steps_losses():
-    """The 1xH100 config's step with ``--fused-conv-relu --space-to-depth`` against it without
-    (6 steps over two padded sizes, as above): cuDNN's fused kernels and the stem over pixel
-    blocks inside the compiled, graphed backbone and heads, forward and backward."""
+    """The 1xH100 config's step with ``--fused-conv-relu`` against it without (6 steps over two
+    padded sizes, as above): the same losses, gradients within 2e-3 of their largest (measured
+    on the H100: the losses equal, the gradients within 2.8e-4; in fp32 the epilogue adds the
+    bias to the same sums). Then with ``--space-to-depth`` too, the graphed forward in
+    inference: the same FPN levels and RPN outputs within 1e-5 of their largest. Its stem sums
+    in another order, which flips near-tied proposals of this tiny untrained network, so its
+    training steps' losses differ by up to 1.2e-2 (measured): not compared."""
     argv = graphed_argv("--backward-before-sync", "--roi-align", "triton")
     with torch._inductor.config.patch(fallback_random=True):
         plain = build_cuda(argv)
-        fast = build_cuda([*argv, "--fused-conv-relu", "--space-to-depth"])
-        same_steps(plain, fast, plain.warm_up_batches(2)[:2], grad_tol=2e-2)
+        fast = build_cuda([*argv, "--fused-conv-relu"])
+        batches = plain.warm_up_batches(2)[:2]
+        same_steps(plain, fast, batches)
+        s2d = build_cuda([*argv, "--fused-conv-relu", "--space-to-depth"])
+    s2d.net.load_state_dict(plain.net.state_dict())
+    with torch.no_grad():
+        for batch in 2 * batches:     # each padded size recorded, then replayed
+            outputs = []
+            for wl in (plain, s2d):
+                wl.detector.eval()
+                levels, objectness, deltas = wl.detector.levels_and_rpn(
+                    batch.images.contiguous(memory_format=torch.channels_last))
+                outputs.append([x.clone() for x in (*levels, *objectness, *deltas)])
+            for got, expected in zip(*outputs[::-1]):
+                torch.testing.assert_close(got, expected, rtol=0,
+                                           atol=1e-5 * expected.abs().max().item())
 
 
 @pytest.mark.gpu
