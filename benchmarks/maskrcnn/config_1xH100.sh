@@ -35,6 +35,13 @@
 # 337.3 img/s against 328.3 without (+2.7%, torchvision eager 88.3-88.5 in the same process),
 # at batch 8 246.4 and 250.7 against 242.0 (+1.8, +3.6%); the fixture reached both targets with
 # it on one H100 at two seeds (docs/performance.md, Mask R-CNN, session 31).
+# And each convolution followed by a ReLU as one cuDNN kernel, its folded shift, residual and
+# ReLU in the epilogue (--fused-conv-relu; common/conv_relu.py), and the stem's convolution
+# over 2x2 pixel blocks (--space-to-depth; cuDNN is slow on 3 input channels): at batch 48 on
+# one H100 371.7 and 370.6 img/s against 336.9 without both and 360.1 with the first only,
+# torchvision eager 81.1-88.9 in the same processes (4.17-4.23x the higher); at batch 8
+# 256.0 and 252.1 against 243.5-253.7 (docs/performance.md, Mask R-CNN, session 32). The
+# fixture reached both targets with them on one H100 (seed 4417).
 # --size-buckets 4 pads batches to 7 shapes, each compiled, then recorded as a graph, before
 # the clock (--init-steps 14: two steps of each); these flags reached both targets on the
 # fixture on one H100 (there with 3 shapes, recorded inside the run); on COCO the bucket count is
@@ -47,7 +54,7 @@ TRAIN_ARGS=(
     --precision "$PRECISION" --workers 14 --fold-frozen-bn --channels-last --nms triton
     --compile default --compile-losses --loss-streams --backbone-graphs --head-graphs
     --box-head-before-sync --fused-sgd --aligned-outputs --backward-before-sync
-    --roi-align triton
+    --roi-align triton --fused-conv-relu --space-to-depth
     --box-roi-multiple 512 --mask-roi-multiple 128
     --size-buckets 4 --init-steps 14
     --backbone-checkpoint "${BACKBONE_CHECKPOINT:?set BACKBONE_CHECKPOINT to a torchvision resnet50 state dict (docs/data.md#maskrcnn)}"
