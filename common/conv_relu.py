@@ -23,7 +23,11 @@ def _memory_format(x: torch.Tensor) -> torch.memory_format:
     return torch.channels_last if x.stride(1) == 1 and x.shape[1] > 1 else torch.contiguous_format
 
 
-def _plain(x, weight, bias, residual, stride, padding):
+def plain_conv_bias_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                         residual: torch.Tensor | None = None, stride: int = 1,
+                         padding: int = 0) -> torch.Tensor:
+    """:func:`conv_bias_relu` as two ops, the convolution then the adds and ReLU: its
+    reference, and its body off CUDA."""
     y = F.conv2d(x, weight, bias, stride, padding)
     return torch.relu(y if residual is None else y + residual)
 
@@ -32,7 +36,7 @@ def _plain(x, weight, bias, residual, stride, padding):
 def _conv_bias_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                     residual: torch.Tensor | None, stride: int, padding: int) -> torch.Tensor:
     if not x.is_cuda:
-        out = _plain(x, weight, bias, residual, stride, padding)
+        out = plain_conv_bias_relu(x, weight, bias, residual, stride, padding)
     elif residual is None:
         out = torch.cudnn_convolution_relu(x, weight, bias, [stride] * 2, [padding] * 2,
                                            [1, 1], 1)

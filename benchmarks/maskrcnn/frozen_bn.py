@@ -35,12 +35,17 @@ def conv_frozen_bn(conv: nn.Conv2d, bn: FrozenBatchNorm2d, x: torch.Tensor) -> t
     return bn(conv(x))
 
 
+def folded(conv: nn.Conv2d, bn: FrozenBatchNorm2d) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight and bias of ``bn(conv(x))`` as one convolution (``conv`` without bias)."""
+    scale, shift = bn.scale_shift()
+    return conv.weight * scale[:, None, None, None], shift
+
+
 def folded_conv_frozen_bn(conv: nn.Conv2d, bn: FrozenBatchNorm2d, x: torch.Tensor
                           ) -> torch.Tensor:
     """``bn(conv(x))`` as one convolution (``conv`` without bias)."""
-    scale, shift = bn.scale_shift()
-    return F.conv2d(x, conv.weight * scale[:, None, None, None], shift, conv.stride,
-                    conv.padding, conv.dilation, conv.groups)
+    return F.conv2d(x, *folded(conv, bn), conv.stride, conv.padding, conv.dilation,
+                    conv.groups)
 
 
 def conv_frozen_bn_relu(conv_bn: Callable, conv: nn.Conv2d, bn: FrozenBatchNorm2d,
@@ -53,6 +58,4 @@ def conv_frozen_bn_relu(conv_bn: Callable, conv: nn.Conv2d, bn: FrozenBatchNorm2
 def fused_conv_frozen_bn_relu(conv: nn.Conv2d, bn: FrozenBatchNorm2d, x: torch.Tensor,
                               residual: torch.Tensor | None = None) -> torch.Tensor:
     """The folded convolution, its shift, ``residual`` and the ReLU as one cuDNN kernel."""
-    scale, shift = bn.scale_shift()
-    return conv_bias_relu(x, conv.weight * scale[:, None, None, None], shift, residual,
-                          conv.stride[0], conv.padding[0])
+    return conv_bias_relu(x, *folded(conv, bn), residual, conv.stride[0], conv.padding[0])

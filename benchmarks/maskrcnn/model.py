@@ -50,7 +50,7 @@ from benchmarks.maskrcnn import frozen_bn
 from benchmarks.maskrcnn.anchors import ASPECT_RATIOS
 from benchmarks.maskrcnn.roi_align import BOX_RESOLUTION, MASK_RESOLUTION, Pooler
 from common import aligned_outputs
-from common.conv_relu import conv_bias_relu, conv_relu, plain_conv_relu
+from common.conv_relu import conv_bias_relu, conv_relu, plain_conv_bias_relu, plain_conv_relu
 from common.errors import UserError
 from common.stem import space_to_depth
 
@@ -202,12 +202,9 @@ class ResNet50(nn.Module):
         for 3 input channels are slow)."""
         if not self.space_to_depth:
             return self.conv_bn_relu(self.conv1, self.bn1, x)
-        scale, shift = self.bn1.scale_shift()
-        x, weight = space_to_depth(x, self.conv1.weight * scale[:, None, None, None],
-                                   STEM_CHANNELS)
-        if self.fused_conv_relu:
-            return conv_bias_relu(x, weight, shift)
-        return F.relu(F.conv2d(x, weight, shift))
+        weight, shift = frozen_bn.folded(self.conv1, self.bn1)
+        bias_relu = conv_bias_relu if self.fused_conv_relu else plain_conv_bias_relu
+        return bias_relu(*space_to_depth(x, weight, STEM_CHANNELS), shift)
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         x = self.stem(x)
