@@ -124,11 +124,14 @@ def _conv(cin: int, cout: int, kernel: int, stride: int = 1) -> nn.Conv2d:
                                       bias=False))
 
 
-def _conv_bn_relu(conv_bn, fused: bool):
-    """``(conv, bn, x, residual=None) -> relu(conv_bn(conv, bn, x) [+ residual])``: one cuDNN
-    kernel if ``fused`` (the batch norm folded), else ``conv_bn`` then the add and ReLU."""
-    return (frozen_bn.fused_conv_frozen_bn_relu if fused
-            else functools.partial(frozen_bn.conv_frozen_bn_relu, conv_bn))
+def _conv_bn(fold_frozen_bn: bool, fused_conv_relu: bool):
+    """``(conv_bn, conv_bn_relu)``: ``conv_bn(conv, bn, x)``, plain or folded, and
+    ``conv_bn_relu(conv, bn, x, residual=None)``, ``relu(conv_bn(conv, bn, x) [+ residual])``:
+    one cuDNN kernel if ``fused_conv_relu`` (the batch norm folded), else ``conv_bn`` then the
+    add and ReLU."""
+    conv_bn = frozen_bn.folded_conv_frozen_bn if fold_frozen_bn else frozen_bn.conv_frozen_bn
+    return conv_bn, (frozen_bn.fused_conv_frozen_bn_relu if fused_conv_relu
+                     else functools.partial(frozen_bn.conv_frozen_bn_relu, conv_bn))
 
 
 class Bottleneck(nn.Module):
@@ -138,9 +141,7 @@ class Bottleneck(nn.Module):
     def __init__(self, cin: int, mid: int, cout: int, stride: int, stride_in_1x1: bool,
                  fold_frozen_bn: bool = False, fused_conv_relu: bool = False):
         super().__init__()
-        self.conv_bn = (frozen_bn.folded_conv_frozen_bn if fold_frozen_bn
-                        else frozen_bn.conv_frozen_bn)
-        self.conv_bn_relu = _conv_bn_relu(self.conv_bn, fused_conv_relu)
+        self.conv_bn, self.conv_bn_relu = _conv_bn(fold_frozen_bn, fused_conv_relu)
         stride_1x1, stride_3x3 = (stride, 1) if stride_in_1x1 else (1, stride)
         self.conv1 = _conv(cin, mid, 1, stride_1x1)
         self.bn1 = FrozenBatchNorm2d(mid)
@@ -169,9 +170,7 @@ class ResNet50(nn.Module):
         super().__init__()
         if (fused_conv_relu or space_to_depth) and not fold_frozen_bn:
             raise ValueError("fused_conv_relu and space_to_depth need fold_frozen_bn")
-        self.conv_bn = (frozen_bn.folded_conv_frozen_bn if fold_frozen_bn
-                        else frozen_bn.conv_frozen_bn)
-        self.conv_bn_relu = _conv_bn_relu(self.conv_bn, fused_conv_relu)
+        _, self.conv_bn_relu = _conv_bn(fold_frozen_bn, fused_conv_relu)
         self.fused_conv_relu, self.space_to_depth = fused_conv_relu, space_to_depth
         self.conv1 = _conv(3, width, 7, stride=2)
         self.bn1 = FrozenBatchNorm2d(width)
