@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common import dist, gc_pauses
+from common import dist, gc_pauses, hparams, optimisations
 from common.cli import OneLineParser
 from common.cuda_graph import GraphedStep, graphed_step
 from common.errors import UserError, one_line
@@ -98,18 +98,35 @@ def raise_if_stopped() -> None:
         raise Stopped(_stopped_by)
 
 
+class WorkloadParser(OneLineParser):
+    """The driver's parser: after parsing, ``--optimisations`` is resolved against the
+    workload's registry (``common.optimisations.resolve``)."""
+
+    def __init__(self, *a, registry=None, **kw):
+        super().__init__(*a, **kw)
+        self.registry = registry
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, rest = super().parse_known_args(args, namespace)
+        if self.registry is not None:
+            optimisations.resolve(self, self.registry, ns)
+        return ns, rest
+
+
 def build_parser(workload_cls: type[Workload]) -> argparse.ArgumentParser:
-    p = OneLineParser(prog=f"python -m benchmarks.{workload_cls.name}",
-                      description=f"MLPerf {workload_cls.name}: train to the quality target.")
+    registry = workload_cls.optimisations if len(workload_cls.optimisations) else None
+    p = WorkloadParser(prog=f"python -m benchmarks.{workload_cls.name}", registry=registry,
+                       description=f"MLPerf {workload_cls.name}: train to the quality target.")
     g = p.add_argument_group("run")
     g.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
     g.add_argument("--log-file", default=None, help="mllog output file (rank 0 writes it)")
     g.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     g.add_argument("--precision", default="amp-bf16", choices=PRECISIONS)
-    g.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
-                   help="capture the whole training step in one CUDA graph (CUDA only)")
-    g.add_argument("--compile", default="none", choices=COMPILE_MODES,
-                   help="torch.compile the model with this mode (none: eager kernels)")
+    if registry is None:   # a workload without a registry: the speed-ups as run flags
+        g.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=True,
+                       help="capture the whole training step in one CUDA graph (CUDA only)")
+        g.add_argument("--compile", default="none", choices=COMPILE_MODES,
+                       help="torch.compile the model with this mode (none: eager kernels)")
     g.add_argument("--log-every", type=_positive, default=50,
                    help="steps between loss read-backs (non-finite loss checks, progress)")
     g.add_argument("--synthetic-data", action="store_true",
@@ -136,7 +153,12 @@ def build_parser(workload_cls: type[Workload]) -> argparse.ArgumentParser:
     s.add_argument("--submission-division", default="closed", choices=("closed", "open"))
     s.add_argument("--submission-status", default="onprem",
                    choices=("onprem", "cloud", "preview", "research"))
-    workload_cls.add_args(p.add_argument_group(workload_cls.name))
+    workload_cls.add_args(p.add_argument_group(f"run: {workload_cls.name}"))
+    if workload_cls.hparams is not None:
+        hparams.add_args(p.add_argument_group(
+            "hyper-parameters (defaults: the MLPerf reference's)"), workload_cls.hparams)
+    if registry is not None:
+        optimisations.add_args(p, registry)
     return p
 
 
@@ -404,7 +426,7 @@ def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
             precision = Precision(args.precision, env.device.type)
             precision.apply_backend_flags()
             wl = workload_cls(args, env, precision)
-            wl.build()
+            wl.setup()
             log_workload(log, wl)
             say(f"{wl.name}: dataset {wl.dataset}; {env.world_size} process(es) on "
                 f"{env.device.type}; precision {args.precision}; global batch "

@@ -14,6 +14,8 @@ import torch
 from common import dist
 from common.dist import DistEnv
 from common.errors import UserError
+from common.hparams import from_args
+from common.optimisations import Registry
 from common.precision import Precision
 
 COMPILE_MODES = ("none", "default", "tuned", "max-autotune-no-cudagraphs")
@@ -177,6 +179,10 @@ class Workload(abc.ABC):
     batch_size_is_global = False
     # False: the workload has no torch.compile path, and --compile is refused, not ignored
     compiles = True
+    # the typed hyper-parameters (a dataclass of common.hparams fields; None: flags only)
+    hparams: type | None = None
+    # the optimisations over the reference path (empty: the run flags --compile, --cuda-graph)
+    optimisations = Registry()
 
     def __init__(self, args: argparse.Namespace, env: DistEnv, precision: Precision):
         mode = getattr(args, "compile", "none")
@@ -184,6 +190,20 @@ class Workload(abc.ABC):
             raise UserError(f"--compile {mode}: {self.name} has no torch.compile path; "
                             "leave --compile out")
         self.args, self.env, self.precision = args, env, precision
+        # the optimisations named, {name: value} in order of application
+        self.opts: dict[str, Any] = getattr(args, "optimisations", None) or {}
+        self.optimisations.check_environment(self.opts, env.device.type, precision.name,
+                                             env.world_size)
+        self.hp = from_args(self.hparams, args) if self.hparams else None
+        # implementations the optimisations' select() picked (the reference's where none)
+        self.impl = argparse.Namespace()
+
+    def setup(self) -> None:
+        """The named optimisations' selections, ``build()``, then their transforms of the built
+        parts, in the registry's order."""
+        self.optimisations.select(self, self.opts)
+        self.build()
+        self.optimisations.apply(self, self.opts)
 
     @property
     def synthetic(self) -> bool:
@@ -198,7 +218,8 @@ class Workload(abc.ABC):
 
     @abc.abstractmethod
     def build(self) -> None:
-        """Model, optimizer, schedule, loss and data readers; runs inside init_start/init_stop."""
+        """The reference path's model, optimizer, schedule, loss and data readers (called by
+        ``setup()``, inside init_start/init_stop)."""
 
     @property
     @abc.abstractmethod

@@ -57,7 +57,7 @@ def ours(variant: str, a, precision: Precision, device):
          "--batch-size", str(a.batch_size), "--synthetic-fill", str(a.fill),
          "--cuda-graph" if graph else "--no-cuda-graph", *extra])
     wl = BertWorkload(args, DistEnv(device=device), precision)
-    wl.build()
+    wl.setup()
     return GraphedStep(wl.train_step, enabled=graph), wl.synthetic_batch(a.batch_size)
 
 

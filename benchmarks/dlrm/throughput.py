@@ -122,7 +122,7 @@ def _run(p, a, variants: list[str], env: dist.DistEnv) -> int:
                          "table_gib_per_gpu": need / 2**30})
             continue
         wl = DLRMWorkload(args, env, precision)
-        wl.build()
+        wl.setup()
         batch = wl.synthetic_batch(a.batch_size)
         m = time_steps(v, wl.train_step, batch, env.device, a.warmup, a.iters)
         rate = a.batch_size * m.iters / m.seconds

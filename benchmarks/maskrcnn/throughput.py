@@ -144,7 +144,7 @@ def ours(variant: str, batch_size: int, precision: Precision, device):
         build_parser(MaskRCNNWorkload),
         ["--precision", precision.name, "--seed", "0", *OURS[variant]], "synthetic", batch_size)
     wl = MaskRCNNWorkload(args, DistEnv(device=device), precision)
-    wl.build()
+    wl.setup()
     return wl.train_step, wl.synthetic_batch(batch_size)
 
 

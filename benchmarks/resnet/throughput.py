@@ -58,7 +58,7 @@ def ours(batch_size: int, precision: Precision, device, variant: str):
         ["--precision", precision.name, "--seed", "0", "--compile", compile_mode, *flags],
         "synthetic", batch_size)
     wl = ResNetWorkload(args, DistEnv(device=device), precision)
-    wl.build()
+    wl.setup()
     step = GraphedStep(wl.train_step, enabled=graph)
     return step, wl.synthetic_batch(batch_size)
 

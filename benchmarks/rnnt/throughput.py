@@ -154,7 +154,7 @@ def ours(variant: str, batch_size: int, precision: Precision, device):
         ["--precision", precision.name, "--seed", "0", "--grad-accum", "1",
          "--vocab-size", str(VOCAB_SIZE), *OURS[variant]], "synthetic", batch_size)
     wl = RNNTWorkload(args, DistEnv(device=device), precision)
-    wl.build()
+    wl.setup()
     return wl.train_step
 
 

@@ -77,7 +77,7 @@ def ours(variant: str, batch_size: int, max_boxes: int, precision: Precision, de
                                     "--max-boxes", str(max_boxes), *flags],
         "synthetic", batch_size)
     wl = SSDWorkload(args, DistEnv(device=device), precision)
-    wl.build()
+    wl.setup()
     return GraphedStep(wl.train_step, enabled=graph), wl.synthetic_batch(batch_size)
 
 

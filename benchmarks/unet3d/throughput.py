@@ -62,7 +62,7 @@ def build(variant: str, batch_size: int, shape: str, device):
     args = Unet3DWorkload.parse_bench_args(build_parser(Unet3DWorkload), flags, "synthetic",
                                            batch_size)
     wl = Unet3DWorkload(args, DistEnv(device=device), precision)
-    wl.build()
+    wl.setup()
     if compiled == "model":
         wl.model = torch.compile(wl.model)
     wl.lr.fill_(1e-4)

@@ -116,7 +116,7 @@ def build_point(a, env: dist.DistEnv, precision: Precision):
     args.cuda_graph = a.cuda_graph
     if a.implementation == OURS:
         wl = cls(args, env, precision)
-        wl.build()
+        wl.setup()
         torch.backends.cudnn.benchmark = env.device.type == "cuda" and wl.cudnn_benchmark
         if a.data == "synthetic":
             batches = itertools.repeat(wl.synthetic_batch(wl.rank_batch_size))

@@ -74,7 +74,7 @@ def build(cls, argv: list[str], seed: int = 1):
     torch.manual_seed(seed)
     args = build_parser(cls).parse_args(argv)
     wl = cls(args, DistEnv(), Precision(args.precision, "cpu"))
-    wl.build()
+    wl.setup()
     return wl
 
 

@@ -48,7 +48,7 @@ def _train(rank, world, port, name, batch, flags, out):
     args = cls.parse_bench_args(build_parser(cls), argv, "synthetic", batch, world)
     torch.manual_seed(100 + rank)   # each rank's own initial draws, as the driver seeds them
     wl = cls(args, env, Precision("fp32", "cpu"))
-    wl.build()
+    wl.setup()
     if name == "unet3d":
         wl.lr.fill_(0.05)   # set each epoch by epoch_batches, which reads the dataset
     torch.manual_seed(7)

@@ -115,7 +115,7 @@ def test_one_line_keeps_worker_user_errors_and_joins_other_messages():
 
 def test_init_steps_train_before_the_clock_then_restore_weights_and_random_state():
     wl = ToyWorkload(build_parser(ToyWorkload).parse_args([]), DistEnv(), Precision("fp32", "cpu"))
-    wl.build()
+    wl.setup()
     before = [t.clone() for t in wl.training_state()]
     torch.manual_seed(5)
     warm_up(wl, GraphedStep(wl.train_step, enabled=False), 3, DistEnv())

@@ -10,10 +10,13 @@ variable-length tensors (``NestedToy``).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from common.hparams import hparam, non_negative, positive
+from common.optimisations import COMPILE, Optimisation, Registry, shared
 from common.workload import Target, Workload, epoch_points
 
 
@@ -147,3 +150,42 @@ class NestedToy(ToyWorkload):
         y, boxes = targets
         assert len(boxes) == len(y) and {b.shape[0] for b in boxes} <= {0, 1, 2}
         return super().train_step(inputs["x"] * inputs["scale"], y)
+
+
+@dataclass
+class ToyHParams:
+    lr: float = hparam(0.5, "learning rate", check=positive)
+    hidden: int = hparam(0, "hidden width (0: none)", check=non_negative)
+    decay_steps: list[int] = hparam([4, 6], "steps where the LR drops", check=positive)
+
+
+def _scale_lr(wl, factor):
+    for g in wl.opt.param_groups:
+        g["lr"] *= factor
+
+
+def _bias_free_select(wl, _):
+    wl.impl.bias = False
+
+
+class OptimisedToy(ToyWorkload):
+    """Typed hyper-parameters and a registry: ``double-lr`` and its dependant ``halve-lr``
+    (the same step together), ``scale-lr=F``, a selection before ``build()``, and a pair that
+    exclude each other."""
+
+    hparams = ToyHParams
+    optimisations = Registry(
+        Optimisation("double-lr", "twice the LR", apply=lambda wl, _: _scale_lr(wl, 2)),
+        Optimisation("halve-lr", "half the LR", requires=("double-lr",),
+                     apply=lambda wl, _: _scale_lr(wl, 0.5)),
+        Optimisation("scale-lr", "LR times F", value_type=float, default=1.0,
+                     apply=_scale_lr),
+        Optimisation("no-bias", "a linear without bias", select=_bias_free_select,
+                     excludes=("gpu-thing",)),
+        Optimisation("gpu-thing", "needs a GPU", cuda=True, apply=lambda wl, _: None),
+        shared(COMPILE, apply=lambda wl, mode: None))
+
+    def build(self):
+        super().build()
+        self.model = nn.Linear(8, 2, bias=getattr(self.impl, "bias", True))
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=self.hp.lr)

@@ -130,7 +130,7 @@ def test_prefetched_batches_equal_the_batches_read_in_place(small_fixture, devic
     env = DistEnv(device=torch.device(device))
     with work_stream(env.device):
         wl = DLRMWorkload(args, env, Precision("fp32", device))
-        wl.build()
+        wl.setup()
         epoch = wl.epoch_batches(1)
         seen = 0
         for batch, r in zip(epoch, epoch.ranges):

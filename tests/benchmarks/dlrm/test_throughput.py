@@ -54,7 +54,7 @@ def _tool_args(variant: str):
 def test_synthetic_workload_trains_on_cpu(variant):
     args = _tool_args(variant)
     wl = DLRMWorkload(args, DistEnv(), Precision(args.precision, "cpu"))
-    wl.build()
+    wl.setup()
     dense, labels, idx = wl.synthetic_batch(64)
     assert dense.shape == (64, data.NUM_DENSE) and labels.shape == (64,)
     losses = [float(wl.train_step(dense, labels, idx)) for _ in range(2)]
@@ -67,7 +67,7 @@ def test_synthetic_workload_trains_on_cpu(variant):
 def test_table_estimate_bounds_the_tables_built(variant):
     args = _tool_args(variant)
     wl = DLRMWorkload(args, DistEnv(), Precision("fp32", "cpu"))
-    wl.build()
+    wl.setup()
     tables = ([wl.emb.freq_weight, wl.emb.rare_weight] if variant != "ours-plain"
               else [bag.weight for bag in wl.emb.tables])
     built = sum(t.numel() * t.element_size() for t in tables)
@@ -84,7 +84,7 @@ def _train_and_keep(rank, world, port, out):
     args = throughput.workload_args("ours", argparse.Namespace(
         precision="fp32", batch_size=64, max_ind_range=50))
     wl = DLRMWorkload(args, env, Precision("fp32", "cpu"))
-    wl.build()
+    wl.setup()
     batch = wl.synthetic_batch(64)
     for _ in range(3):
         wl.train_step(*batch)

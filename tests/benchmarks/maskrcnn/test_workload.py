@@ -35,7 +35,7 @@ def build(argv):
     torch.manual_seed(0)
     args = build_parser(MaskRCNNWorkload).parse_args(argv)
     wl = MaskRCNNWorkload(args, DistEnv(), Precision("fp32", "cpu"))
-    wl.build()
+    wl.setup()
     return wl
 
 
@@ -260,7 +260,7 @@ def test_backward_before_the_sync_without_the_early_box_head_or_with_ddp_is_one_
         [*TINY, "--box-head-before-sync", "--backward-before-sync"])
     wl = MaskRCNNWorkload(args, DistEnv(world_size=2), Precision("fp32", "cpu"))
     with pytest.raises(UserError, match="DDP cannot all-reduce: drop it for 2 processes"):
-        wl.build()
+        wl.setup()
 
 
 def test_a_box_head_bound_below_the_sampled_count_stops_the_step(monkeypatch):
@@ -315,7 +315,7 @@ def build_cuda(argv):
         [*argv, "--device", "cuda", "--precision", "fp32"])
     wl = MaskRCNNWorkload(args, DistEnv(device=torch.device("cuda")),
                           Precision("fp32", "cuda"))
-    wl.build()
+    wl.setup()
     return wl
 
 

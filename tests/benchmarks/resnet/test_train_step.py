@@ -17,7 +17,7 @@ def _workload(*flags: str) -> ResNetWorkload:
         ["--precision", "amp-fp16", "--seed", "0", "--image-size", "32", "--eval-batch-size", "2",
          *flags], "synthetic", 2)
     wl = ResNetWorkload(args, DistEnv(), Precision("amp-fp16", "cpu"))
-    wl.build()
+    wl.setup()
     return wl
 
 

@@ -27,7 +27,7 @@ def build(data_dir, *flags):
     torch.manual_seed(0)
     args = build_parser(RNNTWorkload).parse_args([*TINY, "--data-dir", str(data_dir), *flags])
     wl = RNNTWorkload(args, DistEnv(), Precision("fp32", "cpu"))
-    wl.build()
+    wl.setup()
     return wl
 
 

@@ -153,7 +153,7 @@ def test_the_workload_switch_trains_from_the_cache(root):
         ["--data-dir", str(root), "--seed", "1", "--image-cache", "device", "--cache-side", "96",
          "--width", "8", "--workers", "0", "--batch-size", "2", "--max-boxes", "8"])
     wl = SSDWorkload(args, DistEnv(), Precision("fp32", "cpu"))
-    wl.build()
+    wl.setup()
     assert isinstance(wl.train_loader, image_cache.CachedLoader)
     assert wl.train_loader.cache.max_side == 96 and not wl.train_loader.cache.filled
     assert isinstance(wl.eval_loader, data.Loader) and not wl.eval_loader.train
@@ -192,4 +192,4 @@ def test_fused_jitter_without_an_image_cache_is_one_line():
     args = build_parser(SSDWorkload).parse_args(["--synthetic-data", "--fused-jitter"])
     wl = SSDWorkload(args, DistEnv(), Precision("fp32", "cpu"))
     with pytest.raises(UserError, match="--fused-jitter .* --image-cache"):
-        wl.build()
+        wl.setup()

@@ -54,5 +54,5 @@ def test_fused_match_off_the_gpu_is_one_line():
                                         ["--fused-match", "--width", "8"], "synthetic", 2)
     wl = SSDWorkload(args, DistEnv(device=torch.device("cpu")), Precision("fp32", "cpu"))
     with pytest.raises(UserError, match="--fused-match runs a Triton kernel") as e:
-        wl.build()
+        wl.setup()
     assert "\n" not in str(e.value)
