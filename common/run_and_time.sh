@@ -2,7 +2,9 @@
 # Shared body of every benchmarks/<name>/run_and_time.sh (the MLPerf entry point).
 #
 # The caller sets BENCHMARK. Environment:
-#   CONFIG   system config, benchmarks/<name>/config_${CONFIG}.sh (default cpu_tiny)
+#   CONFIG   system config, benchmarks/<name>/config_${CONFIG}.sh (default cpu_tiny): it sets
+#            NPROC, OPTIMISATIONS (optimisation names, `--list-optimisations`), TRAIN_ARGS
+#            (the hyper-parameters that differ from the reference, and run flags)
 #   DATADIR  dataset root; unset: the workload's fixture is generated once and used
 #   LOGDIR   where result_<i>.txt logs go (default results/<name>); earlier result_*.txt
 #            there are moved to LOGDIR/previous-<UTC time>/ first
@@ -31,6 +33,7 @@ if [[ ! -f $config_file ]]; then
 fi
 NPROC=1
 FIXTURE_ARGS=()
+OPTIMISATIONS=()
 TRAIN_ARGS=()
 # shellcheck source=/dev/null
 source "$config_file"
@@ -90,6 +93,11 @@ else
 fi
 base_seed=${SEED:-$(( (RANDOM << 15) | RANDOM ))}
 read -r -a extra <<< "${EXTRA_ARGS:-}"
+if ((${#OPTIMISATIONS[@]})); then
+    OPTIMISE=(--optimisations "$(IFS=,; echo "${OPTIMISATIONS[*]}")")
+else
+    OPTIMISE=()
+fi
 
 # The training program logs run_stop aborted on SIGINT/SIGTERM. A signal sent to this script
 # alone is forwarded to it; one sent to the process group (Ctrl-C) reaches it directly as well.
@@ -144,7 +152,7 @@ for ((i = 0; i < NEXP; i++)); do
     fi
     # In the background, so that the traps run while it trains (a foreground child delays them).
     "${launch[@]}" -m "benchmarks.$BENCHMARK" --data-dir "$DATADIR" --seed "$seed" \
-        --log-file "$log" "${TRAIN_ARGS[@]}" "${extra[@]}" &
+        --log-file "$log" "${OPTIMISE[@]}" "${TRAIN_ARGS[@]}" "${extra[@]}" &
     child=$!
     # a signal between the launch and the line above found no child to forward to
     [[ -z $stop_name ]] || kill -s "$stop_name" "$child" 2>/dev/null

@@ -48,13 +48,19 @@ DRIVER_KEYS = {"submission_org", "submission_platform", "submission_division",
 
 
 def tiny_config(name: str) -> tuple[list[str], list[str]]:
-    """(FIXTURE_ARGS, TRAIN_ARGS) of ``config_cpu_tiny.sh``, as run_and_time.sh sees them."""
-    script = (f'source benchmarks/{name}/config_cpu_tiny.sh; printf "%s\\n" "${{FIXTURE_ARGS[@]}}"'
-              f'; echo ---; printf "%s\\n" "${{TRAIN_ARGS[@]}}"')
+    """(FIXTURE_ARGS, TRAIN_ARGS with its OPTIMISATIONS) of ``config_cpu_tiny.sh``, as
+    run_and_time.sh sees them."""
+    script = (f'OPTIMISATIONS=(); source benchmarks/{name}/config_cpu_tiny.sh; '
+              f'printf "%s\\n" "${{FIXTURE_ARGS[@]}}"; echo ---; '
+              f'printf "%s\\n" "${{TRAIN_ARGS[@]}}"; echo ---; '
+              f'(IFS=,; echo "${{OPTIMISATIONS[*]}}")')
     out = subprocess.run(["bash", "-c", script], cwd=REPO, capture_output=True, text=True,
                          check=True, env={"PATH": "/usr/bin:/bin"}).stdout
-    fixture, train = out.split("---\n")
-    return [x for x in fixture.splitlines() if x], [x for x in train.splitlines() if x]
+    fixture, train, opts = out.split("---\n")
+    train = [x for x in train.splitlines() if x]
+    if opts.strip():
+        train += ["--optimisations", opts.strip()]
+    return [x for x in fixture.splitlines() if x], train
 
 
 @pytest.fixture(scope="module", params=WORKLOADS)
