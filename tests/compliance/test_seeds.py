@@ -1,10 +1,10 @@
-"""common.seeds: the entry point's environment, each log read back, the success rate."""
+"""compliance.seeds: the entry point's environment, each log read back, the success rate."""
 
 import json
 
 import pytest
 
-from common import seeds
+from compliance import seeds
 
 
 def _log(path, seed, status, epochs):

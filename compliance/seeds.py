@@ -1,7 +1,7 @@
 """How many seeds of a workload's config reach the target: N runs through its
 ``run_and_time.sh``, one line per run and the success rate.
 
-    python -m common.seeds unet3d [-n 10] [--seed 1000] [--config cpu_tiny] [--logdir DIR] \
+    python -m compliance.seeds unet3d [-n 10] [--seed 1000] [--config cpu_tiny] [--logdir DIR] \
         [--extra-args "--device cuda --channels-last"]
 
 The runs are ``NEXP=N SEED=S`` (seeds S, S+1, ...), as a submission's are; each log is read
@@ -58,7 +58,7 @@ def run_seeds(workload: str, runs: int, seed: int, config: str, logdir: Path,
 
 
 def main(argv=None) -> int:
-    p = OneLineParser(prog="python -m common.seeds", description=__doc__,
+    p = OneLineParser(prog="python -m compliance.seeds", description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("workload")
     p.add_argument("-n", "--runs", type=int, default=10)
