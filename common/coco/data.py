@@ -21,13 +21,17 @@ references (SSD ``COCODetection``, Mask R-CNN ``COCODataset``):
   pixels outside their image are clipped to it.
 
 Everything else that would make wrong targets stops the load with a one-line
-``UserError`` naming the file: a missing, empty or invalid annotation file (no images or no
-annotations count as empty), images missing from the image folder, an annotation of an
-unknown image or category, a box with negative or non-finite size or more than
-``BOX_TOLERANCE`` outside its image. With ``masks=True`` the segmentation of every target is
-checked too: a list of polygons (each an even number, at least 6, of finite coordinates: 3
-points enclose an area, and pycocotools would read 4 numbers as a box) or an RLE dict
-(``counts``, ``size`` = the image's [height, width]); anything else, a polygon of fewer
+``UserError`` naming the file: a missing, unreadable, empty or invalid annotation file (no
+images or no annotations count as empty), an image or annotation entry lacking a field (named
+by its position), images missing from the image folder, an annotation of an unknown image or
+category, a box with negative or non-finite size or more than ``BOX_TOLERANCE`` outside its
+image, a split in which no box is a target (all of zero size, or crowd ones dropped), and a
+train file whose category list differs from val's in any way, order included (labels are
+numbered from the train file and scored against the val file). With ``masks=True`` the
+segmentation of every target is checked too: a list of polygons (each an even number, at
+least 6, of finite coordinates: 3 points enclose an area, and pycocotools would read 4
+numbers as a box) or an RLE dict (``counts``, ``size`` = the image's [height, width]) whose
+run lengths are non-negative and cover the image exactly; anything else, a polygon of fewer
 than 3 points included, is an error. An image that cannot be decoded is named when it is
 read. As in the references, EXIF orientation is ignored.
 """
@@ -138,14 +142,20 @@ class CocoSplit:
 
 
 def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise UserError(f"{path}: missing; unzip annotations_trainval2017.zip into "
-                        f"{path.parent.parent} (ROOT/annotations/instances_*2017.json)")
-    if path.stat().st_size == 0:
-        raise UserError(f"{path}: empty file (0 bytes); re-extract annotations_trainval2017.zip")
     try:
         with open(path, "rb") as f:
-            data = json.load(f)
+            raw = f.read()
+    except (FileNotFoundError, IsADirectoryError):
+        raise UserError(f"{path}: missing; unzip annotations_trainval2017.zip into "
+                        f"{path.parent.parent} (ROOT/annotations/instances_*2017.json)") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot be read ({exc.strerror}); make it and "
+                        f"{path.parent} readable (chmod u+rx {path.parent}; chmod u+r "
+                        f"{path})") from None
+    if not raw:
+        raise UserError(f"{path}: empty file (0 bytes); re-extract annotations_trainval2017.zip")
+    try:
+        data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: not valid JSON ({exc}); re-extract "
                         "annotations_trainval2017.zip") from None
@@ -186,9 +196,38 @@ def _segmentation(segmentation, height: int, width: int):
         if size != [height, width]:
             return None, (f"has an RLE of size {size}, not its image's [height, width] "
                           f"[{height}, {width}]")
+        counts = segmentation["counts"]
+        runs = _rle_string_runs(counts) if isinstance(counts, str) else counts
+        if (runs is None or not all(type(n) is int and n >= 0 for n in runs)
+                or sum(runs) != height * width):
+            return None, (f"has an RLE whose counts are not non-negative run lengths adding "
+                          f"up to its {width}x{height} image")
         return segmentation, None
     return None, ("has a segmentation in an unknown format (neither a non-empty list of "
                   "polygons nor an RLE dict with 'counts' and 'size')")
+
+
+def _rle_string_runs(counts: str) -> list[int] | None:
+    """The run lengths of a compressed RLE string, decoded as pycocotools' ``rleFrString``
+    does (5 bits a character, offset by 48; runs after the second relative to the run two
+    back), or None when a character is out of range or the string ends inside a number
+    (pycocotools would read past its end)."""
+    runs, x, k = [], 0, 0
+    for ch in counts:
+        c = ord(ch) - 48
+        if not 0 <= c < 64:
+            return None
+        x |= (c & 0x1F) << (5 * k)
+        k += 1
+        if c & 0x20:  # more characters of this number follow
+            continue
+        if c & 0x10:  # negative: sign-extend
+            x -= 1 << (5 * k)
+        if len(runs) > 2:
+            x += runs[-2]
+        runs.append(x)
+        x, k = 0, 0
+    return runs if k == 0 else None
 
 
 def load_split(root, split: str, *, masks: bool = False, keep_crowd: bool = True,
@@ -210,17 +249,24 @@ def load_split(root, split: str, *, masks: bool = False, keep_crowd: bool = True
         image_ids = np.array([im["id"] for im in images], np.int64)
         sizes = np.array([(im["width"], im["height"]) for im in images],
                          np.float64).reshape(len(images), 2)
+        if not all(isinstance(im["file_name"], str) for im in images):
+            raise TypeError("file_name")
         ann_image = np.array([a["image_id"] for a in anns], np.int64)
         ann_category = np.array([a["category_id"] for a in anns], np.int64)
         xywh = np.array([a["bbox"] for a in anns], np.float64).reshape(len(anns), 4)
         crowd = np.array([a.get("iscrowd", 0) for a in anns], bool)
     except (KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"{ann_path}: malformed image or annotation entry ({exc!r}); "
-                        "not a COCO instances file") from None
+        raise _malformed(ann_path, data, exc) from None
+    if split == "train":
+        _check_same_categories(ann_path, data["categories"], annotation_file(root, "val"))
 
     if not img_dir.is_dir():
         raise UserError(f"{img_dir}: missing; unzip {split}2017.zip into {Path(root)}")
-    present = set(os.listdir(img_dir))
+    try:
+        present = set(os.listdir(img_dir))
+    except OSError as exc:
+        raise UserError(f"{img_dir}: cannot be listed ({exc.strerror}); make it readable "
+                        f"(chmod u+rx {img_dir})") from None
     absent = [im["file_name"] for im in images if im["file_name"] not in present]
     if absent:
         raise UserError(f"{ann_path}: {len(absent)} of its {len(images)} images are missing "
@@ -256,6 +302,10 @@ def load_split(root, split: str, *, masks: bool = False, keep_crowd: bool = True
     xyxy = np.clip(xyxy, 0, np.tile(wh, 2)).astype(np.float32)
 
     keep = (xyxy[:, 2:] > xyxy[:, :2]).all(1) & (keep_crowd | ~crowd)
+    if not keep.any():
+        raise UserError(f"{ann_path}: none of its {len(anns)} boxes is a target (every box has "
+                        f"zero width or height{'' if keep_crowd else ' or is a crowd box'}); "
+                        "nothing to train or score on: use an annotation file with real boxes")
     has_annotation = np.bincount(pos, minlength=len(images)) > 0
     order = np.argsort(pos, kind="stable")
     order = order[keep[order]]
@@ -273,6 +323,64 @@ def load_split(root, split: str, *, masks: bool = False, keep_crowd: bool = True
                                    int(im["width"]), int(im["height"]), xyxy[idx],
                                    labels[idx], crowd[idx], segs))
     return CocoSplit(split, ann_path, img_dir, categories, records)
+
+
+IMAGE_FIELDS = {"id": (np.int64, ()), "file_name": str, "width": (np.float64, ()),
+                "height": (np.float64, ())}
+ANNOTATION_FIELDS = {"image_id": (np.int64, ()), "category_id": (np.int64, ()),
+                     "bbox": (np.float64, (4,))}
+
+
+def _fits(value, kind) -> bool:
+    """Whether ``value`` reads as ``kind``: a non-empty str, or numbers of (dtype, shape)."""
+    if kind is str:
+        return isinstance(value, str) and bool(value)
+    try:
+        return np.asarray(value, kind[0]).shape == kind[1]
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def _malformed(ann_path: Path, data: dict, exc: Exception) -> UserError:
+    """The error naming the first image or annotation entry that lacks a field or holds one
+    that is not what COCO puts there; ``exc`` (what the bulk read raised) when none does."""
+    for what, entries, fields in (("image", data["images"], IMAGE_FIELDS),
+                                  ("annotation", data["annotations"], ANNOTATION_FIELDS)):
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, dict):
+                problem = f"is {type(entry).__name__}, not an object"
+            else:
+                key = next((k for k in fields if k not in entry), None)
+                if key is None:
+                    key = next((k for k, kind in fields.items() if not _fits(entry[k], kind)),
+                               None)
+                    if key is None:
+                        continue
+                    problem = f"has {key} {entry[key]!r}"
+                else:
+                    problem = f"has no '{key}'"
+                problem += f" (id {entry.get('id')})"
+            return UserError(f"{ann_path}: {what} entry {i} {problem}; a COCO {what} has "
+                             f"{', '.join(fields)}: fix or remove it")
+    return UserError(f"{ann_path}: malformed image or annotation entry ({exc!r}); not a COCO "
+                     "instances file")
+
+
+def _check_same_categories(train_path: Path, categories: list, val_path: Path) -> None:
+    """Train labels are numbered from the train file's categories and scored against the val
+    file's: the two lists must be equal, order included (checked when val exists)."""
+    if not val_path.is_file():
+        return
+    other = _read_json(val_path)["categories"]
+    if other == categories:
+        return
+    i = next((i for i, (a, b) in enumerate(zip(categories, other)) if a != b),
+             min(len(categories), len(other)))
+    here = categories[i] if i < len(categories) else "nothing"
+    there = other[i] if i < len(other) else "nothing"
+    raise UserError(f"{train_path}: its categories differ from {val_path}'s (entry {i}: {here} "
+                    f"here, {there} there; {len(categories)} vs {len(other)} categories); use "
+                    "the train and val annotation files of one dataset")
 
 
 def _target_segmentations(anns: list, targets: np.ndarray, wh: np.ndarray, ann_path: Path

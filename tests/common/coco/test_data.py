@@ -1,11 +1,13 @@
 """The COCO 2017 reader on the fixture: counts, label mapping, boxes, masks, images, bad input."""
 
 import json
+import os
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from pycocotools import mask as mask_utils
 
 from common.coco import data, fixture
 from common.errors import UserError
@@ -156,6 +158,15 @@ def _set(key, value):
     return _edit_annotations(lambda doc, ann: ann.__setitem__(key, value))
 
 
+def _all_boxes_empty(doc, ann):
+    for a in doc["annotations"]:
+        a["bbox"][2] = 0.0
+
+
+def _reorder_categories(doc, ann):
+    doc["categories"].reverse()  # same ids and names; file order is what the references number
+
+
 def _drop_image(root):
     first = _json(root, "train")["images"][0]["file_name"]
     (data.image_dir(root, "train") / first).unlink()
@@ -178,6 +189,19 @@ BAD_INPUTS = {
                        "its 'annotations' list is empty"),
     "no images": (_edit_annotations(lambda doc, ann: doc.update(images=[], annotations=[])),
                   "its 'images' list is empty"),
+    "image without file_name": (_edit_annotations(lambda doc, ann: doc["images"][2].pop(
+        "file_name")), "image entry 2 has no 'file_name' (id "),
+    "image width text": (_edit_annotations(lambda doc, ann: doc["images"][1].update(
+        width="wide")), "image entry 1 has width 'wide' (id "),
+    "annotation bbox of 3": (_set("bbox", [1.0, 2.0, 3.0]),
+                             "annotation entry 0 has bbox [1.0, 2.0, 3.0] (id 1)"),
+    "annotation a list": (_edit_annotations(lambda doc, ann: doc["annotations"].append([1])),
+                          "is list, not an object; a COCO annotation has image_id"),
+    "every box of zero size": (_edit_annotations(_all_boxes_empty), "every box has zero width"),
+    "categories reordered": (_edit_annotations(_reorder_categories),
+                             "its categories differ from "),
+    "category renamed": (_edit_annotations(lambda doc, ann: doc["categories"][1].update(
+        name="grey ellipse")), "(entry 1: {'id': 18, 'name': 'grey ellipse'"),
 }
 
 
@@ -205,6 +229,84 @@ BAD_SEGMENTATIONS = {
     "rle size": ({"counts": [0, 4], "size": [2, 2]}, "has an RLE of size [2, 2], not its "
                                                     "image's [height, width]"),
 }
+
+
+def test_every_box_of_zero_size_is_refused_by_ssd_and_maskrcnn_alike(tmp_path):
+    root = fixture.write_fixture(tmp_path / "coco", train=6, val=2)
+    _edit_annotations(_all_boxes_empty)(root)
+    for kwargs in ({}, {"masks": True, "keep_crowd": False}):  # SSD's read, Mask R-CNN's
+        with pytest.raises(UserError, match="none of its .* boxes is a target"):
+            data.load_split(root, "train", **kwargs)
+
+
+def test_val_categories_are_checked_when_train_is_read(tmp_path):
+    root = fixture.write_fixture(tmp_path / "coco", train=6, val=2)
+    path = data.annotation_file(root, "val")
+    doc = json.loads(path.read_text())
+    doc["categories"].pop()
+    path.write_text(json.dumps(doc))
+    with pytest.raises(UserError, match=r"differ from .*instances_val2017.json's .* 5 vs 4"):
+        data.load_split(root, "train")
+    path.unlink()  # train alone (the throughput tools) is still read
+    assert data.load_split(root, "train")
+
+
+def test_unreadable_annotations_folder_is_one_line(tmp_path, monkeypatch):
+    root = fixture.write_fixture(tmp_path / "coco", train=2, val=2)
+    folder = data.annotation_file(root, "train").parent
+    if os.geteuid() == 0:  # root reads through chmod 000: the denial is simulated
+        def denied(path, *args, **kwargs):
+            raise PermissionError(13, "Permission denied", str(path))
+        monkeypatch.setattr(data, "open", denied, raising=False)
+    folder.chmod(0)
+    try:
+        with pytest.raises(UserError) as caught:
+            data.load_split(root, "train")
+    finally:
+        folder.chmod(0o755)
+    text = str(caught.value)
+    assert "\n" not in text and text.startswith(str(data.annotation_file(root, "train")))
+    assert "cannot be read (Permission denied); make it and" in text and "chmod" in text
+
+
+BAD_RLE_COUNTS = {
+    "garbage string": "garbage!!",
+    "empty string": "",
+    "string cut short": "01X10",
+    "string ending inside a number": "01X1m",
+    "short list": [0, 3, 2],
+    "negative run": [-5, 10],
+    "text runs": ["a", "b"],
+}
+
+
+@pytest.mark.parametrize("case", BAD_RLE_COUNTS)
+def test_rle_counts_must_cover_the_image(tmp_path, case):
+    root = fixture.write_fixture(tmp_path / "coco", train=6, val=2)
+    doc = _json(root, "train")
+    first = doc["annotations"][0]
+    image = next(im for im in doc["images"] if im["id"] == first["image_id"])
+    h, w = image["height"], image["width"]
+    _set("segmentation", {"counts": BAD_RLE_COUNTS[case], "size": [h, w]})(root)
+    with pytest.raises(UserError) as caught:
+        data.load_split(root, "train", masks=True)
+    text = str(caught.value)
+    assert "\n" not in text and text.startswith(
+        f"{data.annotation_file(root, 'train')}: annotation {first['id']} ")
+    assert f"has an RLE whose counts are not non-negative run lengths adding up to its {w}x{h}" \
+        in text
+
+
+def test_rle_strings_are_read_as_pycocotools_writes_them():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        h, w = rng.integers(1, 60, 2)
+        mask = (rng.random((h, w)) < rng.random()).astype(np.uint8)
+        rle = mask_utils.encode(np.asfortranarray(mask))
+        flat = mask.flatten(order="F")  # column-major runs, starting with zeros
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], flat, [2]])))
+        expected = np.diff(np.concatenate([[0], edges])).tolist()
+        assert data._rle_string_runs(rle["counts"].decode()) == expected
 
 
 @pytest.mark.parametrize("case", BAD_SEGMENTATIONS)
