@@ -16,12 +16,15 @@ reads the reference's WAV manifests too.
 
 Training drops utterances longer than 16.7 s and batches them with the reference's bucketing
 (``BucketingSampler``); the loaders yield raw audio, and ``features.AudioFeatures`` turns it
-into features on the device.
+into features on the device. A duration that is not a positive number refuses the manifest
+(the reference's ``<=`` filter would silently drop a NaN), and an audio file whose length
+differs from its manifest's duration by more than ``DURATION_TOLERANCE`` is refused when read.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,13 +44,16 @@ EVAL_SPLIT = "dev-clean"
 MAX_TRAIN_DURATION = 16.7
 NUM_BUCKETS = 6
 PREPARE = "python -m benchmarks.rnnt.prepare_data"
+DURATION_TOLERANCE = 0.01  # s; manifests record samples / rate, so any real mismatch is larger
 
 
 @dataclass(frozen=True)
 class Utterance:
     path: Path
     transcript: str
-    duration: float
+    duration: float        # original_duration: what the filter and the buckets use
+    file_duration: float   # files[-1].duration (original_duration when absent): its length
+    source: str            # "<manifest> entry <i>", for errors
 
 
 def manifest_path(root: Path, split: str) -> Path:
@@ -115,7 +121,7 @@ def scan_split(root: Path, split: str) -> list[dict]:
         raise UserError(f"{folder}: no <speaker>/<chapter>/*.trans.txt transcript files")
     entries = []
     for trans in transcripts:
-        for no, line in enumerate(trans.read_text(encoding="utf-8").splitlines(), 1):
+        for no, line in enumerate(_transcript_lines(trans), 1):
             if not line.strip():
                 continue
             uid, _, text = line.strip().partition(" ")
@@ -126,6 +132,24 @@ def scan_split(root: Path, split: str) -> list[dict]:
                 raise UserError(f"{trans}:{no}: no audio file {audio} for utterance {uid}")
             entries.append(manifest_entry(root, audio, text))
     return entries
+
+
+def _transcript_lines(trans: Path) -> list[str]:
+    """The lines of a ``trans.txt`` file; one that is unreadable or not UTF-8 (LibriSpeech's
+    are ASCII) is a ``UserError`` naming the file and the line."""
+    try:
+        raw = trans.read_bytes()
+    except OSError as exc:
+        raise UserError(f"{trans}: cannot be read ({exc.strerror}); make it readable") from None
+    lines = raw.splitlines()
+    for no, line in enumerate(lines, 1):
+        try:
+            lines[no - 1] = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UserError(f"{trans}:{no}: not UTF-8 text (byte {line[exc.start]:#04x} at "
+                            f"column {exc.start + 1}); re-extract the LibriSpeech tarball or "
+                            "fix the line") from None
+    return lines
 
 
 def write_manifest(path: Path, entries: list[dict]) -> Path:
@@ -149,17 +173,24 @@ def read_manifest(root: Path, path: Path, max_duration: float | None = None) -> 
     for i, e in enumerate(entries):
         try:
             fname, duration = e["files"][-1]["fname"], float(e["original_duration"])
+            file_duration = float(e["files"][-1].get("duration", duration))
             transcript = e["transcript"]
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             raise UserError(f"{path}: entry {i} lacks transcript, files[-1].fname or "
                             f"original_duration ({exc!r})") from exc
         audio = Path(root) / fname
         if not str(transcript).strip():
             raise UserError(f"{audio}: empty transcript (entry {i} of {path})")
+        for key, value in (("original_duration", duration), ("files[-1].duration",
+                                                             file_duration)):
+            if not (math.isfinite(value) and value > 0):
+                raise UserError(f"{path}: entry {i} ({fname}): {key} {value} is not a positive "
+                                f"number of seconds; rewrite the manifest ({PREPARE} {root})")
         if not audio.is_file():
             raise UserError(f"{path}: entry {i}: no audio file {audio}")
         if max_duration is None or duration <= max_duration:
-            out.append(Utterance(audio, str(transcript).strip(), duration))
+            out.append(Utterance(audio, str(transcript).strip(), duration, file_duration,
+                                 f"{path} entry {i}"))
     if not out:
         raise UserError(f"{path}: no utterances"
                         + (f" of at most {max_duration} s" if max_duration else ""))
@@ -184,7 +215,13 @@ class SpeechDataset(Dataset):
         return len(self.utterances)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.from_numpy(load_audio(self.utterances[i].path)), self.tokens[i]
+        u = self.utterances[i]
+        audio = load_audio(u.path)
+        if abs(len(audio) / SAMPLE_RATE - u.file_duration) > DURATION_TOLERANCE:
+            raise UserError(f"{u.path}: {len(audio)} samples ({len(audio) / SAMPLE_RATE:.3f} s), "
+                            f"but {u.source} says {u.file_duration} s; re-extract the file or "
+                            f"rewrite the manifest ({PREPARE} ROOT)")
+        return torch.from_numpy(audio), self.tokens[i]
 
 
 def collate(items: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, ...]:

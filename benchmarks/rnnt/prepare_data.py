@@ -7,8 +7,8 @@ For each split ``ROOT/<split>/<speaker>/<chapter>/`` writes ``ROOT/librispeech-<
 (see ``benchmarks.rnnt.data``), then trains the unigram model on the training transcripts
 (as the reference's ``scripts/create_sentencepieces.sh``) into
 ``ROOT/sentencepieces/librispeech<vocab>.model``. Only FLAC headers are read. A missing audio
-file, audio at another sample rate, an empty transcript or an unreadable file stops it with
-one line naming the file.
+file, audio at another sample rate, an empty transcript, a transcript line that is not
+UTF-8 or an unreadable file stops it with one line naming the file (and the line).
 """
 
 from __future__ import annotations

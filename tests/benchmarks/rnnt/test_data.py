@@ -17,7 +17,7 @@ from benchmarks.rnnt.features import AudioFeatures, nonsilent_region
 from benchmarks.rnnt.fixture import TRAIN_SPLIT, WORDS, flac
 from benchmarks.rnnt.prepare_data import main as prepare_main
 from benchmarks.rnnt.tokenizer import Tokenizer
-from common.errors import UserError
+from common.errors import UserError, one_line
 from tests.benchmarks.rnnt.conftest import SMALL
 
 REPO = Path(__file__).resolve().parents[3]
@@ -235,6 +235,59 @@ def test_unreadable_flac(tiny_tree, capsys):
     flacs[3].write_bytes(good[:len(good) // 2])  # header intact, stream cut
     with pytest.raises(UserError, match=f"{flacs[3]}: not a readable audio file"):
         data.load_audio(flacs[3])
+
+
+def test_transcript_that_is_not_utf8(tiny_tree, capsys):
+    root, trans, _ = tiny_tree
+    lines = trans.read_bytes().splitlines()
+    lines[2] = lines[2].replace(b" ", b" \xe9", 1)  # Latin-1, not UTF-8
+    trans.write_bytes(b"\n".join(lines) + b"\n")
+    err = _prepare_error(root, capsys)
+    assert f"{trans}:3: not UTF-8 text (byte 0xe9 at column " in err
+
+
+@pytest.mark.parametrize("key", ["original_duration", "duration"])
+@pytest.mark.parametrize("value", ["NaN", "Infinity", -1.0, 0.0])
+def test_manifest_duration_that_is_not_a_positive_number(tiny_tree, tmp_path, key, value):
+    root, _, flacs = tiny_tree
+    entries = [data.manifest_entry(root, f, "a b") for f in flacs[:3]]
+    target = entries[1] if key == "original_duration" else entries[1]["files"][-1]
+    target[key] = value
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(entries))  # NaN and Infinity as json writes them
+    shown = "files[-1].duration" if key == "duration" else key
+    fname = entries[1]["files"][-1]["fname"]
+    for max_duration in (None, data.MAX_TRAIN_DURATION):
+        with pytest.raises(UserError) as caught:
+            data.read_manifest(root, path, max_duration)
+        assert str(caught.value).startswith(f"{path}: entry 1 ({fname}): {shown} {float(value)} "
+                                            "is not a positive number of seconds")
+
+
+def test_audio_shorter_than_its_manifest_says(tiny_tree, tmp_path, monkeypatch):
+    root, _, flacs = tiny_tree
+    entries = [data.manifest_entry(root, f, "a b") for f in flacs[:2]]
+    path = data.write_manifest(tmp_path / "m.json", entries)
+    sf.write(flacs[1], np.array([0, 100, -100], np.int16), data.SAMPLE_RATE, subtype="PCM_16")
+    dataset = data.SpeechDataset(data.read_manifest(root, path), _tokenizer_stub())
+    assert dataset[0][0].numel() == entries[0]["original_num_samples"]
+    said = entries[1]["original_duration"]
+    with pytest.raises(UserError) as caught:
+        dataset[1]
+    assert str(caught.value).startswith(
+        f"{flacs[1]}: 3 samples (0.000 s), but {path} entry 1 says {said} s; ")
+    # and through a loader worker, still one line naming the file
+    loader = data.eval_loader(dataset, 2, workers=1)
+    with pytest.raises(Exception) as caught:
+        next(iter(loader))
+    assert one_line(caught.value).startswith(f"{flacs[1]}: 3 samples")
+
+
+def _tokenizer_stub():
+    class Stub:
+        def encode(self, text):
+            return [1] * len(text.split())
+    return Stub()
 
 
 def test_bad_manifests(tiny_tree, tmp_path):
