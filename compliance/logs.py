@@ -76,7 +76,9 @@ def missing_key(path: str | Path) -> str | None:
 def summarize(path: str | Path) -> RunSummary:
     """Benchmark, seed, status, time to train and last quality of one log.
 
-    A log whose run_stop precedes its run_start is bad input (``UserError``).
+    Bad input (``UserError``): a run_stop before run_start, a success whose run_stop is at
+    the instant of its run_start (no run trains and evaluates in no time), a seed that is not
+    an integer (``"1"`` would not be seen as repeating seed ``1``).
     """
     first: dict[str, dict] = {}
     last: dict[str, dict] = {}
@@ -90,10 +92,18 @@ def summarize(path: str | Path) -> RunSummary:
                         f"(time_ms {start['time_ms']}): the log gives no time to train; "
                         f"rerun the benchmark (was the clock set back during the run?)")
     status = (stop or {}).get("metadata", {}).get(constants.STATUS, "missing")
+    if seconds == 0 and status == constants.SUCCESS:
+        raise UserError(f"{path}: run_stop with status success at the instant of run_start "
+                        f"(time_ms {start['time_ms']}): no run trains and evaluates in no time; "
+                        f"rerun the benchmark")
+    seed = first.get(constants.SEED, {}).get("value")
+    if seed is not None and type(seed) is not int:
+        raise UserError(f"{path}: seed {json.dumps(seed)} is not an integer (the training "
+                        f"program logs an int): rerun the benchmark")
     return RunSummary(
         benchmark=first.get(constants.SUBMISSION_BENCHMARK, {}).get("value", "unknown"),
         division=first.get(constants.SUBMISSION_DIVISION, {}).get("value"),
-        seed=first.get(constants.SEED, {}).get("value"),
+        seed=seed,
         status=status,
         seconds=seconds,
         dataset=first.get("dataset", {}).get("value", "unknown"),

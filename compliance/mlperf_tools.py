@@ -13,7 +13,9 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from mlperf_logging.benchmark_meta import get_allowed_benchmarks, get_result_file_counts
+from mlperf_logging.compliance_checker import mlp_compliance
 from mlperf_logging.package_checker import package_checker
 from mlperf_logging.rcp_checker import rcp_checker
 from mlperf_logging.result_summarizer import result_summarizer
@@ -143,17 +145,47 @@ def rcp_verdict(bench_dir: Path, ruleset: str, fixture: bool) -> Verdict:
     return Verdict("RCP checker", outcome(ok), msg, tuple(log.messages()))
 
 
-def olympic_scores(tree: Path, ruleset: str) -> tuple[dict[tuple[str, str], float], list[str]]:
-    """(system, benchmark) -> score in minutes from the result summarizer, and its messages."""
-    with captured() as (log, out):
-        strong, *_ = result_summarizer.summarize_results(str(tree), USAGE, ruleset)
-    scores = {}
-    for _, row in strong.iterrows():
-        for bench in required_benchmarks(ruleset):
-            value = row.get(bench)
-            if value is not None and value == value:  # NaN: no score
-                scores[(row["system"], bench)] = float(value)
-    return scores, [*out.getvalue().splitlines(), *log.messages()]
+# The result summarizer (_compute_strong_score_standalone) and the RCP checker count a run that
+# did not converge as infinitely slow: olympic scoring drops it as the slowest run. Beyond this
+# many such runs a benchmark has no score.
+MAX_NON_CONVERGED = {"unet3d": 4}
+
+
+def max_non_converged(benchmark: str) -> int:
+    return MAX_NON_CONVERGED.get(benchmark, 1)
+
+
+def olympic_score(benchmark: str, minutes: list[float | None]) -> float | None:
+    """The result summarizer's score of a benchmark's runs, in minutes; ``None`` in
+    ``minutes`` is a run that did not converge. None when too many did not converge."""
+    converged = [m for m in minutes if m is not None]
+    dropped, most = len(minutes) - len(converged), max_non_converged(benchmark)
+    if dropped > most:
+        return None
+    return result_summarizer._compute_olympic_average(converged, dropped, most)
+
+
+def target_rule(benchmark: str, ruleset: str) -> tuple[str, str] | None:
+    """The closed division's quality target of ``benchmark``: the compliance checker's
+    ``eval_accuracy`` expression (``v`` the event) and its rule file; None without one."""
+    name = f"{USAGE}_{ruleset}/closed_{benchmark}.yaml"
+    path = Path(mlp_compliance.__file__).parent / name
+    if not path.is_file():
+        return None
+    for record in yaml.safe_load(path.read_text()) or []:
+        key = record.get("KEY") if isinstance(record, dict) else None
+        if key and key.get("NAME") == "eval_accuracy" and key.get("ATLEAST_ONE_CHECK"):
+            return key["ATLEAST_ONE_CHECK"].strip(), name
+    return None
+
+
+def meets_target(rule: str, value) -> bool:
+    """Whether an ``eval_accuracy`` value passes a ``target_rule`` expression, evaluated as
+    the checker evaluates it."""
+    try:
+        return bool(eval(rule, {}, {"v": {"value": value}}))  # the checker's own rule text
+    except (TypeError, KeyError, IndexError):   # a value of another shape (a dict, None)
+        return False
 
 
 def required_benchmarks(ruleset: str) -> list[str]:

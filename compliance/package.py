@@ -12,8 +12,11 @@ its git commit in ``CODE_REFERENCE.json``). Then runs the run count, the
 system-description checker, the compliance checker on each log, a seed
 check, the RCP checker, the package checker and the result summarizer, one
 verdict line each, and prints the score table. Runs on fixture data get
-``rcp-bypass`` and are labelled as such; the RCP verdict says BYPASSED.
-What the tools take on trust is refused first (``compliance.tree``).
+``rcp-bypass`` and are labelled as such; the RCP verdict says BYPASSED. A run
+that did not converge counts as infinitely slow (``compliance.summarize``).
+What the tools take on trust is refused first (``compliance.tree``), and so
+is an OUTDIR that holds an input (LOGDIR, ``--system-desc``) or lies in LOGDIR:
+packaging replaces what it writes and never writes over what it reads.
 
 Exit status 0 when every check passes, 1 when one fails, 2 on bad input.
 """
@@ -117,9 +120,27 @@ def copy_code(benchmark: str, dest: Path) -> None:
     (dest / "CODE_REFERENCE.json").write_text(json.dumps(git_reference(), indent=2) + "\n")
 
 
+def refuse_overlap(args) -> None:
+    """The packager replaces what it writes under OUTDIR: an input there would be deleted or
+    overwritten, and an OUTDIR inside LOGDIR mixes the tree into the logs."""
+    out = args.outdir.resolve()
+    for flag, given in (("LOGDIR", args.logdir), ("--system-desc", args.system_desc)):
+        if given is None:
+            continue
+        src = Path(given).resolve()
+        if src == out or out in src.parents:
+            raise UserError(f"{flag} {given} lies in OUTDIR {args.outdir}, which packaging "
+                            f"rewrites: name a new OUTDIR (a tree is packaged again from a "
+                            f"copy of its logs elsewhere)")
+        if src in out.parents:
+            raise UserError(f"OUTDIR {args.outdir} lies in {flag} {given}: name an OUTDIR "
+                            f"outside it")
+
+
 def build_tree(args) -> Path:
+    refuse_overlap(args)
     logs = result_logs(args.logdir)
-    division, fixture = tree.check_runs(logs, args.benchmark)
+    division, fixture = tree.check_runs(logs, args.benchmark, args.ruleset)
     desc = system_description(args, logs, division)
     out: Path = args.outdir
     results = out / "results" / args.system / args.benchmark
@@ -171,7 +192,7 @@ def check_seeds(logs: list[Path]) -> mlperf_tools.Verdict:
 
 def check_tree(path: Path, ruleset: str) -> list[mlperf_tools.Verdict]:
     """Every check on a submission tree, one verdict each, once ``tree.validate`` accepts it."""
-    fixture = tree.validate(path)
+    fixture = tree.validate(path, ruleset)
     verdicts = [mlperf_tools.check_system_desc(json_file, ruleset)
                 for json_file in sorted((path / "systems").glob("*.json"))]
     for bench_dir, on_fixture in fixture.items():
@@ -211,8 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = score_table(path, args.ruleset)
     verdicts.append(mlperf_tools.Verdict(
         "result summarizer", mlperf_tools.outcome(all(r.score_minutes is not None for r in rows)),
-        "; ".join(f"{r.benchmark} on {r.system}: " + (f"{r.score_minutes:.3f} min"
-                  if r.score_minutes is not None else "no score") for r in rows)))
+        "; ".join(f"{r.benchmark} on {r.system}: {r.score_text()}" for r in rows)))
     print(verdicts[-1].line())
     print_and_write(rows, path)
     return 1 if any(v.failed for v in verdicts) else 0

@@ -5,8 +5,9 @@
 The tools trust a tree's system descriptions and logs: a count they cannot
 read stops the result summarizer with a traceback, a missing log key stops
 the RCP checker with a bare ``KeyError``, an open division in the system
-description skips their seed and RCP checks, and one RCP bypass covers a whole
-benchmark folder. Each is bad input here (``UserError``), named with its fix.
+description skips their seed and RCP checks, one RCP bypass covers a whole
+benchmark folder, and a run_stop status of success is believed whatever the
+last evaluation says. Each is bad input here (``UserError``), named with its fix.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import re
 from pathlib import Path
 
 from common.errors import UserError
-from compliance import system
-from compliance.logs import missing_key, summarize
+from compliance import mlperf_tools, system
+from compliance.logs import RunSummary, missing_key, summarize
 
 
 def result_files(folder: Path) -> list[Path]:
@@ -26,7 +27,7 @@ def result_files(folder: Path) -> list[Path]:
     return sorted(logs, key=lambda p: int(p.stem.split("_")[1]))
 
 
-def check_runs(logs: list[Path], benchmark: str) -> tuple[str | None, bool]:
+def check_runs(logs: list[Path], benchmark: str, ruleset: str) -> tuple[str | None, bool]:
     """Refuse runs the checkers would misread; return their division (None: no runs) and
     whether they trained on fixture data."""
     for log in logs:
@@ -43,6 +44,7 @@ def check_runs(logs: list[Path], benchmark: str) -> tuple[str | None, bool]:
         if run.division != division:
             raise UserError(f"{log}: submission_division {run.division!r}, but {logs[0].name}'s "
                             f"is {division!r}: package open and closed runs separately")
+        check_target(log, run, ruleset)
     fixture = sorted(log.name for log, run in runs.items() if run.fixture)
     if fixture and len(fixture) < len(runs):
         real = sorted(log.name for log, run in runs.items() if not run.fixture)
@@ -50,6 +52,20 @@ def check_runs(logs: list[Path], benchmark: str) -> tuple[str | None, bool]:
                         f"real-data runs ({', '.join(real)}): the fixture's RCP bypass would "
                         f"cover the real runs too; package them separately")
     return division, bool(fixture)
+
+
+def check_target(log: Path, run: RunSummary, ruleset: str) -> None:
+    """Refuse a run that says success without ending on an evaluation that meets the target.
+
+    The checker asks only that some evaluation met it (in the open division, not even that);
+    the training program stops at the first that does, so another last value is an edit."""
+    rule = mlperf_tools.target_rule(run.benchmark, ruleset)
+    if not run.success or rule is None or mlperf_tools.meets_target(rule[0], run.last_quality):
+        return
+    raise UserError(f"{log}: run_stop says success, but its last eval_accuracy "
+                    f"{json.dumps(run.last_quality)} does not meet the {run.benchmark} target "
+                    f"({rule[0]}, {rule[1]}): the run did not converge; rerun it or leave this "
+                    f"log out")
 
 
 def check_division(desc: dict, division: str, where: str, fix: str) -> None:
@@ -77,7 +93,7 @@ def read_description(json_file: Path) -> dict:
     return desc
 
 
-def validate(tree: Path) -> dict[Path, bool]:
+def validate(tree: Path, ruleset: str) -> dict[Path, bool]:
     """Refuse a tree the tools would misread; map each benchmark folder to fixture or not."""
     results = tree / "results"
     if not results.is_dir():
@@ -90,7 +106,8 @@ def validate(tree: Path) -> dict[Path, bool]:
             raise UserError(f"{system_dir} has no system description {json_file}: "
                             f"{REPACKAGE}")
         for bench_dir in sorted(p for p in system_dir.iterdir() if p.is_dir()):
-            division, fixture[bench_dir] = check_runs(result_files(bench_dir), bench_dir.name)
+            division, fixture[bench_dir] = check_runs(result_files(bench_dir), bench_dir.name,
+                                                       ruleset)
             if division is not None:
                 check_division(descs[system_dir.name], division, str(json_file),
                                f"set it to {division!r} there")

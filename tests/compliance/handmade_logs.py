@@ -47,6 +47,8 @@ def write_logdir(folder: Path, seeds=(1, 2, 3, 4, 5)) -> Path:
 
 
 def edit(log: Path, change) -> None:
-    """Rewrite each mllog event of a log as ``change(event)`` returns it (None drops it)."""
+    """Rewrite each mllog event of a log as ``change(event)`` returns it: an event, None (it
+    is dropped) or a list of events in its place."""
     events = [json.loads(line[len(":::MLLOG "):]) for line in log.read_text().splitlines()]
-    write(log, [e for e in map(change, events) if e is not None])
+    changed = [change(e) for e in events]
+    write(log, [e for c in changed for e in (c if isinstance(c, list) else [c]) if e is not None])

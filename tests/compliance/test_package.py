@@ -242,3 +242,99 @@ def test_a_log_lacking_a_key_the_checkers_need_is_named(handmade_tree, tmp_path,
     handmade_logs.edit(log, change)
     assert tree_refusal(tree, capsys) == (f"error: {log}: {key}, which the checkers need: "
                                           f"rerun the benchmark or leave this log out")
+
+
+def snapshot(folder) -> dict:
+    return {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_packaging_never_writes_over_its_input(handmade_tree, tmp_path, capsys):
+    """Packaging again from a tree's own results deleted all its logs."""
+    tree = copy(handmade_tree, tmp_path)
+    results = tree / "results/cpu_tiny/resnet"
+    before = snapshot(tree)
+    assert pack(results, tree) == 2
+    assert refusal(capsys) == (f"error: LOGDIR {results} lies in OUTDIR {tree}, which packaging "
+                               f"rewrites: name a new OUTDIR (a tree is packaged again from a "
+                               f"copy of its logs elsewhere)")
+    assert snapshot(tree) == before
+    desc = tree / "systems/cpu_tiny.json"
+    assert pack(handmade_logs.write_logdir(tmp_path / "logs"), tree, "--system-desc",
+                str(desc)) == 2
+    assert refusal(capsys).startswith(f"error: --system-desc {desc} lies in OUTDIR {tree}")
+    assert snapshot(tree) == before
+    logs = tmp_path / "logs"
+    before = snapshot(logs)
+    assert pack(logs, logs / "tree") == 2
+    assert refusal(capsys) == (f"error: OUTDIR {logs / 'tree'} lies in LOGDIR {logs}: name an "
+                               f"OUTDIR outside it")
+    assert snapshot(logs) == before
+
+
+def rewrite(logdir, i, change):
+    handmade_logs.edit(logdir / f"result_{i}.txt", change)
+
+
+def aborted(event):
+    if event["key"] == "run_stop":
+        return {**event, "metadata": {**event["metadata"], "status": "aborted"}}
+    return event
+
+
+def test_an_aborted_run_counts_as_not_converged(tmp_path, capsys):
+    """Infinite time, as the result summarizer and the RCP checker count it: the fastest run,
+    aborted, becomes the slowest and is dropped; the score is not its time to train."""
+    logs = handmade_logs.write_logdir(tmp_path / "logs")   # 4.9 5.9 6.9 7.9 8.9 s
+    rewrite(logs, 0, aborted)
+    assert pack(logs, tmp_path / "tree") == 0
+    out = capsys.readouterr().out
+    assert ("result summarizer: PASS: resnet on cpu_tiny: 0.132 min (did not converge: "
+            "result_0.txt: infinite time, dropped as the slowest by olympic scoring)") in out
+    (row,) = summarize.score_table(tmp_path / "tree")
+    assert row.score_minutes == pytest.approx((6.9 + 7.9 + 8.9) / 3 / 60)
+    assert row.cells()[3].startswith("inf(aborted) 0.098 ")
+    with open(tmp_path / "tree/summary.csv") as f:
+        (rec,) = list(csv.DictReader(f))
+    assert rec["not_converged"].startswith("result_0.txt: infinite time")
+
+
+def test_two_runs_that_did_not_converge_leave_no_score(tmp_path, capsys):
+    logs = handmade_logs.write_logdir(tmp_path / "logs")
+    rewrite(logs, 1, aborted)
+    rewrite(logs, 3, aborted)
+    assert pack(logs, tmp_path / "tree") == 1
+    out = capsys.readouterr().out
+    assert ("result summarizer: FAIL: resnet on cpu_tiny: no score (did not converge: "
+            "result_1.txt, result_3.txt: no score, at most 1 of 5 may fail)") in out
+    assert summarize.main([str(tmp_path / "tree")]) == 1
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "resnet on cpu_tiny: no score (did not converge: result_1.txt, result_3.txt: no score, "
+        "at most 1 of 5 may fail)")
+
+
+@pytest.mark.parametrize("change, message", [
+    # a second evaluation, below ResNet's 0.759, after the one that met it
+    (lambda e: [e, {**e, "value": 0.5}] if e["key"] == "eval_accuracy" else e,
+     "{log}: run_stop says success, but its last eval_accuracy 0.5 does not meet the resnet "
+     "target (v['value'] >= 0.7590 and v['value'] < 1.0, training_1.1.0/closed_resnet.yaml): "
+     "the run did not converge; rerun it or leave this log out"),
+    # "1" would not be seen as repeating result_0.txt's seed 1
+    (lambda e: {**e, "value": "1"} if e["key"] == "seed" else e,
+     '{log}: seed "1" is not an integer (the training program logs an int): rerun the '
+     'benchmark'),
+    (lambda e: {**e, "time_ms": handmade_logs.T0 + 100} if e["key"] == "run_stop" else e,
+     f"{{log}}: run_stop with status success at the instant of run_start (time_ms "
+     f"{handmade_logs.T0 + 100}): no run trains and evaluates in no time; rerun the benchmark"),
+], ids=["last-evaluation-below-target", "string-seed", "no-time-to-train"])
+def test_a_run_that_cannot_have_passed_is_refused(handmade_tree, tmp_path, capsys, change,
+                                                  message):
+    logs = handmade_logs.write_logdir(tmp_path / "logs")
+    log = logs / "result_2.txt"
+    handmade_logs.edit(log, change)
+    assert pack(logs, tmp_path / "out") == 2
+    assert refusal(capsys) == "error: " + message.format(log=log)
+    assert not (tmp_path / "out").exists()
+    tree = copy(handmade_tree, tmp_path)
+    log = tree / "results/cpu_tiny/resnet/result_2.txt"
+    handmade_logs.edit(log, change)
+    assert tree_refusal(tree, capsys) == "error: " + message.format(log=log)

@@ -5,6 +5,7 @@ import json
 import shutil
 
 import pytest
+from mlperf_logging.result_summarizer import result_summarizer
 
 from compliance import mlperf_tools, package, summarize
 from tests.compliance import handmade_logs
@@ -61,4 +62,17 @@ def test_a_non_compliant_run_fails_and_is_marked(handmade_tree, tmp_path, capsys
     out = capsys.readouterr().out.splitlines()
     assert out[-1].startswith(f"compliance FAIL: {log} (training 1.1.0): ")
     (row,) = summarize.score_table(tree)
-    assert row.cells()[3] == "0.082 0.098 0.115 0.132(non-compliant) 0.148"
+    assert row.cells()[3] == "0.082 0.098 0.115 inf(non-compliant) 0.148"
+
+
+def test_the_score_is_the_result_summarizers_where_it_drops_a_run(handmade_tree, tmp_path):
+    """The summarizer drops a non-compliant run as not converged: the same score here."""
+    tree = shutil.copytree(handmade_tree, tmp_path / "tree")
+    log = tree / "results/cpu_tiny/resnet/result_0.txt"
+    handmade_logs.edit(log, lambda e: None if e["key"] == "submission_org" else e)
+    (row,) = summarize.score_table(tree)
+    with mlperf_tools.captured():
+        strong, *_ = result_summarizer.summarize_results(str(tree), "training", "1.1.0")
+    (theirs,) = strong["resnet"]
+    assert row.score_minutes == pytest.approx(theirs, rel=1e-12)
+    assert row.score_minutes == pytest.approx((6.9 + 7.9 + 8.9) / 3 / 60)
