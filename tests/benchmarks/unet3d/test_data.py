@@ -72,6 +72,27 @@ def test_bad_label_value_is_reported(tmp_path, kits_fixture):
         data.load(bad)
 
 
+@pytest.mark.parametrize("damage", ["all nan", "one inf", "one -inf"])
+def test_non_finite_volume_is_refused_at_read(tmp_path, kits_fixture, damage):
+    train, _ = data.scan(kits_fixture)
+    image = np.load(train[0].image)
+    if damage == "all nan":
+        image[:] = np.nan
+    else:
+        image[0, 3, 4, 5] = np.inf if damage == "one inf" else -np.inf
+    np.save(tmp_path / "case_00001_x.npy", image)
+    shutil.copy(train[0].label, tmp_path / "case_00001_y.npy")
+    copy_cases(kits_fixture, tmp_path, "00000")  # scan needs an evaluation case
+    (bad,), _ = data.scan(tmp_path)  # headers only: the voxels are checked when read
+    count = image.size if damage == "all nan" else 1
+    with pytest.raises(UserError, match=re.escape(
+            f"case 00001: {bad.image} holds {count} NaN or infinite voxels of {image.size}; ")):
+        data.load(bad)
+    huge = np.full_like(image, 3e30)  # finite, though its squares overflow float32
+    np.save(bad.image, huge)
+    assert np.array_equal(data.load(bad)[0], huge)
+
+
 def copy_cases(src, dst, *case_ids):
     for case_id in case_ids:
         for kind in "xy":
