@@ -62,8 +62,8 @@ rm -f "$probe"
 
 if [[ -z ${DATADIR:-} ]]; then
     DATADIR=${FIXTURE_DIR:-$REPO/.fixtures/$BENCHMARK}
-    python -m "benchmarks.$BENCHMARK.fixture" "$DATADIR" "${FIXTURE_ARGS[@]}" \
-        || die "could not write the $BENCHMARK fixture to $DATADIR"
+    # The writer says why it wrote nothing in one line (2: refused, 128+N: stopped by signal N).
+    python -m "benchmarks.$BENCHMARK.fixture" "$DATADIR" "${FIXTURE_ARGS[@]}" || exit
 elif [[ ! -d $DATADIR ]]; then
     die "DATADIR=$DATADIR is not a directory: point it at the dataset (see docs/data.md#$BENCHMARK), or unset it to use the fixture"
 elif [[ -z $(ls -A "$DATADIR") ]]; then
