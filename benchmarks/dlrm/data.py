@@ -10,7 +10,11 @@ A data directory holds ``terabyte_processed_train.bin`` (days 0-22),
 ``terabyte_processed_test.bin`` (the evaluation half of day 23) and
 ``day_fea_count.npz`` whose ``counts`` array gives the 26 table sizes. The
 reader applies the reference's transforms: ``log(dense + 1)`` and category
-ids modulo ``max_ind_range``; table sizes are ``min(count, max_ind_range)``.
+ids modulo ``max_ind_range`` (``_transform_features``); table sizes are
+``min(count, max_ind_range)`` (``dlrm_s_pytorch.py``'s ``ln_emb``). So an id
+beyond a table capped at ``max_ind_range`` is folded into it, as in the
+reference; an id still outside its table after that (which would make the
+reference's embedding lookup fail) stops the read naming the record.
 Files are memory-mapped and each global batch is one contiguous slice, so
 reading is large sequential I/O and nothing is loaded whole.
 (NVIDIA's v1.1 split format, one file per feature, is not implemented.)
@@ -100,15 +104,15 @@ class BinaryClickLog:
         """Records ``[start, stop)`` (one contiguous read), checked and transformed."""
         raw = np.array(self.records[start:stop])   # the one sequential read
         labels, dense, sparse = raw[:, 0], raw[:, 1:1 + NUM_DENSE], raw[:, 1 + NUM_DENSE:]
-        self._check(start, labels, dense, sparse)
-        sparse = sparse.astype(np.int64)
+        ids = sparse.astype(np.int64)
         if self.max_ind_range > 0:
-            sparse %= self.max_ind_range
+            ids %= self.max_ind_range
+        self._check(start, labels, dense, sparse, ids)
         return Batch(dense=torch.from_numpy(np.log1p(dense.astype(np.float32))),
-                     sparse=torch.from_numpy(sparse),
+                     sparse=torch.from_numpy(ids),
                      labels=torch.from_numpy(labels.astype(np.float32)))
 
-    def _check(self, start: int, labels, dense, sparse) -> None:
+    def _check(self, start: int, labels, dense, sparse, ids) -> None:
         def fail(row: int, what: str):
             raise UserError(f"{self.path}: record {start + row}: {what}; the file is corrupt or "
                             f"not in the reference's 40 x int32 layout")
@@ -119,7 +123,6 @@ class BinaryClickLog:
         bad_rows, _ = np.nonzero(dense < 0)
         if bad_rows.size:
             fail(int(bad_rows[0]), "negative dense feature")
-        ids = sparse if self.max_ind_range <= 0 else sparse % self.max_ind_range
         rows, cols = np.nonzero((ids < 0) | (ids >= self.sizes))
         if rows.size:
             r, c = int(rows[0]), int(cols[0])

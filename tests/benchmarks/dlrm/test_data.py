@@ -56,6 +56,30 @@ def test_max_ind_range_is_applied(tmp_path):
     assert log.read(0, 1).sparse[0].tolist() == [3] * 26
 
 
+def test_ids_beyond_a_capped_table_fold_into_it_as_in_the_reference(tmp_path):
+    """The reference takes every id modulo --max-ind-range and caps each table at it
+    (facebookresearch/dlrm _transform_features, ln_emb): ids beyond a capped table are
+    mapped, not refused; ids outside an uncapped table are refused, naming the record."""
+    counts = [50, 10] + [10] * 24
+    ids = [1] * 26
+    ids[0] = 47          # table 0: 50 rows in the counts, capped at 20
+    path = tmp_path / "x.bin"
+    _write(path, [_record(0, [1] * 13, ids), _record(1, [1] * 13, [-3] + [2] * 25)])
+    capped = data.BinaryClickLog(path, data.cap_sizes(counts, 20), max_ind_range=20)
+    assert capped.sizes[:2].tolist() == [20, 10]
+    assert capped.read(0, 2).sparse[:, 0].tolist() == [47 % 20, -3 % 20]  # Python's sign rule
+    uncapped = data.BinaryClickLog(path, data.cap_sizes(counts, 0), max_ind_range=0)
+    assert uncapped.read(0, 1).sparse[0, 0].item() == 47
+    with pytest.raises(UserError, match=r"x\.bin: record 1: category id -3 of feature 0 is "
+                                        r"beyond its table size 50"):
+        uncapped.read(0, 2)
+    ids[1] = 15          # table 1: 10 rows, under the cap, so 15 % 20 = 15 is outside it
+    _write(path, [_record(0, [1] * 13, ids)])
+    with pytest.raises(UserError, match=r"record 0: category id 15 of feature 1 is beyond its "
+                                        r"table size 10"):
+        data.BinaryClickLog(path, data.cap_sizes(counts, 20), max_ind_range=20).read(0, 1)
+
+
 def test_truncated_file_names_file_and_record(tmp_path):
     path = tmp_path / "x.bin"
     _write(path, [_record(0, [1] * 13, [1] * 26)] * 3)
