@@ -133,6 +133,11 @@ class BertWorkload(Workload):
         vocab = None if self.synthetic else a.data_dir / "vocab.txt"
         if vocab and vocab.is_file():
             n = len([t for t in vocab.read_text().split("\n") if t])
+            if n != config.vocab_size and not a.bert_config and not path.is_file():
+                raise UserError(f"{path}: missing, so the model is BERT-large (vocab_size "
+                                f"{config.vocab_size}), but {vocab} has {n} tokens: put the "
+                                "bert_config.json that goes with this vocab.txt there, or pass "
+                                "--bert-config FILE")
             if n != config.vocab_size:
                 raise UserError(f"{vocab} has {n} tokens but the bert config says vocab_size "
                                 f"{config.vocab_size}: vocab and config/checkpoint do not match")

@@ -124,6 +124,17 @@ def test_vocab_config_mismatch(tmp_path, small_fixture):
     assert len(lines) == 1 and "vocab" in lines[0] and "do not match" in lines[0]
 
 
+def test_missing_bert_config_is_named_not_the_vocab(tmp_path, small_fixture):
+    data = tmp_path / "d"
+    shutil.copytree(small_fixture, data)
+    (data / "bert_config.json").unlink()
+    proc = run_module("--data-dir", str(data), "--log-file", str(tmp_path / "log.txt"))
+    assert proc.returncode == 2
+    lines = error_lines(proc)
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: {data / 'bert_config.json'}: missing, so the model is BERT-large"), lines
+
+
 def test_empty_shard_list(tmp_path, small_fixture):
     data = tmp_path / "d"
     shutil.copytree(small_fixture, data)
