@@ -1,14 +1,14 @@
-"""The packed joint's gather, add, ReLU and dropout as one compiled kernel (``--joint
-packed-compiled``).
+"""The packed joint's gather, add, ReLU and dropout as one compiled kernel
+(``compiled-joint``).
 
-``model.gather_add_relu_dropout``, the reference for this one, gathers and adds the rows of
+``packed_joint.gather_add_relu_dropout``, the reference for this one, gathers and adds the rows of
 ``joint_enc``'s and ``joint_pred``'s outputs as one ``embedding_bag``: no gathered copies,
 but its kernel was the largest of the step, 19.2 ms of 148.6 ms of kernels at batch 128 of
 12.3 s utterances (2.7 million pairs x 512, docs/performance.md, RNN-T), for an output of
 2.7 GB that the GPU writes in about 1 ms. Here ``torch.compile`` makes the gather, add, ReLU
 and dropout (inductor's own random numbers) one elementwise kernel: each output element reads
 its two inputs, which stay in cache, and is written once. Compiled for any number of rows
-(``compiled_loss.rows_dynamic``); the backward stays ``model._AddReluDropout``'s.
+(``compiled_loss.rows_dynamic``); the backward stays ``packed_joint._AddReluDropout``'s.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.rnnt.compiled_loss import rows_dynamic
+from common.optimisations import Optimisation
 
 
 @torch.compile
@@ -28,6 +29,17 @@ def _gather_add_relu_dropout(f: torch.Tensor, g: torch.Tensor, rows_f: torch.Ten
 
 def gather_add_relu_dropout(f: torch.Tensor, g: torch.Tensor, rows_f: torch.Tensor,
                             rows_g: torch.Tensor, p: float) -> torch.Tensor:
-    """``model.gather_add_relu_dropout``'s contract."""
+    """``packed_joint.gather_add_relu_dropout``'s contract."""
     rows_dynamic(f, g, rows_f, rows_g)
     return _gather_add_relu_dropout(f, g, rows_f, rows_g, p)
+
+
+def apply(wl, _) -> None:
+    wl.train_loss.gather = gather_add_relu_dropout
+
+
+OPTIMISATION = Optimisation(
+    "compiled-joint", "the packed joint's gather, add, ReLU and dropout as one compiled kernel "
+    "(benchmarks/rnnt/compiled_joint.py)", apply=apply, requires=("packed-joint",),
+    compare=None, tested_by="tests/benchmarks/rnnt/test_workload.py (its dropout draws its "
+    "own masks)")

@@ -1,6 +1,6 @@
-"""The packed transducer loss's log-softmax as two compiled kernels (``--loss compiled``).
+"""The transducer loss's log-softmax as two compiled kernels (``compiled-loss``).
 
-``--loss fused`` (``loss._FusedLogProbs``, the reference for this one) keeps the fp32 work in
+``fused-loss`` (``fused_loss._FusedLogProbs``, the reference for this one) keeps the fp32 work in
 chunks of rows but still runs several passes over each chunk: in the forward the max, a
 subtraction written in fp32, ``exp`` and the sum; in the backward a subtraction written in
 fp32, ``exp``, the scaling, two scatters and the copy into the logits' dtype. At batch 64
@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from benchmarks.rnnt.loss import log_probs_at
+from common.optimisations import Optimisation
 
 
 def rows_dynamic(*tensors: torch.Tensor) -> None:
@@ -49,7 +50,7 @@ def _log_softmax_grad(logits: torch.Tensor, norm: torch.Tensor, g_blank: torch.T
 
 
 class CompiledLogProbs(torch.autograd.Function):
-    """``loss._FusedLogProbs``'s contract: ``(logits [N, V], ids [N], has_label [N], blank)``
+    """``fused_loss._FusedLogProbs``'s contract: ``(logits [N, V], ids [N], has_label [N], blank)``
     -> ``(blank_lp [N], label_lp [N])``, the log-softmax at the blank's and at ``ids``'
     columns (fp32 or wider; -inf where ``has_label`` is false)."""
 
@@ -69,3 +70,18 @@ class CompiledLogProbs(torch.autograd.Function):
         g_label = torch.where(has_label, g_label, 0.0)   # the -inf rows are constants
         rows_dynamic(logits, norm, g_blank, g_label, ids)
         return _log_softmax_grad(logits, norm, g_blank, g_label, ids, ctx.blank), None, None, None
+
+
+def compiled_log_probs(logits: torch.Tensor, ids: torch.Tensor, has_label: torch.Tensor,
+                       blank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``loss.reference_log_probs``' contract."""
+    return CompiledLogProbs.apply(logits, ids, has_label, blank)
+
+
+def apply(wl, _) -> None:
+    wl.train_loss.log_probs = compiled_log_probs
+
+
+OPTIMISATION = Optimisation(
+    "compiled-loss", "the loss's log-softmax as two compiled kernels: no fp32 copy of the "
+    "logits (benchmarks/rnnt/compiled_loss.py)", apply=apply, rtol=1e-5)

@@ -1,4 +1,4 @@
-"""Greedy decoding's steps replayed as a CUDA graph (``--decode-graphs``).
+"""Greedy decoding's steps replayed as a CUDA graph (``decode-graphs``).
 
 A step of :func:`benchmarks.rnnt.decoding.advance` is many small kernels (the joint, the
 prediction network's one-step LSTM, the selects) launched from the host, and a batch takes one
@@ -15,9 +15,6 @@ weights where they are: the moving average's updates in place reach it.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 
@@ -28,9 +25,9 @@ from benchmarks.rnnt.decoding import (
     TransducerModel,
     advance,
     eval_mode,
-    greedy_decode,
 )
 from common.cuda_graph import side_stream, uncached_autocast
+from common.optimisations import Optimisation
 
 UNROLL = 16       # steps a replay
 MIN_FRAMES = 64
@@ -86,11 +83,11 @@ class GraphedDecoder:
             return self.search.hypotheses()[:B]
 
 
-def batch_decoder(model: TransducerModel, blank: int, max_symbols: int = MAX_SYMBOLS,
-                  graphs: bool = False) -> Callable[[torch.Tensor, torch.Tensor],
-                                                    list[list[int]]]:
-    """``decode(feats, feat_lens)``: :class:`GraphedDecoder` with ``graphs``, else the eager
-    :func:`greedy_decode`, both of ``model``."""
-    if graphs:
-        return GraphedDecoder(model, blank, max_symbols)
-    return functools.partial(greedy_decode, model, blank=blank, max_symbols=max_symbols)
+def apply(wl, _) -> None:
+    wl.decode = GraphedDecoder(wl.ema_model, wl.ema_model.blank, wl.hp.max_symbols)
+
+
+OPTIMISATION = Optimisation(
+    "decode-graphs", "evaluation's greedy decoding steps as a CUDA graph of 16 steps "
+    "(benchmarks/rnnt/decode_graphs.py)", apply=apply, cuda=True, compare=None,
+    tested_by="tests/benchmarks/rnnt/test_decode_graphs.py (evaluation, not the step)")

@@ -12,7 +12,7 @@ to 330; NVIDIA's batched decoder ends at the 300th label without keeping it (299
 
 A step of the whole batch (:func:`advance`) works in place on a :class:`Search` and never
 reads a value back to the host: a done row goes through it unchanged, so the host only asks
-whether every row is done. ``--decode-graphs`` (:mod:`benchmarks.rnnt.decode_graphs`) replays
+whether every row is done. ``decode-graphs`` (:mod:`benchmarks.rnnt.decode_graphs`) replays
 those steps as a CUDA graph; :func:`greedy_decode` runs them eagerly and is its reference.
 """
 

@@ -32,7 +32,7 @@ from benchmarks.rnnt.data import EVAL_SPLIT
 from benchmarks.rnnt.features import SAMPLE_RATE
 from benchmarks.rnnt.prepare_data import prepare
 from common.errors import UserError
-from common.fixture_cache import cached_fixture
+from common.fixture_cache import cached_fixture, fixture_command
 
 TRAIN_SPLIT = "train-clean-100"
 EVAL_UTTERANCES = 2703
@@ -170,6 +170,7 @@ def write_fixture(root: Path, train: int = 2000, eval: int = EVAL_UTTERANCES,
     return cached_fixture(root, params, write)
 
 
+@fixture_command
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.rnnt.fixture",
                                 description="Write the LibriSpeech-format RNN-T fixture.")

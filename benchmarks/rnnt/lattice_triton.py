@@ -1,4 +1,4 @@
-"""The transducer loss's lattice recursion in one Triton kernel (``--lattice triton``): the
+"""The transducer loss's lattice recursion in one Triton kernel (``triton-lattice``): the
 GPU counterpart of :func:`benchmarks.rnnt.loss.lattice`, which stays the reference.
 
 The reference walks the lattice's anti-diagonals from the host, two kernels each: at 206
@@ -22,6 +22,8 @@ import functools
 
 import torch
 from torch import Tensor
+
+from common.optimisations import Optimisation
 
 
 @functools.cache
@@ -71,3 +73,13 @@ def lattice(wt: Tensor, wu: Tensor, init: Tensor) -> Tensor:
 @lattice.register_fake
 def _(wt, wu, init):
     return torch.empty_like(wt)
+
+
+def apply(wl, _) -> None:
+    wl.train_loss.walk = lattice
+
+
+OPTIMISATION = Optimisation(
+    "triton-lattice", "the loss's lattice recursion as one Triton kernel, not two kernels per "
+    "anti-diagonal launched from the host (benchmarks/rnnt/lattice_triton.py)", apply=apply,
+    cuda=True, rtol=0.0)

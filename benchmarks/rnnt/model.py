@@ -20,12 +20,8 @@ use and log as ``model_weights_initialization_scale`` (the reference's ``RNNT`` 
 default is 1.0). Embedding and linear layers keep PyTorch's defaults.
 
 Tensors are batch-first here (the reference runs time-major): features ``[B, T, 240]``,
-encoder output ``[B, T', 1024]``, labels ``[B, U]`` padded with any valid token id.
-
-Two joints compute the same logits: :meth:`RNNT.joint` on the padded grid ``[B, T, U+1, V+1]``
-(the reference), and :meth:`RNNT.joint_packed` on the valid ``(t, u)`` pairs only, utterance
-by utterance at offsets ``cumsum(T_b * (U_b + 1))`` like NVIDIA's ``batch_offset``, ``t`` major,
-with the add, ReLU and dropout in one autograd function that keeps only its output.
+encoder output ``[B, T', 1024]``, labels ``[B, U]`` padded with any valid token id; the joint
+makes the padded grid ``[B, T', U+1, V+1]``, as the reference's.
 """
 
 from __future__ import annotations
@@ -143,76 +139,6 @@ class Prediction(nn.Module):
         return y[:, 0], state
 
 
-def packed_index(enc_lens: torch.Tensor, pred_lens: torch.Tensor, total: int | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The ``(b, t, u)`` of every valid pair ``t < enc_lens[b]``, ``u < pred_lens[b]``
-    (``pred_lens`` = label lengths + 1), utterance by utterance, ``t`` major. ``total``, the
-    number of pairs, spares a device-to-host copy when the caller knows it."""
-    sizes = enc_lens.long() * pred_lens.long()
-    b = torch.repeat_interleave(torch.arange(len(sizes), device=sizes.device), sizes,
-                                output_size=total)
-    start = torch.cumsum(sizes, 0) - sizes
-    local = torch.arange(len(b), device=b.device) - start[b]
-    width = pred_lens.long()[b]
-    return b, local // width, local % width
-
-
-def row_sums(x: torch.Tensor, rows: torch.Tensor, n: int, segments: bool | None = None
-             ) -> torch.Tensor:
-    """``[n, H]``: row ``i`` is the sum of the rows ``j`` of ``x [N, H]`` with ``rows[j] == i``,
-    in ``x``'s dtype, accumulated in fp32 or wider. ``segments`` (default: on CUDA) sorts
-    ``rows`` and reduces each run, as ``nn.Embedding``'s backward does; otherwise
-    ``index_add_``, whose CUDA atomic adds round to bf16 at every add (a bf16 sum of hundreds
-    of rows stalls) while its CPU kernel accumulates in fp32 and that backward does not."""
-    if x.is_cuda if segments is None else segments:
-        return torch.ops.aten.embedding_dense_backward(x, rows, n, -1, False)
-    return x.new_zeros(n, x.shape[1]).index_add_(0, rows, x)
-
-
-def gather_add_relu_dropout(f: torch.Tensor, g: torch.Tensor, rows_f: torch.Tensor,
-                            rows_g: torch.Tensor, p: float) -> torch.Tensor:
-    """``dropout(relu(f[rows_f] + g[rows_g]), p)`` with the gather and the add as one
-    ``embedding_bag`` (a sum of two rows of ``[f; g]``), so neither gathered ``[N, H]`` tensor
-    is made; the reference of ``compiled_joint``'s."""
-    pairs = torch.stack((rows_f, rows_g + len(f)), 1)
-    out = F.embedding_bag(pairs, torch.cat((f, g)), mode="sum").relu_()
-    return F.dropout(out, p, training=True) if p > 0 else out   # one fused kernel on the GPU
-
-
-class _AddReluDropout(torch.autograd.Function):
-    """``dropout(relu(f[rows_f] + g[rows_g]))`` by ``gather`` (a function of
-    ``(f, g, rows_f, rows_g, p)``), saving only its output: the output is positive exactly
-    where the gradient passes (scaled by ``1 / (1 - p)``); the backward sums the gradient's
-    rows with :func:`row_sums`."""
-
-    @staticmethod
-    def forward(ctx, f: torch.Tensor, g: torch.Tensor, rows_f: torch.Tensor,
-                rows_g: torch.Tensor, p: float, gather) -> torch.Tensor:
-        out = gather(f, g, rows_f, rows_g, p)
-        ctx.save_for_backward(out, rows_f, rows_g)
-        ctx.scale = 1.0 / (1.0 - p)
-        ctx.sizes = len(f), len(g)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        out, rows_f, rows_g = ctx.saved_tensors
-        grad = torch.ops.aten.threshold_backward(grad, out, 0)   # grad where out > 0, else 0
-        grad_f, grad_g = (row_sums(grad, rows, n) for rows, n in zip((rows_f, rows_g),
-                                                                    ctx.sizes))
-        if ctx.scale != 1.0:
-            grad_f, grad_g = grad_f.mul_(ctx.scale), grad_g.mul_(ctx.scale)
-        return grad_f, grad_g, None, None, None, None
-
-
-def add_relu_dropout(f: torch.Tensor, g: torch.Tensor, rows_f: torch.Tensor,
-                     rows_g: torch.Tensor, p: float, training: bool,
-                     gather=gather_add_relu_dropout) -> torch.Tensor:
-    """``dropout(relu(f[rows_f] + g[rows_g]), p)``: ``f [Nf, H]``, ``g [Ng, H]`` -> ``[N, H]``,
-    the forward by ``gather`` (:func:`gather_add_relu_dropout`'s contract)."""
-    return _AddReluDropout.apply(f, g, rows_f, rows_g, p if training else 0.0, gather)
-
-
 class RNNT(nn.Module):
     """The RNN-T; every size is a keyword argument with the reference's value as default.
     ``forward(feats, feat_lens, labels)`` -> ``(logits [B, T', U+1, vocab_size+1], enc_lens)``
@@ -269,19 +195,6 @@ class RNNT(nn.Module):
     def joint_step(self, enc: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
         """``enc [B, He]``, ``pred [B, Hp]`` -> ``[B, vocab_size+1]`` (one pair per row)."""
         return self._output(self.joint_enc(enc) + self.joint_pred(pred))
-
-    def joint_packed(self, enc: torch.Tensor, pred: torch.Tensor, enc_lens: torch.Tensor,
-                     label_lens: torch.Tensor, total: int | None = None,
-                     gather=gather_add_relu_dropout) -> torch.Tensor:
-        """The joint on the valid pairs only: ``[N, vocab_size+1]``, rows in
-        :func:`packed_index` order (``N = sum(enc_lens * (label_lens + 1))``, or ``total``);
-        ``gather``: the hidden layer's forward (:func:`add_relu_dropout`)."""
-        b, t, u = packed_index(enc_lens, label_lens + 1, total)
-        f = self.joint_enc(enc).flatten(0, 1)
-        g = self.joint_pred(pred).flatten(0, 1)
-        h = add_relu_dropout(f, g, b * enc.shape[1] + t, b * pred.shape[1] + u,
-                             self.joint_dropout, self.training, gather)
-        return self.joint_net(h)
 
     def forward(self, feats: torch.Tensor, feat_lens: torch.Tensor, labels: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:

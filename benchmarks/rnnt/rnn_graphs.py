@@ -1,4 +1,4 @@
-"""The encoder's and the prediction network's LSTMs replayed as CUDA graphs (``--rnn-graphs``),
+"""The encoder's and the prediction network's LSTMs replayed as CUDA graphs (``rnn-graphs``),
 one pair of graphs (forward, backward) per padded input length.
 
 cuDNN launches several kernels per time step and layer from the host, about 10,000 launches
@@ -24,6 +24,7 @@ from torch import nn
 
 from benchmarks.rnnt.model import LSTM, RNNT, stacked_lengths
 from common.cuda_graph import uncached_autocast
+from common.optimisations import Optimisation
 
 PAD_STEPS = 16   # encoder steps (0.96 s) and labels a padded length is a multiple of
 
@@ -123,3 +124,15 @@ class GraphedRNNs:
         U = labels.shape[1]
         labels = F.pad(labels, (0, _round_up(U + 1, self.pad_steps) - 1 - U))
         return self._graph(_PredictionCore, labels)(labels)[:, :U + 1]
+
+
+def apply(wl, _) -> None:
+    rnns = GraphedRNNs(wl.net)
+    wl.train_loss.encode, wl.train_loss.predict = rnns.encode, rnns.predict
+
+
+OPTIMISATION = Optimisation(
+    "rnn-graphs", "the encoder's and prediction network's LSTMs as CUDA graphs, one per input "
+    "length padded to 16 steps (benchmarks/rnnt/rnn_graphs.py)", apply=apply, cuda=True,
+    compare=None, tested_by="tests/benchmarks/rnnt/test_rnn_graphs.py (the graphs draw their "
+    "own dropout masks)")

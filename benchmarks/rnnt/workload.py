@@ -10,19 +10,11 @@ decodes, greedily with at most 300 symbols per utterance, after every epoch, at 
 epochs. Training utterances over 16.7 s are dropped and batched in 6 duration buckets.
 
 A training step takes raw audio: speed perturbation, silence trimming, log-mel features and
-SpecAugment run on the workload's device (``features.AudioFeatures``) inside the step; the
-joint runs over the valid (t, u) pairs only (``--joint packed``, the default; with its
-gather, add, ReLU and dropout compiled: ``--joint packed-compiled``) or over the padded grid
-(``--joint padded``, the reference's), the loss is the pure-PyTorch transducer
-loss, ``torchaudio``'s (``--loss torchaudio``, padded grid, GPU only) or the packed loss with
-the log-softmax fused into it (``--loss fused``, packed joint: no fp32 ``[N, V]`` tensor), or
-that log-softmax as two compiled kernels (``--loss compiled``). The loss's lattice recursion
-runs diagonal by diagonal from the host (``--lattice torch``) or as one Triton kernel
-(``--lattice triton``, GPU only). ``--rnn-graphs`` replays the LSTMs as CUDA graphs, one per
-padded length (GPU only). ``--flat-params`` keeps the parameters and gradients in one
-buffer, LAMB updating it with whole-buffer and multi-tensor kernels (``ShardedLamb``, one
-gradient reduce-scatter across ranks in place of DDP) instead of one tensor at a time.
-``--decode-graphs`` replays evaluation's greedy decoding steps as CUDA graphs (GPU only).
+SpecAugment run on the workload's device (``features.AudioFeatures``) inside the step. With no
+optimisation named the rest is the reference's: the joint on the padded grid, the transducer
+loss in pure PyTorch (:mod:`benchmarks.rnnt.loss`), DDP and LAMB one tensor at a time, eager
+greedy decoding. The optimisations (``--list-optimisations``) replace parts of the built
+:class:`TransducerLoss`, the optimizer or the decoder, each from its own module.
 """
 
 from __future__ import annotations
@@ -30,16 +22,29 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import functools
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from benchmarks.rnnt import compiled_joint, data, features
-from benchmarks.rnnt.decode_graphs import batch_decoder
-from benchmarks.rnnt.decoding import MAX_SYMBOLS
-from benchmarks.rnnt.loss import LATTICES, packed_transducer_loss, transducer_loss
+from benchmarks.rnnt import (
+    compiled_joint,
+    compiled_loss,
+    data,
+    decode_graphs,
+    features,
+    flat_lamb,
+    fused_loss,
+    lattice_triton,
+    packed_joint,
+    rnn_graphs,
+    torchaudio_loss,
+)
+from benchmarks.rnnt.decoding import MAX_SYMBOLS, greedy_decode
+from benchmarks.rnnt.loss import lattice, reference_log_probs, transducer_loss
 from benchmarks.rnnt.model import (
     ENC_HIDDEN,
     ENC_POST_RNN_LAYERS,
@@ -49,29 +54,70 @@ from benchmarks.rnnt.model import (
     PRED_RNN_LAYERS,
     RNNT,
     WEIGHTS_INIT_SCALE,
-    gather_add_relu_dropout,
     mllog_tensor_names,
-    stacked_lengths,
 )
 from benchmarks.rnnt.tokenizer import VOCAB_SIZE, Tokenizer
 from benchmarks.rnnt.wer import error_counts
 from common import dist, loaders
-from common.errors import UserError, require_cuda
+from common.errors import UserError
 from common.fixture_cache import MARKER as FIXTURE_MARKER
-from common.flat_params import FlatParameters
+from common.hparams import hparam, non_negative, open_fraction, positive
 from common.kernel_profile import region
-from common.lamb import Lamb, LambHyper, ShardedLamb
+from common.lamb import Lamb, LambHyper
 from common.mllog import constants
+from common.optimisations import Registry
 from common.workload import CapturePolicy, EvalPoint, Target, Workload, epoch_points
 
 LIBRISPEECH_TRAIN, LIBRISPEECH_EVAL = 281_241, 2_703   # 960 h of training, dev-clean
 VOCAB_SIZE_KEY = "vocab_size"   # not an MLPerf key: the SentencePiece pieces the run used
-# --joint's packed choices -> the forward of the joint's hidden layer
-GATHERS = {"packed": gather_add_relu_dropout,
-           "packed-compiled": compiled_joint.gather_add_relu_dropout}
-JOINTS = (*GATHERS, "padded")
 SYNTHETIC_SECONDS = (2.0, 8.0)   # utterance lengths of synthetic batches
 SYNTHETIC_WORDS_PER_SECOND = 3
+
+
+@dataclass
+class HParams:
+    """The reference's hyper-parameters (its ``train.py`` and ``baseline_v3-1023sp.yaml``)."""
+
+    vocab_size: int = hparam(VOCAB_SIZE, "SentencePiece pieces (sentencepieces/"
+                             "librispeech<N>.model)", check=positive)
+    batch_size: int = hparam(128, "per-rank utterances per optimizer step", check=positive)
+    grad_accum: int = hparam(8, "micro-batches per step (each of --batch-size / "
+                             "--grad-accum)", check=positive)
+    eval_batch_size: int = hparam(128, "utterances per evaluation batch", check=positive)
+    epochs: int = hparam(100, "epoch cap", check=positive)
+    eval_start: int = hparam(1, "first evaluated epoch", check=positive)
+    eval_every: int = hparam(1, "epochs between evaluations", check=positive)
+    lr: float = hparam(4e-3, "opt_base_learning_rate", check=positive)
+    min_lr: float = hparam(1e-5, "floor of the learning rate", check=non_negative)
+    lr_exp_gamma: float = hparam(0.935, "LR factor per epoch after warm-up and hold",
+                                 check=positive)
+    warmup_epochs: int = hparam(6, "epochs of linear LR warm-up", check=non_negative)
+    hold_epochs: int = hparam(40, "epochs at the base LR after warm-up", check=non_negative)
+    beta1: float = hparam(0.9, "LAMB's first-moment decay", check=open_fraction)
+    beta2: float = hparam(0.999, "LAMB's second-moment decay", check=open_fraction)
+    epsilon: float = hparam(1e-9, "LAMB's epsilon", check=positive)
+    weight_decay: float = hparam(1e-3, "LAMB's weight decay", check=non_negative)
+    clip_norm: float = hparam(1.0, "global gradient norm clipping inside LAMB (inf: none, as "
+                              "the RCP of global batch 1024)", check=positive)
+    ema: float = hparam(0.999, "decay of the moving average of the weights that evaluation "
+                        "uses", check=open_fraction)
+    weights_init_scale: float = hparam(WEIGHTS_INIT_SCALE, "LSTM weights and biases scaled "
+                                       "after initialisation", check=positive)
+    num_buckets: int = hparam(data.NUM_BUCKETS, "duration buckets of the training sampler (the "
+                              "reference's BucketingSampler)", check=positive)
+    max_duration: float = hparam(data.MAX_TRAIN_DURATION, "training utterances longer than "
+                                 "this (seconds) are dropped", check=positive)
+    max_symbols: int = hparam(MAX_SYMBOLS, "greedy decoding's limit of labels per utterance",
+                              check=positive)
+    enc_hidden: int = hparam(ENC_HIDDEN, "encoder LSTM width", check=positive)
+    enc_pre_rnn_layers: int = hparam(ENC_PRE_RNN_LAYERS, "encoder LSTM layers before time "
+                                     "stacking", check=positive)
+    enc_post_rnn_layers: int = hparam(ENC_POST_RNN_LAYERS, "encoder LSTM layers after it",
+                                      check=positive)
+    pred_hidden: int = hparam(PRED_HIDDEN, "prediction network width", check=positive)
+    pred_rnn_layers: int = hparam(PRED_RNN_LAYERS, "prediction network LSTM layers",
+                                  check=positive)
+    joint_hidden: int = hparam(JOINT_HIDDEN, "joint network width", check=positive)
 
 
 def lr_at(step: torch.Tensor, steps_per_epoch: int, base: float, warmup_epochs: int,
@@ -91,54 +137,59 @@ def lr_at(step: torch.Tensor, steps_per_epoch: int, base: float, warmup_epochs: 
 
 
 class TransducerLoss(nn.Module):
-    """The training forward as one module (what DDP wraps): features -> loss on the packed
-    or the padded joint."""
+    """The training forward as one module (what DDP wraps): the reference's network on the
+    padded grid, then the transducer loss. The optimisations replace its parts after
+    ``build()``: ``encode`` and ``predict`` (rnn-graphs), ``forward`` (packed-joint),
+    ``loss`` (torchaudio-loss), ``log_probs`` (fused-loss, compiled-loss) and ``walk``, the
+    loss's lattice recursion (triton-lattice)."""
 
-    def __init__(self, model: RNNT, joint: str, loss: str, lattice: str = "torch",
-                 rnn_graphs: bool = False):
+    def __init__(self, model: RNNT):
         super().__init__()
-        self.model, self.joint, self.loss, self.lattice = model, joint, loss, lattice
-        self.rnns = None
-        if rnn_graphs:
-            from benchmarks.rnnt.rnn_graphs import GraphedRNNs
+        self.model = model
+        self.log_probs, self.walk = reference_log_probs, lattice
 
-            self.rnns = GraphedRNNs(model)
+    def encode(self, feats: torch.Tensor, feat_lens: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.model.encode(feats, feat_lens)
+
+    def predict(self, labels: torch.Tensor) -> torch.Tensor:
+        return self.model.predict(labels)[0]
+
+    def loss(self, logits: torch.Tensor, enc_lens: torch.Tensor, labels: torch.Tensor,
+             label_lens: torch.Tensor, blank: int) -> torch.Tensor:
+        return transducer_loss(logits, enc_lens, labels, label_lens, blank,
+                               log_probs=self.log_probs, walk=self.walk)
 
     def forward(self, feats: torch.Tensor, feat_lens: torch.Tensor, labels: torch.Tensor,
                 label_lens: torch.Tensor) -> torch.Tensor:
         m = self.model
-        packed = self.joint != "padded"
-        if packed:   # read before the encoder's work is queued: a short wait, the only one
-            total, longest = self._packed_sizes(feat_lens, label_lens)
         with region("encoder"):
-            enc, enc_lens = (self.rnns or m).encode(feats, feat_lens)
+            enc, enc_lens = self.encode(feats, feat_lens)
         with region("prediction"):
-            pred = self.rnns.predict(labels) if self.rnns else m.predict(labels)[0]
+            pred = self.predict(labels)
         with region("joint"):
-            logits = (m.joint_packed(enc, pred, enc_lens, label_lens, total,
-                                     GATHERS[self.joint]) if packed else m.joint(enc, pred))
+            logits = m.joint(enc, pred)
         with region("loss"):
-            if packed:
-                return packed_transducer_loss(logits, enc_lens, labels, label_lens, m.blank,
-                                              impl=self.loss, longest=longest,
-                                              lattice_impl=self.lattice)
-            return transducer_loss(logits, enc_lens, labels, label_lens, m.blank,
-                                   impl=self.loss, lattice_impl=self.lattice)
+            return self.loss(logits, enc_lens, labels, label_lens, m.blank)
 
-    def _packed_sizes(self, feat_lens: torch.Tensor, label_lens: torch.Tensor
-                      ) -> tuple[int, tuple[int, int]]:
-        """The packed joint's pair count and the lattice's longest (T, U), from one read of
-        the lengths."""
-        feat_host, label_host = torch.stack((feat_lens, label_lens)).long().tolist()
-        enc_host = [stacked_lengths(n, self.model.encoder.stack_time_factor) for n in feat_host]
-        total = sum(t * (u + 1) for t, u in zip(enc_host, label_host))
-        return total, (max(enc_host), max(label_host))
+
+def per_tensor_lamb(wl: RNNTWorkload, train_loss: nn.Module, hyper: LambHyper):
+    """``(model, optimizer)``, the reference's: DDP averages the gradients, LAMB updates one
+    tensor at a time."""
+    return dist.data_parallel(train_loss, wl.env), Lamb(wl.params, [True] * len(wl.params),
+                                                        hyper)
 
 
 class RNNTWorkload(Workload):
     name = constants.RNNT
     compiles = False
     targets = (Target("wer", 0.058, higher_is_better=False),)
+    hparams = HParams
+    optimisations = Registry(packed_joint.OPTIMISATION, compiled_joint.OPTIMISATION,
+                             fused_loss.OPTIMISATION, compiled_loss.OPTIMISATION,
+                             torchaudio_loss.OPTIMISATION, lattice_triton.OPTIMISATION,
+                             flat_lamb.OPTIMISATION, rnn_graphs.OPTIMISATION,
+                             decode_graphs.OPTIMISATION)
 
     @staticmethod
     def add_args(p: argparse.ArgumentParser) -> None:
@@ -147,156 +198,50 @@ class RNNTWorkload(Workload):
                             "sentencepieces/ (python -m benchmarks.rnnt.prepare_data)")
         p.add_argument("--train-splits", nargs="+", default=list(data.TRAIN_SPLITS))
         p.add_argument("--eval-split", default=data.EVAL_SPLIT)
-        p.add_argument("--vocab-size", type=int, default=VOCAB_SIZE,
-                       help="SentencePiece pieces (sentencepieces/librispeech<N>.model)")
-        p.add_argument("--batch-size", type=int, default=128,
-                       help="per-rank utterances per optimizer step")
-        p.add_argument("--grad-accum", type=int, default=8,
-                       help="micro-batches per step (each of --batch-size / --grad-accum)")
-        p.add_argument("--eval-batch-size", type=int, default=128)
-        p.add_argument("--epochs", type=int, default=100, help="epoch cap")
-        p.add_argument("--eval-start", type=int, default=1, help="first evaluated epoch")
-        p.add_argument("--eval-every", type=int, default=1, help="epochs between evaluations")
-        p.add_argument("--lr", type=float, default=4e-3, help="opt_base_learning_rate")
-        p.add_argument("--min-lr", type=float, default=1e-5)
-        p.add_argument("--lr-exp-gamma", type=float, default=0.935,
-                       help="LR factor per epoch after warm-up and hold")
-        p.add_argument("--warmup-epochs", type=int, default=6)
-        p.add_argument("--hold-epochs", type=int, default=40)
-        p.add_argument("--beta1", type=float, default=0.9)
-        p.add_argument("--beta2", type=float, default=0.999)
-        p.add_argument("--epsilon", type=float, default=1e-9)
-        p.add_argument("--weight-decay", type=float, default=1e-3)
-        p.add_argument("--clip-norm", type=float, default=1.0,
-                       help="global gradient norm clipping inside LAMB (inf: none, as the RCP of "
-                            "global batch 1024)")
-        p.add_argument("--ema", type=float, default=0.999,
-                       help="decay of the moving average of the weights that evaluation uses")
-        p.add_argument("--weights-init-scale", type=float, default=WEIGHTS_INIT_SCALE,
-                       help="LSTM weights and biases scaled after initialisation")
-        p.add_argument("--num-buckets", type=int, default=data.NUM_BUCKETS,
-                       help="duration buckets of the training sampler")
-        p.add_argument("--max-duration", type=float, default=data.MAX_TRAIN_DURATION,
-                       help="training utterances longer than this (seconds) are dropped")
-        p.add_argument("--max-symbols", type=int, default=MAX_SYMBOLS,
-                       help="greedy decoding's limit of labels per utterance")
-        p.add_argument("--enc-hidden", type=int, default=ENC_HIDDEN)
-        p.add_argument("--enc-pre-rnn-layers", type=int, default=ENC_PRE_RNN_LAYERS)
-        p.add_argument("--enc-post-rnn-layers", type=int, default=ENC_POST_RNN_LAYERS)
-        p.add_argument("--pred-hidden", type=int, default=PRED_HIDDEN)
-        p.add_argument("--pred-rnn-layers", type=int, default=PRED_RNN_LAYERS)
-        p.add_argument("--joint-hidden", type=int, default=JOINT_HIDDEN)
-        p.add_argument("--joint", default="packed", choices=JOINTS,
-                       help="packed: the joint and the loss over the valid (t, u) pairs only; "
-                            "packed-compiled: that joint's gather, add, ReLU and dropout as "
-                            "one compiled kernel (benchmarks/rnnt/compiled_joint.py); padded: "
-                            "over the [B, T, U+1] grid (the reference)")
-        p.add_argument("--loss", default="reference", choices=("reference", "torchaudio",
-                                                                "fused", "compiled"),
-                       help="transducer loss: pure PyTorch; torchaudio.functional.rnnt_loss "
-                            "(--joint padded, GPU); fused: the log-softmax fused into the "
-                            "loss, chunked, no fp32 copy of the logits (--joint packed); "
-                            "compiled: that log-softmax as two compiled kernels "
-                            "(--joint packed)")
-        p.add_argument("--lattice", default="torch", choices=LATTICES,
-                       help="the loss's lattice recursion: torch, two kernels per "
-                            "anti-diagonal launched from the host (the reference); triton, "
-                            "one kernel (benchmarks/rnnt/lattice_triton.py, --device cuda)")
-        p.add_argument("--rnn-graphs", action=argparse.BooleanOptionalAction, default=False,
-                       help="the encoder's and prediction network's LSTMs as CUDA graphs, one "
-                            "per input length padded to 16 steps (benchmarks/rnnt/"
-                            "rnn_graphs.py, --device cuda)")
-        p.add_argument("--decode-graphs", action=argparse.BooleanOptionalAction, default=False,
-                       help="evaluation's greedy decoding steps as a CUDA graph of 16 steps "
-                            "(benchmarks/rnnt/decode_graphs.py, --device cuda)")
-        p.add_argument("--flat-params", action=argparse.BooleanOptionalAction, default=False,
-                       help="parameters and gradients in one buffer, LAMB on the flat buffer "
-                            "(common/lamb.py ShardedLamb) instead of one tensor at a time")
         p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
 
     # -- set-up ---------------------------------------------------------------------------
-    def _check_args(self) -> None:
-        a = self.args
-        positive = dict(batch_size=a.batch_size, grad_accum=a.grad_accum,
-                        eval_batch_size=a.eval_batch_size, epochs=a.epochs,
-                        eval_start=a.eval_start, eval_every=a.eval_every,
-                        vocab_size=a.vocab_size, max_symbols=a.max_symbols,
-                        num_buckets=a.num_buckets)
-        for key, value in positive.items():
-            if value < 1:
-                raise UserError(f"--{key.replace('_', '-')} must be 1 or more, not {value}")
-        if a.batch_size % a.grad_accum:
-            raise UserError(f"--batch-size {a.batch_size} is not divisible by "
-                            f"--grad-accum {a.grad_accum}")
-        if not 0 <= a.ema < 1:
-            raise UserError(f"--ema must be in [0, 1), not {a.ema}")
-        if not a.clip_norm > 0:
-            raise UserError(f"--clip-norm must be a positive norm or inf (no clipping), "
-                            f"not {a.clip_norm}")
-        if a.min_lr < 0 or a.lr <= 0 or a.warmup_epochs < 0 or a.hold_epochs < 0:
-            raise UserError("--lr must be positive; --min-lr, --warmup-epochs and "
-                            "--hold-epochs 0 or more")
+    def build(self) -> None:
+        a, hp, env = self.args, self.hp, self.env
+        if hp.batch_size % hp.grad_accum:
+            raise UserError(f"--batch-size {hp.batch_size} is not divisible by "
+                            f"--grad-accum {hp.grad_accum}")
         if a.precision == "amp-fp16":
             raise UserError("amp-fp16 is not supported for rnnt (LAMB runs without a loss "
                             "scaler): use --precision amp-bf16")
-        if a.loss == "torchaudio" and a.joint != "padded":
-            raise UserError("--loss torchaudio takes the padded grid: add --joint padded")
-        if a.loss in ("fused", "compiled") and a.joint == "padded":
-            raise UserError(f"--loss {a.loss} takes the packed joint: use --joint packed")
-        if a.lattice == "triton":
-            require_cuda(self.env.device, "--lattice triton runs a Triton kernel")
-        if a.rnn_graphs:
-            require_cuda(self.env.device, "--rnn-graphs replays CUDA graphs")
-        if a.decode_graphs:
-            require_cuda(self.env.device, "--decode-graphs replays CUDA graphs")
-        if a.lattice == "triton" and a.loss == "torchaudio":
-            raise UserError("--lattice triton is our loss's recursion; --loss torchaudio has "
-                            "its own: leave one of them out")
-
-    def build(self) -> None:
-        a, env = self.args, self.env
-        self._check_args()
         if not self.synthetic:
-            self.tokenizer = Tokenizer(data.tokenizer_path(a.data_dir, a.vocab_size))
-            if self.tokenizer.num_labels != a.vocab_size:
+            self.tokenizer = Tokenizer(data.tokenizer_path(a.data_dir, hp.vocab_size))
+            if self.tokenizer.num_labels != hp.vocab_size:
                 raise UserError(f"{self.tokenizer.path} has {self.tokenizer.num_labels} pieces, "
-                                f"not --vocab-size {a.vocab_size}: rewrite it with "
-                                f"{data.PREPARE} {a.data_dir} --vocab-size {a.vocab_size}")
+                                f"not --vocab-size {hp.vocab_size}: rewrite it with "
+                                f"{data.PREPARE} {a.data_dir} --vocab-size {hp.vocab_size}")
             train = [u for split in a.train_splits for u in data.read_manifest(
-                a.data_dir, data.manifest_path(a.data_dir, split), a.max_duration)]
+                a.data_dir, data.manifest_path(a.data_dir, split), hp.max_duration)]
             evals = data.read_manifest(a.data_dir, data.manifest_path(a.data_dir, a.eval_split))
             self.train_set = data.SpeechDataset(train, self.tokenizer)
             self.eval_set = data.SpeechDataset(evals, self.tokenizer)
             self.train_loader = data.train_loader(self.train_set, self.global_batch_size,
                                                   env.rank, env.world_size, a.seed,
-                                                  a.num_buckets, a.workers)
-            self.eval_loader = data.eval_loader(self.eval_set, a.eval_batch_size, env.rank,
+                                                  hp.num_buckets, a.workers)
+            self.eval_loader = data.eval_loader(self.eval_set, hp.eval_batch_size, env.rank,
                                                 env.world_size, a.workers)
-        model = RNNT(vocab_size=a.vocab_size, enc_hidden=a.enc_hidden,
-                     enc_pre_rnn_layers=a.enc_pre_rnn_layers,
-                     enc_post_rnn_layers=a.enc_post_rnn_layers, pred_hidden=a.pred_hidden,
-                     pred_rnn_layers=a.pred_rnn_layers, joint_hidden=a.joint_hidden,
-                     weights_init_scale=a.weights_init_scale)
+        model = RNNT(vocab_size=hp.vocab_size, enc_hidden=hp.enc_hidden,
+                     enc_pre_rnn_layers=hp.enc_pre_rnn_layers,
+                     enc_post_rnn_layers=hp.enc_post_rnn_layers, pred_hidden=hp.pred_hidden,
+                     pred_rnn_layers=hp.pred_rnn_layers, joint_hidden=hp.joint_hidden,
+                     weights_init_scale=hp.weights_init_scale)
         self.tensor_names = mllog_tensor_names(model)
         self.net = model.to(env.device)
-        loss = TransducerLoss(self.net, a.joint, a.loss, a.lattice, a.rnn_graphs)
-        hyper = LambHyper(a.beta1, a.beta2, a.epsilon, a.weight_decay, a.clip_norm)
-        self.params = list(self.net.parameters())   # with --flat-params, views of its buffer
-        decay = [True] * len(self.params)
-        if a.flat_params:
-            flat = FlatParameters(self.net, env.world_size)
-            if env.distributed:
-                flat.broadcast(0)   # the same initial weights everywhere
-            self.optimizer = ShardedLamb(flat, decay, hyper, env.rank, env.world_size)
-            self.model = loss
-        else:
-            self.model = dist.data_parallel(loss, env)
-            self.optimizer = Lamb(self.params, decay, hyper)
+        self.train_loss = TransducerLoss(self.net)
+        self.params = list(self.net.parameters())   # with flat-params, views of its buffer
+        hyper = LambHyper(hp.beta1, hp.beta2, hp.epsilon, hp.weight_decay, hp.clip_norm)
+        parallel = getattr(self.impl, "data_parallel", per_tensor_lamb)
+        self.model, self.optimizer = parallel(self, self.train_loss, hyper)
         # after the broadcast of rank 0's weights, so every rank averages the same weights
         self.ema_model = copy.deepcopy(self.net).eval().requires_grad_(False)
         self.ema_params = list(self.ema_model.parameters())
-        self.decode = batch_decoder(self.ema_model, self.ema_model.blank, a.max_symbols,
-                                    a.decode_graphs)
+        self.decode = functools.partial(greedy_decode, self.ema_model,
+                                        blank=self.ema_model.blank, max_symbols=hp.max_symbols)
         self.features = features.AudioFeatures().to(env.device)
         self.lr = torch.zeros((), device=env.device)
         self.step_count = torch.zeros((), device=env.device)
@@ -306,7 +251,7 @@ class RNNTWorkload(Workload):
         if self.synthetic:
             return "synthetic (random device-resident audio and labels)"
         n_train, n_eval = len(self.train_set), len(self.eval_set)
-        sizes = f"{n_train} train / {n_eval} eval utterances, {self.args.vocab_size} pieces"
+        sizes = f"{n_train} train / {n_eval} eval utterances, {self.hp.vocab_size} pieces"
         if (self.args.data_dir / FIXTURE_MARKER).is_file():
             return (f"fixture: espeak-ng speech in the LibriSpeech layout from "
                     f"benchmarks.rnnt.fixture, not LibriSpeech ({sizes})")
@@ -314,7 +259,7 @@ class RNNTWorkload(Workload):
 
     @property
     def global_batch_size(self) -> int:
-        return self.args.batch_size * self.env.world_size
+        return self.hp.batch_size * self.env.world_size
 
     @property
     def train_samples(self) -> int:
@@ -325,7 +270,7 @@ class RNNTWorkload(Workload):
         return LIBRISPEECH_EVAL if self.synthetic else len(self.eval_set)
 
     def hyperparameters(self) -> dict:
-        a, c, f = self.args, constants, features
+        a, c, f = self.hp, constants, features
         return {
             c.OPT_NAME: c.LAMB, c.GRADIENT_ACCUMULATION_STEPS: a.grad_accum,
             c.OPT_BASE_LR: a.lr, c.OPT_LAMB_EPSILON: a.epsilon,
@@ -357,7 +302,7 @@ class RNNTWorkload(Workload):
         return len(self.train_loader)
 
     def eval_points(self) -> list[EvalPoint]:
-        a = self.args
+        a = self.hp
         epochs = sorted(set(range(a.eval_start, a.epochs + 1, a.eval_every)) | {a.epochs})
         return epoch_points(epochs, self.steps_per_epoch)
 
@@ -367,9 +312,9 @@ class RNNTWorkload(Workload):
             yield tuple(t.to(self.env.device, non_blocking=True) for t in batch)
 
     def capture_policy(self) -> CapturePolicy:
-        return CapturePolicy("never", reason="the packed joint's and the loss's sizes depend "
-                                             "on each batch's lengths; --rnn-graphs captures "
-                                             "the LSTMs per padded length inside the step")
+        return CapturePolicy("never", reason="the joint's and the loss's sizes depend on each "
+                                             "batch's lengths; rnn-graphs captures the LSTMs "
+                                             "per padded length inside the step")
 
     @property
     def cudnn_benchmark(self) -> bool:
@@ -385,7 +330,7 @@ class RNNTWorkload(Workload):
     def train_step(self, audio, audio_lens, labels, label_lens) -> torch.Tensor:
         """One optimizer step over ``--grad-accum`` micro-batches of raw audio, then the
         moving average of the weights."""
-        a = self.args
+        a = self.hp
         self.lr.copy_(lr_at(self.step_count, self.steps_per_epoch, a.lr, a.warmup_epochs,
                             a.hold_epochs, a.lr_exp_gamma, a.min_lr))
         self.optimizer.zero_grad()
@@ -418,7 +363,7 @@ class RNNTWorkload(Workload):
         audio = 0.1 * torch.randn(batch_size, int(audio_lens.max()), generator=g)
         audio *= torch.arange(audio.shape[1]) < audio_lens[:, None]
         label_lens = (audio_lens * SYNTHETIC_WORDS_PER_SECOND // features.SAMPLE_RATE)
-        labels = torch.randint(0, self.args.vocab_size, (batch_size, int(label_lens.max())),
+        labels = torch.randint(0, self.hp.vocab_size, (batch_size, int(label_lens.max())),
                                generator=g)
         return tuple(t.to(self.env.device) for t in (audio, audio_lens, labels, label_lens))
 
