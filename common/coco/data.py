@@ -329,6 +329,7 @@ IMAGE_FIELDS = {"id": (np.int64, ()), "file_name": str, "width": (np.float64, ()
                 "height": (np.float64, ())}
 ANNOTATION_FIELDS = {"image_id": (np.int64, ()), "category_id": (np.int64, ()),
                      "bbox": (np.float64, (4,))}
+CATEGORY_FIELDS = {"id": (np.int64, ()), "name": str}
 
 
 def _fits(value, kind) -> bool:
@@ -342,9 +343,11 @@ def _fits(value, kind) -> bool:
 
 
 def _malformed(ann_path: Path, data: dict, exc: Exception) -> UserError:
-    """The error naming the first image or annotation entry that lacks a field or holds one
-    that is not what COCO puts there; ``exc`` (what the bulk read raised) when none does."""
-    for what, entries, fields in (("image", data["images"], IMAGE_FIELDS),
+    """The error naming the first category, image or annotation entry that lacks a field or
+    holds one that is not what COCO puts there; ``exc`` (what the bulk read raised) when none
+    does."""
+    for what, entries, fields in (("category", data["categories"], CATEGORY_FIELDS),
+                                  ("image", data["images"], IMAGE_FIELDS),
                                   ("annotation", data["annotations"], ANNOTATION_FIELDS)):
         for i, entry in enumerate(entries):
             if not isinstance(entry, dict):

@@ -140,7 +140,7 @@ def test_fixture_is_written_once(tmp_path):
     assert fixture.main([str(root), "--train", "3", "--val", "2", "--classes", "2"]) == 0
     assert marker.stat().st_mtime_ns == stamp
     fixture.write_fixture(root, train=3, val=2, classes=3)
-    assert json.loads(marker.read_text())["classes"] == 3
+    assert json.loads(marker.read_text())["params"]["classes"] == 3
     assert len(_json(root, "val")["categories"]) == 3
 
 
@@ -197,6 +197,8 @@ BAD_INPUTS = {
                              "annotation entry 0 has bbox [1.0, 2.0, 3.0] (id 1)"),
     "annotation a list": (_edit_annotations(lambda doc, ann: doc["annotations"].append([1])),
                           "is list, not an object; a COCO annotation has image_id"),
+    "category without name": (_edit_annotations(lambda doc, ann: doc["categories"][3].pop(
+        "name")), "category entry 3 has no 'name' (id "),
     "every box of zero size": (_edit_annotations(_all_boxes_empty), "every box has zero width"),
     "categories reordered": (_edit_annotations(_reorder_categories),
                              "its categories differ from "),
