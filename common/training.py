@@ -256,21 +256,23 @@ class _LossWindow:
 
     def __init__(self, size: int, device: torch.device):
         self.values = torch.zeros(size, device=device)
+        self.epochs = [0] * size   # the epoch of each step's batch
         self.first_step, self.count, self.total, self.read = 0, 0, 0.0, 0
 
-    def add(self, loss: torch.Tensor, step: int) -> None:
+    def add(self, loss: torch.Tensor, step: int, epoch: int) -> None:
         if self.count == 0:
             self.first_step = step
+        self.epochs[self.count] = epoch
         self.values[self.count] = loss.detach().float().reshape(())
         self.count += 1
 
-    def read_back(self, epoch: int) -> None:
+    def read_back(self) -> None:
         """Add the window to the running total; raise at the first non-finite loss."""
         losses = self.values[:self.count].tolist()
         for i, v in enumerate(losses):
             if not math.isfinite(v):
                 raise NonFiniteLoss(f"the training loss became non-finite ({v}) at step "
-                                    f"{self.first_step + i} (epoch {epoch}): lower the learning "
+                                    f"{self.first_step + i} (epoch {self.epochs[i]}): lower the learning "
                                     f"rate or check the data")
         self.total += sum(losses)
         self.read += self.count
@@ -312,11 +314,11 @@ def _train_block(wl: Workload, step, stream: _Stream, point: EvalPoint, done: in
     meter.start()
     with gc_pauses.PauseMeter() as pauses:
         for n in range(1, steps + 1):
-            window.add(step(*stream.next()), done + n)
+            window.add(step(*stream.next()), done + n, stream.epoch)
             stream.stepped()
             raise_if_stopped()
             if n % args.log_every == 0 or n == steps:
-                window.read_back(stream.epoch)
+                window.read_back()
                 progress.update(window.read - progress.n, loss=f"{window.mean:.3f}")
                 if scorer and any(_evaluated(wl, log, env, p, m, outcome, late=True)
                                   for p, m in scorer.poll()):
@@ -379,6 +381,9 @@ class _Closing:
 
 def _prepare_step(wl: Workload, args, env):
     """The training step under the workload's capture policy, and the scorer process."""
+    if wl.global_batch_size < 1:
+        raise UserError(f"{wl.name}: --batch-size must be 1 or more (the global batch is "
+                        f"{wl.global_batch_size})")
     if wl.steps_per_epoch is not None and wl.steps_per_epoch < 1:
         raise UserError(f"{wl.name}: the training set ({wl.train_samples} samples) is smaller "
                         f"than one global batch ({wl.global_batch_size}): lower --batch-size")

@@ -223,6 +223,14 @@ def test_non_finite_loss_aborts_at_the_next_read_back(tmp_path, capsys):
     assert [e["key"] for e in events].count("eval_accuracy") == 1   # no evaluation after it
 
 
+def test_non_finite_loss_names_the_epoch_of_its_step_not_of_the_read_back(tmp_path, capsys):
+    """A block of two epochs (8 steps each) read back at its end: step 3 is in epoch 1."""
+    code, _, _ = _run(tmp_path, ToyWorkload, "--poison-step", "3", "--log-every", "50",
+                      "--eval-every", "2", "--target", "1.01")
+    err = capsys.readouterr().err
+    assert code == EXIT_ABORTED and "at step 3 (epoch 1)" in err
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_ends_the_run_with_run_stop_aborted(tmp_path, sig):
     log = tmp_path / "log.txt"

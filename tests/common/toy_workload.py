@@ -33,6 +33,7 @@ class ToyWorkload(Workload):
         p.add_argument("--poison-step", type=int, default=0,
                        help="from this 1-based step on, the inputs are NaN")
         p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step")
+        p.add_argument("--eval-every", type=int, default=1, help="epochs between evaluations")
 
     def build(self):
         g = torch.Generator().manual_seed(0)
@@ -56,7 +57,8 @@ class ToyWorkload(Workload):
         return [n for n, _ in self.model.named_parameters()]
 
     def eval_points(self):
-        return epoch_points(range(1, self.args.epochs + 1), self.steps_per_epoch)
+        return epoch_points(range(self.args.eval_every, self.args.epochs + 1,
+                                  self.args.eval_every), self.steps_per_epoch)
 
     def epoch_batches(self, epoch):
         if epoch == self.args.fail_at_epoch:
