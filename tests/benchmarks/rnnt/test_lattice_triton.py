@@ -1,4 +1,4 @@
-"""The Triton lattice (``--lattice triton``) against the reference recursion on the GPU: every
+"""The Triton lattice (``triton-lattice``) against the reference recursion on the GPU: every
 cell bit for bit, -inf weights and lattices of one row, one column or one cell included; and
 the packed loss's values and gradients through it, with many utterances of varied lengths."""
 
@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
-from benchmarks.rnnt.loss import lattice, packed_transducer_loss
+from benchmarks.rnnt.compiled_loss import compiled_log_probs
+from benchmarks.rnnt.loss import lattice
+from benchmarks.rnnt.packed_joint import packed_transducer_loss
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -33,6 +35,8 @@ def test_triton_lattice_equals_the_reference_bit_for_bit(dtype, B, T, U1):
 
 
 def test_the_packed_loss_through_the_triton_lattice_matches_the_reference():
+    from benchmarks.rnnt.lattice_triton import lattice as fused
+
     g = torch.Generator().manual_seed(21)
     B, V = 24, 129
     enc_lens = torch.randint(1, 160, (B,), generator=g)
@@ -43,10 +47,10 @@ def test_the_packed_loss_through_the_triton_lattice_matches_the_reference():
     labels = torch.randint(0, V - 1, (B, 70), generator=g).cuda()
     enc_lens, label_lens = enc_lens.cuda(), label_lens.cuda()
     results = []
-    for impl in ("torch", "triton"):
+    for walk in (lattice, fused):
         x = logits.clone().requires_grad_()
         loss = packed_transducer_loss(x, enc_lens, labels, label_lens, reduction="none",
-                                      impl="compiled", lattice_impl=impl)
+                                      log_probs=compiled_log_probs, walk=walk)
         (grad,) = torch.autograd.grad(loss.sum(), x)
         results.append((loss, grad))
     (ref_loss, ref_grad), (loss, grad) = results

@@ -1,8 +1,10 @@
 """The transducer loss against a brute-force sum over every alignment (values and gradients),
-padded and packed, several lengths in one batch; the diagonal lattice against its cell-by-cell
-recursion; the fused packed path against the reference one, chunk by chunk and without an fp32
-copy of the logits; the torchaudio path on the GPU."""
+padded and packed, several lengths in one batch; utterances without labels against their
+blanks' sum by hand, in every path; the diagonal lattice against its cell-by-cell recursion;
+the fused log-softmax against the reference one, chunk by chunk and without an fp32 copy of
+the logits; the torchaudio path on the GPU."""
 
+import functools
 import itertools
 import math
 
@@ -11,14 +13,17 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from benchmarks.rnnt.loss import (
-    _chunk_norm,
-    _FusedLogProbs,
-    lattice,
-    packed_transducer_loss,
-    transducer_loss,
-)
-from benchmarks.rnnt.model import packed_index
+from benchmarks.rnnt.compiled_loss import compiled_log_probs
+from benchmarks.rnnt.fused_loss import _chunk_norm, _FusedLogProbs, fused_log_probs
+from benchmarks.rnnt.loss import lattice, transducer_loss
+from benchmarks.rnnt.packed_joint import packed_index, packed_transducer_loss
+
+FUSED = {"log_probs": fused_log_probs}
+COMPILED = {"log_probs": compiled_log_probs}
+
+
+def fused(chunk_rows):
+    return {"log_probs": functools.partial(fused_log_probs, chunk_rows=chunk_rows)}
 
 
 def brute_force_nll(logits, enc_len, labels, blank):
@@ -136,9 +141,8 @@ def test_padding_does_not_matter_and_gets_no_gradient():
     assert grad[valid].abs().max() > 0
 
 
-@pytest.mark.parametrize("impl", [{}, {"impl": "fused", "chunk_rows": 7},    # N = 30 rows
-                                  {"impl": "compiled"}])
-def test_packed_matches_brute_force_values_and_gradients(impl):
+@pytest.mark.parametrize("impl", [{}, fused(7), COMPILED], ids=["reference", "fused", "compiled"])
+def test_packed_matches_brute_force_values_and_gradients(impl):     # N = 30 rows
     logits, enc_lens, labels, label_lens = _batch(3, [3, 4, 1, 2], [2, 3, 2, 0], vocab=6)
     packed = _pack(logits.detach(), enc_lens, label_lens).requires_grad_()
     loss = packed_transducer_loss(packed, enc_lens, labels, label_lens, reduction="none",
@@ -200,7 +204,7 @@ def _loss_and_grad(logits, enc_lens, labels, label_lens, **impl):
                                         (torch.bfloat16, dict(rtol=1.6e-2, atol=1e-5))])
 def test_fused_packed_matches_the_reference_packed_path(dtype, tol, chunk_rows):
     batch = _packed_batch(8, dtype)
-    loss, grad = _loss_and_grad(*batch, impl="fused", chunk_rows=chunk_rows)
+    loss, grad = _loss_and_grad(*batch, **fused(chunk_rows))
     ref_loss, ref_grad = _loss_and_grad(*batch)
     assert loss.dtype == torch.float32 and grad.dtype == dtype
     torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=1e-5)
@@ -223,12 +227,13 @@ class _LargestFloat32(TorchDispatchMode):
 
 @pytest.mark.parametrize("impl", ["reference", "fused"])
 def test_fused_path_never_makes_an_fp32_copy_of_the_logits(impl):
+    impl = fused(8) if impl == "fused" else {}
     # a vocabulary wide enough that one chunk outgrows the lattice's fp32 grids
     logits, enc_lens, labels, label_lens = _packed_batch(9, torch.bfloat16, vocab=256)
     with _LargestFloat32() as mode:
-        _loss_and_grad(logits, enc_lens, labels, label_lens, impl=impl, chunk_rows=8)
+        _loss_and_grad(logits, enc_lens, labels, label_lens, **impl)
     n, vocab = logits.shape
-    if impl == "reference":
+    if not impl:
         assert mode.largest >= n * vocab     # the check sees the reference's copy
     else:
         assert mode.largest <= 8 * vocab     # one chunk of rows at most
@@ -259,20 +264,20 @@ def test_bf16_logits_are_computed_in_float32():
     assert loss.item() == pytest.approx(reference.item(), rel=1e-6)
 
 
-def test_unknown_impl_and_reduction_are_refused():
+def test_unknown_reduction_is_refused():
     logits, enc_lens, labels, label_lens = _batch(6, [2], [1])
-    with pytest.raises(ValueError, match="impl"):
-        transducer_loss(logits, enc_lens, labels, label_lens, impl="warp")
     with pytest.raises(ValueError, match="reduction"):
         transducer_loss(logits, enc_lens, labels, label_lens, reduction="avg")
-    with pytest.raises(ValueError, match="impl"):
+    with pytest.raises(ValueError, match="reduction"):
         packed_transducer_loss(_pack(logits, enc_lens, label_lens), enc_lens, labels,
-                               label_lens, impl="torchaudio")
+                               label_lens, reduction="avg")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_torchaudio_matches_reference_on_gpu():
+    from benchmarks.rnnt.torchaudio_loss import torchaudio_loss
+
     g = torch.Generator().manual_seed(7)
     B, T, U, V = 8, 120, 40, 129
     enc_lens = torch.randint(T // 2, T + 1, (B,), generator=g)
@@ -282,9 +287,9 @@ def test_torchaudio_matches_reference_on_gpu():
     labels = torch.randint(0, V - 1, (B, U), generator=g).cuda()
     enc_lens, label_lens = enc_lens.cuda(), label_lens.cuda()
     results = []
-    for impl in ("reference", "torchaudio"):
+    for loss_fn in (transducer_loss, torchaudio_loss):
         x = logits.clone().requires_grad_()
-        loss = transducer_loss(x, enc_lens, labels, label_lens, impl=impl)
+        loss = loss_fn(x, enc_lens, labels, label_lens)
         (grad,) = torch.autograd.grad(loss, x)
         results.append((loss, grad))
     (ref_loss, ref_grad), (ta_loss, ta_grad) = results
@@ -296,20 +301,20 @@ def test_torchaudio_matches_reference_on_gpu():
                                         (torch.bfloat16, dict(rtol=1.6e-2, atol=1e-5))])
 def test_compiled_packed_matches_the_fused_path(dtype, tol):
     batch = _packed_batch(8, dtype)
-    loss, grad = _loss_and_grad(*batch, impl="compiled")
-    fused_loss, fused_grad = _loss_and_grad(*batch, impl="fused")
+    loss, grad = _loss_and_grad(*batch, **COMPILED)
+    fused_loss, fused_grad = _loss_and_grad(*batch, **FUSED)
     assert loss.dtype == torch.float32 and grad.dtype == dtype
     torch.testing.assert_close(loss, fused_loss, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grad, fused_grad, **tol)
     # another number of rows runs the same compiled kernels (dynamic), and stays right
     shorter = (batch[0][:-1], torch.tensor([5, 3, 7, 1]), batch[2], torch.tensor([3, 0, 4, 1]))
-    torch.testing.assert_close(_loss_and_grad(*shorter, impl="compiled")[0],
-                               _loss_and_grad(*shorter, impl="fused")[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(_loss_and_grad(*shorter, **COMPILED)[0],
+                               _loss_and_grad(*shorter, **FUSED)[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("impl", [{"impl": "fused", "chunk_rows": 4096}, {"impl": "compiled"}])
+@pytest.mark.parametrize("impl", [fused(4096), COMPILED], ids=["fused", "compiled"])
 def test_fast_paths_on_gpu_hold_no_fp32_copy_and_match_the_reference(impl):
     g = torch.Generator().manual_seed(14)
     enc_lens, label_lens = torch.tensor([200, 180, 150, 90]), torch.tensor([60, 40, 75, 0])
@@ -330,3 +335,63 @@ def test_fast_paths_on_gpu_hold_no_fp32_copy_and_match_the_reference(impl):
     torch.testing.assert_close(grad, ref_grad, rtol=1.6e-2, atol=1e-5)
     # the bf16 gradient (2 bytes an element) and less than 2 more: no fp32 copy of the logits
     assert extra < logits.numel() * 4, extra / 2**20
+
+
+def _no_label_batch(columns: int, device="cpu"):
+    """Padded logits of 3 utterances (T = 5, 3, 1) without labels (``columns`` label columns
+    of padding), and their losses by hand: the sum of the blank's log-probabilities along t
+    at u = 0, the one alignment."""
+    g = torch.Generator().manual_seed(15)
+    logits = (torch.randn(3, 5, columns + 1, 7, generator=g, dtype=torch.float64) * 3)
+    enc_lens, label_lens = torch.tensor([5, 3, 1]), torch.zeros(3, dtype=torch.long)
+    labels = torch.randint(0, 6, (3, columns), generator=g)
+    p = logits[:, :, 0].softmax(-1)[..., 6]
+    by_hand = torch.tensor([-sum(math.log(p[b, t]) for t in range(n))
+                            for b, n in enumerate(enc_lens.tolist())], dtype=torch.float64)
+    batch = (logits.to(device), enc_lens.to(device), labels.to(device), label_lens.to(device))
+    return batch, by_hand.to(device)
+
+
+@pytest.mark.parametrize("columns", [0, 2], ids=["no-label-columns", "padding-columns"])
+@pytest.mark.parametrize("impl", [{}, fused(4), COMPILED], ids=["reference", "fused",
+                                                                "compiled"])
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_utterances_without_labels_lose_their_blanks_sum(columns, impl, packed):
+    """U = 0: every path, a batch with no label column at all included."""
+    (logits, enc_lens, labels, label_lens), by_hand = _no_label_batch(columns)
+    if packed:
+        logits = _pack(logits, enc_lens, label_lens)
+        loss = packed_transducer_loss(logits, enc_lens, labels, label_lens, reduction="none",
+                                      **impl)
+    else:
+        loss = transducer_loss(logits, enc_lens, labels, label_lens, reduction="none", **impl)
+    torch.testing.assert_close(loss, by_hand, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_utterances_without_labels_on_the_gpu_triton_and_torchaudio():
+    """U = 0 (and T = 1) through the Triton lattice and through torchaudio, whose kernel
+    leaves those utterances' costs unwritten."""
+    from benchmarks.rnnt.lattice_triton import lattice as triton_lattice
+    from benchmarks.rnnt.torchaudio_loss import torchaudio_loss
+
+    (logits, enc_lens, labels, label_lens), by_hand = _no_label_batch(0, "cuda")
+    x = logits.float().requires_grad_()
+    torch.testing.assert_close(
+        transducer_loss(x, enc_lens, labels, label_lens, reduction="none", walk=triton_lattice),
+        by_hand.float(), rtol=1e-6, atol=1e-5)
+    loss = torchaudio_loss(x, enc_lens, labels, label_lens, reduction="none")
+    torch.testing.assert_close(loss, by_hand.float(), rtol=1e-6, atol=1e-5)
+    (grad,) = torch.autograd.grad(loss.sum(), x)
+    assert grad.isfinite().all()
+    # with labelled utterances beside them: torchaudio takes those, the reference the rest
+    g = torch.Generator().manual_seed(16)
+    enc_lens, label_lens = torch.tensor([6, 4, 1, 5]).cuda(), torch.tensor([0, 2, 3, 1]).cuda()
+    logits = (torch.randn(4, 6, 4, 9, generator=g) * 3).cuda().requires_grad_()
+    labels = torch.randint(0, 8, (4, 3), generator=g).cuda()
+    ref = transducer_loss(logits, enc_lens, labels, label_lens, reduction="none")
+    got = torchaudio_loss(logits, enc_lens, labels, label_lens, reduction="none")
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(torch.autograd.grad(got.sum(), logits)[0],
+                               torch.autograd.grad(ref.sum(), logits)[0], rtol=1e-3, atol=2e-4)

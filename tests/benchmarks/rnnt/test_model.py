@@ -1,5 +1,6 @@
 """RNN-T sizes, initialisation, mllog names, shapes on a tiny config, the packed joint
-against the padded one (its hidden layer also compiled), and the row sums of its backward."""
+(``packed-joint``) against the padded one (its hidden layer also compiled: ``compiled-joint``),
+and the row sums of its backward."""
 
 import math
 import re
@@ -10,15 +11,13 @@ import pytest
 import torch
 
 from benchmarks.rnnt import compiled_joint
-from benchmarks.rnnt.model import (
-    RNNT,
+from benchmarks.rnnt.model import RNNT, mllog_tensor_modules, mllog_tensor_names, stack_time
+from benchmarks.rnnt.packed_joint import (
     add_relu_dropout,
     gather_add_relu_dropout,
-    mllog_tensor_modules,
-    mllog_tensor_names,
+    joint_packed,
     packed_index,
     row_sums,
-    stack_time,
 )
 
 RULES = Path(mlperf_logging.__file__).parent / "compliance_checker/training_1.1.0/closed_rnnt.yaml"
@@ -161,7 +160,7 @@ def test_packed_joint_equals_padded_on_valid_pairs(mode):
     enc_a, pred_a = enc.detach().requires_grad_(), pred.detach().requires_grad_()
     enc_b, pred_b = enc.detach().requires_grad_(), pred.detach().requires_grad_()
     padded = model.joint(enc_a, pred_a)
-    packed = model.joint_packed(enc_b, pred_b, enc_lens, label_lens)
+    packed = joint_packed(model, enc_b, pred_b, enc_lens, label_lens)
     b, t, u = packed_index(enc_lens, label_lens + 1)
     assert len(packed) == (5 * 5 + 4 * 3 + 2 * 1)
     torch.testing.assert_close(packed, padded[b, t, u])
