@@ -1,7 +1,6 @@
 """The RNN-T throughput tool on the CPU: its errors, the batch's lengths through the real front
-end and encoder, ours' flags and the plain network's logits."""
+end and encoder, the registry's variants and the baselines' wiring."""
 
-import math
 import sys
 import types
 
@@ -11,11 +10,13 @@ import torch
 from benchmarks.rnnt import features, throughput
 from benchmarks.rnnt.loss import transducer_loss
 from benchmarks.rnnt.model import RNNT
+from benchmarks.rnnt.torchaudio_loss import torchaudio_loss
+from benchmarks.rnnt.workload import RNNTWorkload
+from common.dist import DistEnv
+from common.optimisations import config_optimisations
 from common.precision import Precision
+from common.training import build_parser
 from tests.entry_points import assert_needs_cuda
-
-TINY = dict(enc_hidden=8, pre_layers=2, post_layers=2, pred_hidden=6, pred_layers=2,
-            joint_hidden=5)
 
 
 def test_without_cuda_exits_2_with_one_line():
@@ -23,7 +24,7 @@ def test_without_cuda_exits_2_with_one_line():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--variants", "ours,plain-jit"], "['plain-jit']"),
+    (["--variants", "config,plain-jit"], "['plain-jit']"),
     (["--precision", "amp-fp16"], "use amp-bf16")])
 def test_bad_flags_exit_2_with_one_line(monkeypatch, capsys, flags, message):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -54,38 +55,63 @@ def test_frames_give_60_ms_encoder_steps():
     assert throughput.encoder_frames(24 * features.SAMPLE_RATE) == 401   # 2401 STFT frames
 
 
-@pytest.mark.parametrize("variant, joint, loss", [
-    ("ours", "packed", "reference"), ("ours-fused", "packed", "fused"),
-    ("ours-compiled-loss", "packed", "compiled"), ("ours-compiled", "packed-compiled", "compiled"),
-    ("ours-padded", "padded", "torchaudio"),
-    ("ours-padded-reference", "padded", "reference")])
-def test_ours_builds_the_workload_with_its_flags(variant, joint, loss):
-    step = throughput.ours(variant, 4, Precision("fp32", "cpu"), torch.device("cpu"))
-    args = step.__self__.args
-    assert args.synthetic_data and args.batch_size == 4 and args.grad_accum == 1
-    assert args.vocab_size == 1023 and args.enc_hidden == 1024
-    assert (args.joint, args.loss) == (joint, loss)
+def test_variants_are_the_registrys_ablation_and_the_baselines():
+    config = config_optimisations("rnnt", "1xH100")
+    steps = throughput.STEPS
+    assert steps["plain"] == [] and steps["config"] == config
+    assert "compiled-joint" not in steps["config-minus-packed-joint"]   # it requires that
+    assert steps["config-minus-flat-params"] == [c for c in config if c != "flat-params"]
+    assert steps["torchaudio"] == throughput.COMPILED["plain-compile"] == ["torchaudio-loss"]
+    assert {f"config-minus-{c}" for c in config} <= set(steps)
 
 
-def test_plain_network_gives_the_padded_grid_of_logits_and_ours_parameter_count():
-    plain = throughput.PlainRNNT(29, in_feats=12, **TINY)
-    logits = plain(torch.randn(3, 7, 12), torch.randint(0, 29, (3, 4)))
-    assert logits.shape == (3, 4, 5, 30)    # T 7 stacked x2 -> 4, U+1 = 5, blank added
-    ours = RNNT(vocab_size=29, in_feats=12, enc_hidden=8, enc_pre_rnn_layers=2,
-                enc_post_rnn_layers=2, pred_hidden=6, pred_rnn_layers=2, joint_hidden=5)
-    assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in ours.parameters())
+def test_plain_builds_the_reference_workload_at_full_size():
+    wl = throughput.workload([], 4, Precision("fp32", "cpu"), torch.device("cpu"))
+    args = wl.args
+    assert args.synthetic_data and wl.hp.batch_size == 4 and wl.hp.grad_accum == 1
+    assert wl.hp.vocab_size == 1023 and wl.hp.enc_hidden == 1024 and wl.opts == {}
 
 
-def test_plain_step_meets_torchaudios_contract_and_trains(monkeypatch):
+def _tiny_workload():
+    args = RNNTWorkload.parse_bench_args(build_parser(RNNTWorkload), [
+        "--device", "cpu", "--precision", "fp32", "--seed", "0", "--grad-accum", "1",
+        "--vocab-size", "29", "--enc-hidden", "8", "--pred-hidden", "6", "--joint-hidden", "5",
+        "--enc-pre-rnn-layers", "1", "--enc-post-rnn-layers", "1", "--pred-rnn-layers", "1"],
+        "synthetic", 2)
+    wl = RNNTWorkload(args, DistEnv(device=torch.device("cpu")), Precision("fp32", "cpu"))
+    wl.setup()
+    return wl
+
+
+def test_compiled_network_feeds_the_workloads_loss(monkeypatch):
+    """``plain-compile``: the network's own ``forward`` (through ``torch.compile``, here the
+    identity) gives the training forward the plain path's loss."""
+    wl = _tiny_workload()
+    wl.net.eval()
+    batch = throughput.synthetic_batch(2, throughput.samples_for_frames(5), 3, 29, "cpu")
+    feats, feat_lens = wl.features(*batch[:2])
+    plain = wl.train_loss(feats, feat_lens, *batch[2:])
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda m: compiled.append(m) or m)
+    throughput.compile_network(wl)
+    assert compiled == [wl.net]
+    torch.testing.assert_close(wl.train_loss(feats, feat_lens, *batch[2:]), plain)
+
+
+def test_torchaudios_contract_and_its_unwritten_costs(monkeypatch):
+    """``torchaudio-loss`` hands torchaudio fp32 logits, int32 rest and the grid exactly as
+    long as the longest utterance, never an utterance without labels or of one encoder step
+    (its kernel writes them no cost): those take the reference path."""
     seen = []
 
-    def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank):
-        # torchaudio's own checks: fp32/fp16 logits, int32 rest, the grid exactly as long
+    def rnnt_loss(logits, targets, logit_lengths, target_lengths, blank, reduction):
         assert logits.dtype == torch.float32 and targets.dtype == torch.int32
         assert logit_lengths.dtype == target_lengths.dtype == torch.int32
         assert logits.shape[1:3] == (int(logit_lengths.max()), int(target_lengths.max()) + 1)
-        seen.append(logits.shape)
-        return transducer_loss(logits, logit_lengths, targets, target_lengths, blank)
+        assert bool((target_lengths > 0).all() and (logit_lengths > 1).all())
+        seen.append(len(logits))
+        return transducer_loss(logits, logit_lengths, targets, target_lengths, blank,
+                               reduction)
 
     functional = types.ModuleType("torchaudio.functional")
     functional.rnnt_loss = rnnt_loss
@@ -93,11 +119,16 @@ def test_plain_step_meets_torchaudios_contract_and_trains(monkeypatch):
     torchaudio.functional = functional
     monkeypatch.setitem(sys.modules, "torchaudio", torchaudio)
     monkeypatch.setitem(sys.modules, "torchaudio.functional", functional)
-    step = throughput.plain_step(Precision("amp-bf16", "cpu"), torch.device("cpu"), False)
-    batch = throughput.synthetic_batch(2, throughput.samples_for_frames(5), 3, 1023, "cpu")
-    losses = [float(step(*batch)) for _ in range(2)]
-    assert all(math.isfinite(x) for x in losses) and losses[0] != losses[1]
-    assert seen[0][0] == 2 and seen[0][2:] == (4, 1024)
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 7, 5, 6, generator=g).bfloat16()   # over-padded in T and U
+    enc_lens, label_lens = torch.tensor([5, 1, 4, 6]), torch.tensor([2, 3, 0, 3])
+    labels = torch.randint(0, 5, (4, 4), generator=g)
+    got = torchaudio_loss(logits, enc_lens, labels, label_lens, reduction="none")
+    assert seen == [2]
+    torch.testing.assert_close(got, transducer_loss(logits, enc_lens, labels, label_lens,
+                                                    reduction="none"))
+    assert torchaudio_loss(logits[:1], enc_lens[:1], labels[:1], label_lens[:1]).dtype == \
+        torch.float32 and seen == [2, 1]
 
 
 def test_decode_step_runs_evaluation_with_a_model_that_emits_only_blanks():
