@@ -4,9 +4,7 @@ NPROC=1
 PRECISION=${PRECISION:-fp32}
 FIXTURE_ARGS=(--classes 10 --train-per-class 100 --val-per-class 50 --image-size 80)
 TRAIN_ARGS=(
-    --device cpu --precision "$PRECISION" --data-backend cpu --workers 2
+    --device cpu --precision "$PRECISION" --workers 2
     --image-size 64 --batch-size 32 --eval-batch-size 100
-    --optimizer lars --lr 2.0 --end-lr 0.0001 --warmup-epochs 1 --poly-power 2
-    --momentum 0.9 --weight-decay 5e-5 --lars-eta 0.001 --label-smoothing 0.1
-    --epochs 8 --eval-period 1 --eval-offset 0
+    --lr 2.0 --warmup-epochs 1 --epochs 8 --eval-period 1 --eval-offset 0
 )

@@ -1,8 +1,8 @@
-"""ImageNet readers for ResNet-50: the JPEG folder layout, decoded on the CPU, the GPU or by DALI.
+"""ImageNet's JPEG folder layout read for ResNet-50, decoded by Pillow: the reference reader.
 
-Backends: ``cpu`` (Pillow in loader processes, the reference), ``turbo`` (libjpeg-turbo in
-loader processes, a batch's crops in one buffer; ``turbo.py``), ``nvjpeg`` (batched nvJPEG
-and one batched crop and resize, overlapped with the step; ``nvjpeg.py``) and ``dali``.
+The other decoders are input optimisations that select themselves in place of
+:func:`pillow_decoder` (``turbo.py``, ``region_decode.py``, ``regions.py``, ``nvjpeg.py``,
+``nvjpeg_share.py``, ``dali.py``); :func:`build_loader` takes the one chosen.
 
 Layout: ``ROOT/train/<wnid>/*.JPEG`` and ``ROOT/val/<wnid>/*.JPEG``; the class
 index is the position of the wnid among the sorted train folders.
@@ -10,10 +10,11 @@ index is the position of the wnid among the sorted train folders.
 Training batches use a random-resized crop (8-100% of the area, aspect ratio
 3/4-4/3, log-uniform) and a horizontal flip; evaluation resizes the shorter
 side to ``size / 0.875`` and takes the centre crop. Every loader hands out
-``(images, labels)`` on the device: images float32, NCHW in channels-last
-memory, normalised with the ImageNet mean and standard deviation (pixel
-scale), labels int64. Training drops each rank's last partial batch (static
-shapes for CUDA graphs); evaluation sees every image exactly once across ranks.
+``(images, labels)`` on the device: images float32 NCHW in the loader's
+``memory_format`` (channels-last where the ``channels-last`` optimisation sets it),
+normalised with the ImageNet mean and standard deviation (pixel scale), labels int64.
+Training drops each rank's last partial batch (static shapes for CUDA graphs); evaluation
+sees every image exactly once across ranks.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from common.errors import UserError
 
 MEAN = (123.675, 116.28, 103.53)
 STD = (58.395, 57.12, 57.375)
-BACKENDS = ("cpu", "turbo", "nvjpeg", "dali")
 EVAL_CROP_FRACTION = 0.875
 _EXTENSIONS = (".jpeg", ".jpg")
 
@@ -93,7 +93,7 @@ class ImageFolderIndex:
         return cls(root, classes, pairs["train"], pairs["val"])
 
 
-# -- crops shared by every backend ----------------------------------------------------------
+# -- crops shared by every decoder ----------------------------------------------------------
 def random_resized_crop_box(width: int, height: int, rng: random.Random,
                             scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)) -> tuple[int, int, int, int]:
     """(left, top, w, h) of a random crop; centre crop of the clamped ratio after 10 misses."""
@@ -128,7 +128,7 @@ def center_crop_box(width: int, height: int, size: int) -> tuple[int, int, int, 
 def crop_plan(width: int, height: int, size: int, train: bool, seed: int, epoch: int,
               i: int) -> tuple[tuple[int, int, int, int], bool]:
     """Sample ``i``'s crop box (left, top, w, h) in source pixels and whether it is mirrored,
-    in ``epoch``: the same for every backend that plans its crops on the host."""
+    in ``epoch``: the same for every decoder that plans its crops on the host."""
     if not train:
         return center_crop_box(width, height, size), False
     rng = random.Random(hash((seed, epoch, i)))
@@ -147,7 +147,7 @@ def check_decoded_size(image: torch.Tensor, height: int, width: int, path: str) 
                         f"header says {(height, width)}; re-extract this file")
 
 
-# -- CPU backend: Pillow in DataLoader workers -------------------------------------------
+# -- the reference: Pillow in DataLoader workers -----------------------------------------
 class _PillowDataset(torch.utils.data.Dataset):
     def __init__(self, samples, size: int, train: bool, seed: int):
         self.samples, self.size, self.train, self.seed = samples, size, train, seed
@@ -174,16 +174,17 @@ class _PillowDataset(torch.utils.data.Dataset):
 
 
 def normalize_on_device(nhwc_uint8: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """uint8 NHWC (any device) -> normalised float32 NCHW in channels-last memory on ``device``."""
+    """uint8 NHWC (any device) -> normalised float32 NCHW on ``device`` (in NHWC memory order,
+    which the loader keeps or makes contiguous as its ``memory_format`` says)."""
     return normalize(nhwc_uint8.to(device, non_blocking=True).permute(0, 3, 1, 2).float())
 
 
 def normalize(x: torch.Tensor) -> torch.Tensor:
     """float32 NCHW pixels (0-255) -> normalised with the ImageNet mean and standard
-    deviation, in channels-last memory."""
+    deviation, in ``x``'s memory order."""
     mean = torch.tensor(MEAN, device=x.device).view(1, 3, 1, 1)
     std = torch.tensor(STD, device=x.device).view(1, 3, 1, 1)
-    return ((x - mean) / std).contiguous(memory_format=torch.channels_last)
+    return (x - mean) / std
 
 
 class _Epoch:
@@ -200,12 +201,14 @@ class _Epoch:
 
 
 class Loader:
-    """Batches of one rank's shard; ``epoch(e)`` is that epoch's pass."""
+    """Batches of one rank's shard; ``epoch(e)`` is that epoch's pass, its images in
+    ``memory_format``."""
 
     def __init__(self, samples, train: bool, batch_size: int, rank: int, world_size: int,
                  seed: int, decode):
         self.samples, self.train, self.batch_size = samples, train, batch_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.memory_format = torch.contiguous_format
         self._decode = decode   # (list of (path, label) indices, epoch) -> iterator of batches
         if train and hasattr(decode, "upcoming"):   # a decoder that reads on into the next pass
             decode.upcoming = self.indices
@@ -234,7 +237,11 @@ class Loader:
         indices = self.indices(epoch)
         n = len(indices) // self.batch_size if self.train else math.ceil(
             len(indices) / self.batch_size)
-        return _Epoch(n, lambda: self._decode(indices, epoch))
+        return _Epoch(n, lambda: self._formatted(self._decode(indices, epoch)))
+
+    def _formatted(self, batches):
+        for images, labels in batches:
+            yield images.contiguous(memory_format=self.memory_format), labels
 
     def close(self) -> None:
         """Stop the decoder's loader processes, where it keeps them between passes."""
@@ -243,7 +250,8 @@ class Loader:
             close()
 
 
-def _cpu_decoder(samples, size, train, seed, batch_size, workers, device):
+def pillow_decoder(samples, size, train, seed, batch_size, workers, device):
+    """``Loader``'s decode function of the reference: Pillow in DataLoader worker processes."""
     dataset = _PillowDataset(samples, size, train, seed)
 
     def decode(indices, epoch) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -257,7 +265,7 @@ def _cpu_decoder(samples, size, train, seed, batch_size, workers, device):
     return decode
 
 
-# -- file bytes for the GPU decoders ----------------------------------------------------------
+# -- file bytes for the other decoders ----------------------------------------------------------
 def read_files(samples, indices) -> list[bytes]:
     """The files of ``samples[i]`` for each ``i`` in ``indices``, as bytes."""
     blobs = []
@@ -272,143 +280,19 @@ def pack(blobs: list[bytes]) -> torch.Tensor:
     return torch.from_numpy(np.frombuffer(b"".join(blobs), dtype=np.uint8).copy())
 
 
-# -- DALI backend ---------------------------------------------------------------------------
-def _dali_decoder(samples, size, train, seed, batch_size, workers, device):
-    try:
-        from nvidia.dali import fn, pipeline_def, types
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator
-    except ImportError:
-        raise UserError("backend dali needs NVIDIA DALI: pip install nvidia-dali-cuda120 "
-                        "(or use --data-backend cpu)") from None
-    on_gpu = device.type == "cuda"
-
-    def decode(indices, epoch):
-        files = [samples[i][0] for i in indices]
-        labels = [samples[i][1] for i in indices]
-
-        @pipeline_def(batch_size=batch_size, num_threads=max(workers, 1),
-                      device_id=device.index if on_gpu else None, seed=seed + epoch)
-        def pipe():
-            jpegs, lab = fn.readers.file(files=files, labels=labels, random_shuffle=False,
-                                         name="reader")
-            dev = "mixed" if on_gpu else "cpu"
-            if train:
-                imgs = fn.decoders.image_random_crop(jpegs, device=dev, output_type=types.RGB,
-                                                     random_area=[0.08, 1.0],
-                                                     random_aspect_ratio=[0.75, 4 / 3])
-                imgs = fn.resize(imgs, resize_x=size, resize_y=size)
-                mirror = fn.random.coin_flip(probability=0.5)
-            else:
-                imgs = fn.decoders.image(jpegs, device=dev, output_type=types.RGB)
-                imgs = fn.resize(imgs, resize_shorter=round(size / EVAL_CROP_FRACTION))
-                mirror = 0
-            imgs = fn.crop_mirror_normalize(imgs, crop=(size, size), mean=list(MEAN),
-                                            std=list(STD), mirror=mirror, output_layout="CHW",
-                                            dtype=types.FLOAT)
-            return imgs, lab
-
-        p = pipe()
-        p.build()
-        n = len(files) // batch_size * batch_size if train else len(files)
-        it = DALIGenericIterator(p, ["images", "labels"], size=n, auto_reset=False,
-                                 last_batch_padded=False, last_batch_policy=_dali_policy(train))
-        for out in it:
-            images = out[0]["images"].to(device).contiguous(memory_format=torch.channels_last)
-            yield images, out[0]["labels"].view(-1).long().to(device)
-    return decode
-
-
-def _dali_policy(train: bool):
-    from nvidia.dali.plugin.base_iterator import LastBatchPolicy
-    return LastBatchPolicy.DROP if train else LastBatchPolicy.PARTIAL
-
-
-def _nvjpeg_decoder(*args, cpu_share: float = 0.0):
-    from benchmarks.resnet import nvjpeg
-    nvjpeg.require_torchvision("--data-backend nvjpeg")
-    return nvjpeg.BatchedDecoder(*args, cpu_share=cpu_share)
-
-
-def _turbo_decoder(*args, region_decode: bool = False, resize_on_device: bool = False,
-                   nvjpeg_share: float = 0.0):
-    from benchmarks.resnet import turbo
-    device_decode = None
-    if nvjpeg_share:
-        from benchmarks.resnet import nvjpeg
-        nvjpeg.require_torchvision(f"--eval-nvjpeg-share {nvjpeg_share}")
-        device_decode = nvjpeg.nvjpeg_decode
-    return turbo.TurboDecoder(*args, region_decode=region_decode,
-                              resize_on_device=resize_on_device, device_decode=device_decode,
-                              device_share=nvjpeg_share)
-
-
-_DECODERS = {"cpu": _cpu_decoder, "turbo": _turbo_decoder, "nvjpeg": _nvjpeg_decoder,
-             "dali": _dali_decoder}
-
-
-def _build(index, backend, image_size, batch_size, rank, world_size, seed, workers, device,
-           train, cpu_decode_share, region_decode, resize_on_device,
-           nvjpeg_share=0.0) -> Loader:
-    if backend not in _DECODERS:
-        raise UserError(f"unknown data backend {backend!r}: choose one of {', '.join(BACKENDS)}")
-    if backend == "nvjpeg" and device.type != "cuda":
-        raise UserError(f"--data-backend {backend} decodes with nvJPEG and needs a CUDA device; "
-                        "use --data-backend cpu")
-    if cpu_decode_share and backend != "nvjpeg":
-        raise UserError(f"--cpu-decode-share splits the decoding of the nvjpeg backend; "
-                        f"--data-backend {backend} has no such split: leave it out")
-    for flag, on in (("--region-decode", region_decode),
-                     ("--resize-on-device", resize_on_device)):
-        if on and backend != "turbo":
-            raise UserError(f"{flag} changes the turbo backend's loader; --data-backend "
-                            f"{backend} has none: use --data-backend turbo or leave it out")
-    if nvjpeg_share:
-        _check_nvjpeg_share(nvjpeg_share, backend, resize_on_device, device)
+def build_loader(index: ImageFolderIndex, train: bool, image_size: int, batch_size: int,
+                 rank: int, world_size: int, workers: int, device: torch.device, seed: int = 0,
+                 decoder=pillow_decoder, **options) -> Loader:
+    """The training (``train``) or evaluation loader of this rank, decoding with ``decoder``
+    (``Loader``'s decode function made from the samples, the sizes, ``device`` and the
+    decoder's ``options``)."""
     samples = index.train if train else index.val
-    options = {"cpu_share": cpu_decode_share} if cpu_decode_share else {}
-    if region_decode:
-        options["region_decode"] = True
-    if resize_on_device:
-        options["resize_on_device"] = True
-    if nvjpeg_share:
-        options["nvjpeg_share"] = nvjpeg_share
-    decode = _DECODERS[backend](samples, image_size, train, seed, batch_size, workers, device,
-                                **options)
+    decode = decoder(samples, image_size, train, seed, batch_size, workers, device, **options)
     return Loader(samples, train, batch_size, rank, world_size, seed, decode)
-
-
-def _check_nvjpeg_share(share, backend, resize_on_device, device) -> None:
-    flag = f"--eval-nvjpeg-share {share}"
-    if not 0 <= share <= 1:
-        raise UserError(f"{flag}: give a fraction from 0 to 1")
-    if backend != "turbo" or not resize_on_device:
-        raise UserError(f"{flag} hands part of the turbo backend's resized-on-device batches "
-                        "to nvJPEG: add --data-backend turbo --resize-on-device, or leave it out")
-    if device.type != "cuda":
-        raise UserError(f"{flag} decodes with nvJPEG and needs a CUDA device; leave it out")
-
-
-def build_train_loader(index, backend: str, image_size: int, batch_size: int, rank: int,
-                       world_size: int, seed: int, workers: int, device: torch.device,
-                       cpu_decode_share: float = 0.0, region_decode: bool = False,
-                       resize_on_device: bool = False) -> Loader:
-    return _build(index, backend, image_size, batch_size, rank, world_size, seed, workers,
-                  device, True, cpu_decode_share, region_decode, resize_on_device)
-
-
-def build_eval_loader(index, backend: str, image_size: int, batch_size: int, rank: int,
-                      world_size: int, workers: int, device: torch.device,
-                      cpu_decode_share: float = 0.0, region_decode: bool = False,
-                      resize_on_device: bool = False, nvjpeg_share: float = 0.0) -> Loader:
-    """``nvjpeg_share``: the share of each batch decoded by nvJPEG (``nvjpeg_share.py``)."""
-    return _build(index, backend, image_size, batch_size, rank, world_size, 0, workers,
-                  device, False, cpu_decode_share, region_decode, resize_on_device,
-                  nvjpeg_share)
 
 
 def synthetic_batch(batch_size: int, image_size: int, num_classes: int, device
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """A device-resident random batch in the loaders' format, for throughput runs."""
     images = torch.randn(batch_size, 3, image_size, image_size, device=device)
-    labels = torch.randint(0, num_classes, (batch_size,), device=device)
-    return images.contiguous(memory_format=torch.channels_last), labels
+    return images, torch.randint(0, num_classes, (batch_size,), device=device)

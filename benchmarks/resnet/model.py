@@ -13,10 +13,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from benchmarks.resnet import residual
-from common import pool
-from common.stem import space_to_depth_conv
-
 STAGE_DEPTHS = (3, 4, 6, 3)
 STAGE_WIDTHS = (64, 128, 256, 512)
 EXPANSION = 4
@@ -27,7 +23,7 @@ def _conv(cin: int, cout: int, k: int, stride: int = 1) -> nn.Conv2d:
 
 
 class Bottleneck(nn.Module):
-    def __init__(self, cin: int, width: int, stride: int, cudnn_fusion: bool = False):
+    def __init__(self, cin: int, width: int, stride: int):
         super().__init__()
         cout = width * EXPANSION
         self.conv1, self.bn1 = _conv(cin, width, 1), nn.BatchNorm2d(width)
@@ -37,11 +33,8 @@ class Bottleneck(nn.Module):
         self.has_shortcut = stride != 1 or cin != cout
         if self.has_shortcut:
             self.conv1sc, self.bnsc = _conv(cin, cout, 1, stride), nn.BatchNorm2d(cout)
-        self.cudnn_fusion = cudnn_fusion
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.cudnn_fusion:
-            return residual.stages([self], x)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
@@ -50,16 +43,8 @@ class Bottleneck(nn.Module):
 
 
 class ResNet50(nn.Module):
-    """``space_to_depth`` computes the stem convolution with :func:`space_to_depth_conv`;
-    ``cudnn_fusion`` runs the bottlenecks through :mod:`residual` (and :mod:`fused_conv`)
-    and the stem's ReLU and max-pool as one op from :mod:`pool` (the pool first: the same
-    result, as ReLU is monotonic, and where the order changes which zero takes a window's
-    gradient, the ReLU's own gradient is zero there)."""
-
-    def __init__(self, num_classes: int = 1000, space_to_depth: bool = False,
-                 cudnn_fusion: bool = False):
+    def __init__(self, num_classes: int = 1000):
         super().__init__()
-        self.space_to_depth, self.cudnn_fusion = space_to_depth, cudnn_fusion
         self.conv0, self.bn0 = _conv(3, 64, 7, 2), nn.BatchNorm2d(64)
         self.relu = nn.ReLU(inplace=True)
         self.pool0 = nn.MaxPool2d(3, stride=2, padding=1)
@@ -67,8 +52,7 @@ class ResNet50(nn.Module):
         for i, (depth, width) in enumerate(zip(STAGE_DEPTHS, STAGE_WIDTHS), 1):
             units = []
             for u in range(depth):
-                units.append(Bottleneck(cin, width, stride=2 if (u == 0 and i > 1) else 1,
-                                        cudnn_fusion=cudnn_fusion))
+                units.append(Bottleneck(cin, width, stride=2 if (u == 0 and i > 1) else 1))
                 cin = width * EXPANSION
             setattr(self, f"stage{i}", nn.Sequential(*units))
         self.pool1 = nn.AdaptiveAvgPool2d(1)
@@ -88,18 +72,9 @@ class ResNet50(nn.Module):
         nn.init.normal_(self.fc1.weight, std=0.01)
         nn.init.zeros_(self.fc1.bias)
 
-    def stem_conv(self, x: torch.Tensor) -> torch.Tensor:
-        if self.space_to_depth:
-            return space_to_depth_conv(x, self.conv0.weight, channels=16)
-        return self.conv0(x)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.bn0(self.stem_conv(x))
-        if self.cudnn_fusion:
-            units = [u for i in range(1, 5) for u in getattr(self, f"stage{i}")]
-            x = residual.stages(units, pool.relu_max_pool_3x3_s2(x))
-        else:
-            x = self.stage4(self.stage3(self.stage2(self.stage1(self.pool0(self.relu(x))))))
+        x = self.pool0(self.relu(self.bn0(self.conv0(x))))
+        x = self.stage4(self.stage3(self.stage2(self.stage1(x))))
         return self.fc1(torch.flatten(self.pool1(x), 1))
 
 

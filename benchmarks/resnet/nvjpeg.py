@@ -1,4 +1,5 @@
-"""The ``nvjpeg`` data backend: batched nvJPEG decode and one batched crop and resize.
+"""The ``nvjpeg`` input optimisation: batched nvJPEG decode and one batched crop and resize
+(and ``cpu-decode-share``; ``eval-nvjpeg-share``'s choice of decoder, ``nvjpeg_share.py``).
 
 - persistent loader processes read a batch's files into one buffer, parse each JPEG header (size,
   components) and plan the crops on the host (``data.crop_plan``, the same boxes and
@@ -14,7 +15,8 @@
   runs, so the decode call's host time (and any wait in it) is off the thread that
   launches the step.
 
-A share of each batch (``cpu_share``, evenly spread over its positions) can be decoded,
+A share of each batch (``cpu_share``, ``cpu-decode-share``, evenly spread over its positions)
+can be decoded,
 cropped and resized in the loader processes instead, as the ``turbo`` backend does
 (libjpeg-turbo, then torch's antialiased resize: ``turbo.decode_crop``), so that host cores
 take part of the decoding and nvJPEG's per-image work in the main process shrinks with it;
@@ -43,6 +45,7 @@ from PIL import Image
 from benchmarks.resnet import data, turbo
 from common import loaders
 from common.errors import UserError
+from common.hparams import fraction
 
 # Start-of-frame markers (baseline, extended, progressive, lossless; Huffman or arithmetic)
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
@@ -99,8 +102,6 @@ class PlannedBatches(torch.utils.data.Dataset):
     their files."""
 
     def __init__(self, samples, size: int, train: bool, seed: int, cpu_share: float = 0.0):
-        if not 0 <= cpu_share <= 1:
-            raise UserError(f"--cpu-decode-share {cpu_share}: give a fraction from 0 to 1")
         self.samples, self.size, self.train, self.seed = samples, size, train, seed
         self.cpu_share = cpu_share
 
@@ -332,8 +333,31 @@ def ahead(batches, device: torch.device, assemble, depth: int = 2):
         thread.join()
 
 
+def share(text: str) -> float:
+    """A ``NAME=SHARE`` optimisation's value: a fraction from 0 to 1."""
+    value = float(text)
+    fraction(value)
+    return value
+
+
+def select(wl, _) -> None:
+    require_torchvision("optimisation nvjpeg")
+    wl.impl.decoder = BatchedDecoder
+
+
+def select_cpu_share(wl, value: float) -> None:
+    wl.impl.options["cpu_share"] = value
+
+
+def select_eval_share(wl, value: float) -> None:
+    """``eval-nvjpeg-share=F``: the turbo evaluation loader hands ``F`` of each batch to
+    :func:`nvjpeg_decode` (``nvjpeg_share.py``)."""
+    require_torchvision(f"optimisation eval-nvjpeg-share={value}")
+    wl.impl.eval_options.update(device_decode=nvjpeg_decode, device_share=value)
+
+
 class BatchedDecoder:
-    """``data.Loader``'s decode function for the ``nvjpeg`` backend (``decode``: the batch
+    """``data.Loader``'s decode function of ``nvjpeg`` (``decode``: the batch
     decoder, Pillow's in CPU tests; ``cpu_share``: the share of each batch the loader
     processes decode). One DataLoader serves every pass, so its workers start once, not at
     each epoch or evaluation; ``close`` stops them."""

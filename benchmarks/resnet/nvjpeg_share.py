@@ -1,5 +1,6 @@
-"""A share of each evaluation batch decoded by nvJPEG where the batch is resized
-(``--eval-nvjpeg-share``; ``turbo`` backend with ``--resize-on-device``, a CUDA device).
+"""A share of each evaluation batch decoded by nvJPEG where the batch is resized: the
+``eval-nvjpeg-share=F`` optimisation (over ``resize-on-device``, a CUDA device; it selects
+the decoder in ``nvjpeg.py``).
 
 Evaluation batches are the loader processes' slowest work: a centre crop (resize 256,
 centre 224) decodes about two thirds of each image, and every row down to its bottom is

@@ -9,34 +9,34 @@
 | stage | what is timed |
 |---|---|
 | read | loader processes reading each batch's files into one buffer |
-| plan | read + JPEG headers + crop plans (the ``nvjpeg`` backend's loader processes) |
+| plan | read + JPEG headers + crop plans (``nvjpeg``'s loader processes) |
 | decode-pillow | loader processes decoding whole images with Pillow (RGB) |
 | decode-pillow-draft | the same, DCT-downscaled (Pillow's ``draft``) to at least the output size |
 | decode-turbo | loader processes decoding whole images with libjpeg-turbo (``simplejpeg``) |
-| crops-pillow | one thread of this process: the ``cpu`` backend's work per training image
+| crops-pillow | one thread of this process: the Pillow reader's work per training image
   (read, Pillow decode, crop and resize, flip), what each of its loader processes does |
-| crops-turbo | the same for the ``turbo`` backend (libjpeg-turbo decode, torch's resize) |
+| crops-turbo | the same for ``turbo`` (libjpeg-turbo decode, torch's resize) |
   (``--region-decode``: only the crop's region decoded, here and in turbo-train/-eval) |
 | regions-turbo | one thread: read and decode each training crop's region as
   ``--region-decode`` does, without the resize (crops-turbo less this: the resize's share) |
   (``--resize-on-device``: crops-turbo and turbo-train/-eval send the crops unresized and
   resize each batch on the device) |
-| cpu-train | the ``cpu`` backend: the Pillow reference training pipeline, whole |
-| turbo-train | the ``turbo`` backend, whole training pipeline |
-| turbo-eval | the ``turbo`` backend, whole evaluation pipeline (resize 256, centre 224) |
+| cpu-train | the Pillow reader (the reference), whole training pipeline |
+| turbo-train | ``turbo``, whole training pipeline |
+| turbo-eval | ``turbo``, whole evaluation pipeline (resize 256, centre 224) |
   (``--eval-nvjpeg-share``: that share of each batch decoded by nvJPEG in this process) |
 | h2d | host-to-device copies of packed file bytes from pinned memory (batches in memory) |
 | decode-nvjpeg | one batched ``decode_jpeg`` per batch (batches in pinned memory; GPU) |
 | crop-resize | the batched crop, resize, flip, normalise on decoded batches on the device |
 | resize-regions | ``--resize-on-device``'s resize, flip and normalise of packed training crops
   on the device (batches packed in this process, copied there first) |
-| nvjpeg-train | the ``nvjpeg`` backend, whole training pipeline (``--cpu-decode-share``) |
-| nvjpeg-eval | the ``nvjpeg`` backend, whole evaluation pipeline (resize 256, centre 224) |
+| nvjpeg-train | ``nvjpeg``, whole training pipeline (``--cpu-decode-share``) |
+| nvjpeg-eval | ``nvjpeg``, whole evaluation pipeline (resize 256, centre 224) |
 
 Stages with loader processes run once per ``--workers`` count; the others in this process.
 Each stage runs for ``--seconds`` after its first batch (start-up excluded), passing over
 the folder as often as needed with the same loader processes (``cpu-train``'s start anew at
-each pass, as the ``cpu`` backend's do at each epoch). On ``--device cpu`` the GPU stages
+each pass, as the Pillow reader's do at each epoch). On ``--device cpu`` the GPU stages
 are refused and ``crop-resize`` runs on the CPU.
 """
 
@@ -213,17 +213,16 @@ def run_stage(stage, index, args, device, workers: int | None) -> dict:
                                  args.region_decode, args.resize_on_device)
     if stage in ("cpu-train", "turbo-train", "turbo-eval", "nvjpeg-train", "nvjpeg-eval"):
         backend = stage.split("-")[0]
-        build = data.build_train_loader if train else data.build_eval_loader
-        kw = dict(seed=0) if train else {}
-        if backend == "nvjpeg":
-            kw["cpu_decode_share"] = args.cpu_decode_share
+        decoder = {"cpu": data.pillow_decoder, "turbo": turbo.TurboDecoder,
+                   "nvjpeg": nvjpeg.BatchedDecoder}[backend]
+        kw = {"cpu_share": args.cpu_decode_share} if backend == "nvjpeg" else {}
         if backend == "turbo":
-            kw["region_decode"] = args.region_decode
-            kw["resize_on_device"] = args.resize_on_device
-            if not train:
-                kw["nvjpeg_share"] = args.eval_nvjpeg_share
-        loader = build(index=index, backend=backend, image_size=size, batch_size=batch,
-                       rank=0, world_size=1, workers=workers, device=device, **kw)
+            kw.update(region_decode=args.region_decode, resize_on_device=args.resize_on_device)
+            if not train and args.eval_nvjpeg_share:
+                kw.update(device_share=args.eval_nvjpeg_share, device_decode=(
+                    nvjpeg.nvjpeg_decode if device.type == "cuda" else nvjpeg.pillow_decode))
+        loader = data.build_loader(index, train, size, batch, 0, 1, workers, device,
+                                   decoder=decoder, **kw)
         epochs = iter(range(1, 1 << 30))
         try:
             return _timed(lambda: loader.epoch(next(epochs)), lambda item: len(item[1]),

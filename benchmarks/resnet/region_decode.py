@@ -1,4 +1,4 @@
-"""Decoding only a crop's region of a JPEG (``--region-decode``, ``turbo`` backend):
+"""The ``region-decode`` optimisation (over ``turbo``): decoding only a crop's region of a JPEG:
 libjpeg-turbo 3's TurboJPEG API (``tj3SetCroppingRegion``), called through ``ctypes``.
 
 Whole-image decoding spends most of a loader process's time on pixels the random-resized
@@ -59,7 +59,7 @@ def library_path() -> Path:
 
 
 def _load(path: Path) -> ctypes.CDLL:
-    fix = f"run `make turbojpeg` or set {LIB_ENV}, or leave out --region-decode"
+    fix = f"run `make turbojpeg` or set {LIB_ENV}, or drop the optimisation region-decode"
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as exc:
@@ -88,7 +88,7 @@ class RegionDecoder:
         self._lib = _load(self.path)
         self._handle = self._lib.tj3Init(_INIT_DECOMPRESS)
         if not self._handle:
-            raise UserError(f"{self.path}: tj3Init failed; leave out --region-decode")
+            raise UserError(f"{self.path}: tj3Init failed; drop the optimisation region-decode")
 
     def __getstate__(self):
         return {"path": self.path}
@@ -136,3 +136,8 @@ class RegionDecoder:
                                                region.rows)):
             return False
         return not lib.tj3Decompress8(h, blob, len(blob), out.ctypes.data, 0, _PF_RGB)
+
+
+def select(wl, _) -> None:
+    RegionDecoder()   # a missing or old library: one line now, before anything is built
+    wl.impl.options["region_decode"] = True

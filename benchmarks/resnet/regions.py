@@ -1,6 +1,6 @@
-"""Crops resized on the device (``--resize-on-device``, ``turbo`` backend): the loader
-processes send each crop's decoded pixels as they are, packed one after another in one
-buffer per slice, and the training process resizes a whole batch of them at once.
+"""The ``resize-on-device`` optimisation (over ``turbo``): the loader processes send each
+crop's decoded pixels as they are, packed one after another in one buffer per slice, and
+the training process resizes a whole batch of them at once.
 
 The resize to the training size was 17-24% of a loader process's work per image, measured
 alone on one thread (docs/performance.md); on the GPU it is one kernel for the batch.
@@ -34,8 +34,8 @@ def region(packed: torch.Tensor, row) -> torch.Tensor:
 
 def resize_reference(packed: torch.Tensor, meta: torch.Tensor, size: int) -> torch.Tensor:
     """Each crop resized to ``size`` x ``size`` by ``F.interpolate``'s antialiased bilinear
-    filter in float32, mirrored where flagged, normalised: float32 NCHW in channels-last
-    memory, as ``data.normalize_on_device`` hands batches out."""
+    filter in float32, mirrored where flagged, normalised: float32 NCHW, as
+    ``data.normalize_on_device`` hands batches out."""
     crops = []
     for row in meta.tolist():
         x = region(packed, row).permute(2, 0, 1)[None].float()
@@ -53,3 +53,7 @@ def resize(packed: torch.Tensor, meta: torch.Tensor, size: int) -> torch.Tensor:
         from benchmarks.resnet import regions_triton  # Triton: GPU machines only
         return regions_triton.resize(packed, meta, size)
     return resize_reference(packed, meta, size)
+
+
+def select(wl, _) -> None:
+    wl.impl.options["resize_on_device"] = True

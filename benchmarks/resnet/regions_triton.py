@@ -18,7 +18,6 @@ import triton
 import triton.language as tl
 
 from benchmarks.resnet import data
-from benchmarks.resnet.regions import FIELDS
 
 
 @triton.jit
@@ -93,12 +92,12 @@ def _resize_rows(src, meta, out, size, mean0, mean1, mean2, rstd0, rstd1, rstd2,
 
 def resize(packed: torch.Tensor, meta: torch.Tensor, size: int) -> torch.Tensor:
     """:func:`benchmarks.resnet.regions.resize_reference` on CUDA tensors (``packed`` uint8,
-    ``meta`` int64 [n, 6])."""
-    n = meta.shape[0]
+    ``meta`` int64 [n, regions.FIELDS])."""
+    n, fields = meta.shape
     out = torch.empty(n, size, size, 3, dtype=torch.float32, device=packed.device)
     if n:
         mean, std = data.MEAN, data.STD
         _resize_rows[(n, size)](packed, meta.contiguous(), out, size, *mean,
-                                *(1.0 / s for s in std), FIELDS=FIELDS,
+                                *(1.0 / s for s in std), FIELDS=fields,
                                 BLOCK=triton.next_power_of_2(size), enable_fp_fusion=False)
     return out.permute(0, 3, 1, 2)

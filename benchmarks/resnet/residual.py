@@ -1,5 +1,8 @@
-"""The residual stream of the fused path (``--cudnn-fusion``): each bottleneck's tail
-joined to the next bottleneck's first convolution.
+"""The ``cudnn-fusion`` optimisation: the network's forward through batch norm folded into
+cuDNN fusion graphs (``fused_conv.py``), with each bottleneck's tail joined to the next
+bottleneck's first convolution, and the stem's ReLU and max-pool as one op
+(``common.pool``: the pool first, the same result, as ReLU is monotonic; where the order
+changes which zero takes a window's gradient, the ReLU's own gradient is zero there).
 
 A bottleneck ends in ``out = relu(y3 * scale3 + bias3 + shortcut)``, and ``out`` has two
 consumers: the next unit's first 1x1 convolution and its shortcut. Left to autograd, the
@@ -29,8 +32,12 @@ from benchmarks.resnet.fused_conv import (
     conv_bn,
     conv_stats,
     conv_stats_grads,
+    cudnn_frontend,
     stats_dtype,
 )
+from benchmarks.resnet.model import ResNet50
+from common import pool
+from common.errors import UserError
 from common.fusion import on_gpu
 
 # the Triton kernel: rows x channels per tile, about how many row chunks x column blocks
@@ -190,3 +197,39 @@ def stages(units, x: Tensor) -> Tensor:
         x, y1, total, total_sq = tail_conv(y3, scale3, bias3, *shortcut, weight)
         scale1, bias1 = bn_scale_bias(following.bn1, total, total_sq,
                                       y1.numel() // y1.shape[1], x.dtype)
+
+
+class FusedResNet50(ResNet50):
+    """``ResNet50`` with the same parameters, its bottlenecks run by :func:`stages`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        units = [u for i in range(1, 5) for u in getattr(self, f"stage{i}")]
+        x = stages(units, pool.relu_max_pool_3x3_s2(self.bn0(self.conv0(x))))
+        return self.fc1(torch.flatten(self.pool1(x), 1))
+
+
+def fuse(net: ResNet50) -> None:
+    """``net`` (its weights and buffers as they are) runs the fused path from now on."""
+    net.__class__ = FusedResNet50
+
+
+def select(wl, _) -> None:
+    """Before anything is built: per-GPU statistics, and on a GPU fp16 and cudnn-frontend
+    (cuDNN 9.19 has fusion engines for fp16 only); elsewhere its ops run as plain PyTorch."""
+    if wl.hp.bn_group != 1:
+        raise UserError(f"optimisation cudnn-fusion computes batch-norm statistics per GPU: "
+                        f"it cannot be combined with --bn-group {wl.hp.bn_group}")
+    if wl.env.device.type != "cuda":
+        return
+    if wl.precision.name != "amp-fp16":
+        raise UserError(f"optimisation cudnn-fusion needs --precision amp-fp16 on a GPU, not "
+                        f"{wl.precision.name}: cuDNN has fusion engines for fp16 only")
+    try:
+        cudnn_frontend()
+    except ImportError as exc:
+        raise UserError(f"optimisation cudnn-fusion needs the cuDNN frontend ({exc}): "
+                        "pip install nvidia-cudnn-frontend") from exc
+
+
+def apply(wl, _) -> None:
+    fuse(wl.net)

@@ -1,22 +1,19 @@
 """ResNet-50 training throughput on device-resident synthetic batches, ours against baselines.
 
-    python -m benchmarks.resnet.throughput --batch-size 256 --precision amp-bf16 \
-        --variants ours,ours-eager,torchvision-eager,torchvision-compile
-    python -m benchmarks.resnet.throughput --batch-size 256 \
-        --variants ours-fused-max@amp-fp16,torchvision-compile@amp-fp16,torchvision-compile@amp-bf16
+    python -m benchmarks.resnet.throughput --batch-size 408 --variants config@amp-fp16
+    python -m benchmarks.resnet.throughput --batch-size 256 --precision amp-fp16 \
+        --variants plain,config,config-minus-cudnn-fusion,torchvision-compile
 
-``ours`` is the suite's real training step (ResNet-50 v1.5, LARS, label
-smoothing, channels-last) captured as one CUDA graph; ``ours-compile`` also
-runs the model through ``torch.compile`` inside that graph
-(``ours-compile-max``: with Inductor's autotuning; ``-s2d``: with the stem
-convolution over 2x2 pixel blocks, ``--space-to-depth``; ``ours-fused``: that plus
-batch norm inside cuDNN fusion graphs, ``--cudnn-fusion``, amp-fp16 only);
-``ours-eager`` is the same step without the graph. The torchvision baselines are what a user
-would otherwise run: torchvision's resnet50 with momentum SGD, eager or ``torch.compile``-d
-(``torchvision-compile-max``: with Inductor's autotuning). A variant may name its own
-precision as ``VARIANT@PRECISION``; the others run at ``--precision`` (the input pipeline
-has its own tool, ``benchmarks.resnet.pipeline``); ``--profile`` adds each variant's kernel
-time by family (convolution, fused Triton, optimizer, ...).
+Ours are the suite's real training step (ResNet-50 v1.5, LARS, label smoothing) with the
+optimisations the registry gives: ``plain`` (none: the reference path), ``config`` (those of
+``config_1xH100.sh`` at its default precision, amp-fp16; the input optimisations leave a
+step on resident batches as it is and are left out) and ``config-minus-<name>`` for each of
+them. The torchvision baselines are what a user would otherwise run: torchvision's resnet50
+with momentum SGD, eager or ``torch.compile``-d (``torchvision-compile-max``: with
+Inductor's autotuning). A variant may name its own precision as ``VARIANT@PRECISION``; the
+others run at ``--precision`` (the input pipeline has its own tool,
+``benchmarks.resnet.pipeline``); ``--profile`` adds each variant's kernel time by family
+(convolution, fused Triton, optimizer, ...).
 """
 
 from __future__ import annotations
@@ -27,39 +24,37 @@ import sys
 
 import torch
 
-from benchmarks.resnet.workload import ResNetWorkload
+from benchmarks.resnet.workload import INPUT, ResNetWorkload
 from common.bench.external import ExternalWorker
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
 from common.kernel_profile import kernel_breakdown
+from common.optimisations import ablation_variants, config_optimisations
 from common.precision import PRECISIONS, Precision
 from common.throughput import gpu_variants, time_steps, tool_parser
 from common.training import build_parser
 
-# variant -> (CUDA graph, torch.compile mode, other workload flags) for ours
-OURS = {"ours": (True, "none", ()), "ours-eager": (False, "none", ()),
-        "ours-compile": (True, "default", ()),
-        "ours-compile-max": (True, "max-autotune-no-cudagraphs", ()),
-        "ours-compile-s2d": (True, "default", ("--space-to-depth",)),
-        "ours-compile-max-s2d": (True, "max-autotune-no-cudagraphs", ("--space-to-depth",)),
-        "ours-fused": (True, "default", ("--space-to-depth", "--cudnn-fusion")),
-        "ours-fused-max": (True, "max-autotune-no-cudagraphs",
-                           ("--space-to-depth", "--cudnn-fusion"))}
+
+def ours_variants() -> dict[str, list[str]]:
+    """variant -> ``--optimisations`` items, the input optimisations left out."""
+    config = [o for o in config_optimisations("resnet", "1xH100")
+              if o.partition("=")[0] not in INPUT]
+    return ablation_variants(ResNetWorkload.optimisations, config)
+
+
 # variant -> torch.compile mode (None: eager) for torchvision's resnet50
 TORCHVISION = {"torchvision-eager": None, "torchvision-compile": "default",
                "torchvision-compile-max": "max-autotune-no-cudagraphs"}
-VARIANTS = (*OURS, *TORCHVISION)
 
 
-def ours(batch_size: int, precision: Precision, device, variant: str):
-    graph, compile_mode, flags = OURS[variant]
-    args = ResNetWorkload.parse_bench_args(
-        build_parser(ResNetWorkload),
-        ["--precision", precision.name, "--seed", "0", "--compile", compile_mode, *flags],
-        "synthetic", batch_size)
+def ours(batch_size: int, precision: Precision, device, items: list[str]):
+    argv = ["--precision", precision.name, "--seed", "0"] + (["--opt", ",".join(items)]
+                                                              if items else [])
+    args = ResNetWorkload.parse_bench_args(build_parser(ResNetWorkload), argv, "synthetic",
+                                           batch_size)
     wl = ResNetWorkload(args, DistEnv(device=device), precision)
     wl.setup()
-    step = GraphedStep(wl.train_step, enabled=graph)
+    step = GraphedStep(wl.train_step, enabled=args.cuda_graph)
     return step, wl.synthetic_batch(batch_size)
 
 
@@ -117,7 +112,7 @@ BASELINES = {"torchvision": {name: _torchvision(mode) for name, mode in TORCHVIS
              "mxnet": {"mxnet-gluon": MXNET}}
 
 
-def variant_precisions(parser, text: str, default: str) -> list[tuple[str, str]]:
+def variant_precisions(parser, text: str, default: str, known) -> list[tuple[str, str]]:
     """``VARIANT[@PRECISION],...`` as (variant, precision) pairs, ``default`` where no
     precision is named; ``parser.error`` for an unknown variant or precision."""
     pairs = [(name, precision or default)
@@ -126,24 +121,25 @@ def variant_precisions(parser, text: str, default: str) -> list[tuple[str, str]]
     if bad:
         parser.error(f"unknown precision(s) {bad} in --variants; choose from "
                      f"{', '.join(PRECISIONS)}")
-    gpu_variants(parser, ",".join(name for name, _ in pairs), VARIANTS)
+    gpu_variants(parser, ",".join(name for name, _ in pairs), known)
     return pairs
 
 
 def main(argv=None) -> int:
     p = tool_parser("python -m benchmarks.resnet.throughput", __doc__,
-                    "ours,ours-eager,torchvision-eager,torchvision-compile", warmup=30, iters=100)
+                    "plain,config,torchvision-eager,torchvision-compile", warmup=30, iters=100)
     p.add_argument("--batch-size", type=int, default=256)
     args = p.parse_args(argv)
-    runs = variant_precisions(p, args.variants, args.precision)
+    variants = ours_variants()
+    runs = variant_precisions(p, args.variants, args.precision, [*variants, *TORCHVISION])
     device = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
     results: list[dict] = []
     for v, precision_name in runs:
         precision = Precision(precision_name, "cuda")
         precision.apply_backend_flags()
-        if v in OURS:
-            step, batch = ours(args.batch_size, precision, device, v)
+        if v in variants:
+            step, batch = ours(args.batch_size, precision, device, variants[v])
         else:
             step, batch = torchvision_step(args.batch_size, precision, device, TORCHVISION[v])
         m = time_steps(v, step, batch, device, args.warmup, args.iters)

@@ -1,8 +1,8 @@
-"""The ``turbo`` data backend: libjpeg-turbo decodes in the loader processes, batches cross
-as one buffer each, crops resized by torch's vectorised uint8 resize.
+"""The ``turbo`` input optimisation: libjpeg-turbo decodes in the loader processes, batches
+cross as one buffer each, crops resized by torch's vectorised uint8 resize.
 
-The ``cpu`` backend (the reference) decodes each image with Pillow, resizes the crop's box
-with Pillow's bilinear filter and sends the image to the main process alone. Here, each
+The Pillow reader (``data.py``, the reference) decodes each image with Pillow, resizes the
+crop's box with Pillow's bilinear filter and sends the image to the main process alone. Here, each
 loader process takes a slice of a batch and, for each image:
 
 - decodes it with libjpeg-turbo (``simplejpeg``; Pillow's own decoder runs libjpeg-turbo
@@ -15,7 +15,7 @@ loader process takes a slice of a batch and, for each image:
   crop-then-resize; against the reference's box resize, whose filter also reads the pixels
   just outside the box, only the border pixels of a crop differ;
 - writes the crop into the slice's one uint8 [n, size, size, 3] buffer (the resize writes
-  there itself, in that channels-last order). With ``--resize-on-device`` it writes the
+  there itself, in that channels-last order). With ``resize-on-device`` it writes the
   crop unresized instead and the batch is resized where it trains (``regions.py``).
 
 Decoding at a reduced DCT scale (libjpeg-turbo's n/8) was measured and left out: Huffman
@@ -45,7 +45,7 @@ from benchmarks.resnet.region_decode import RegionDecoder
 from common import loaders
 
 _RGB_CONVERTIBLE = ("YCbCr", "Gray", "RGB")   # colour spaces libjpeg-turbo turns into RGB
-REGION_BUDGET = 4   # --resize-on-device: a slice's buffer in resized crops' bytes an image
+REGION_BUDGET = 4   # resize-on-device: a slice's buffer in resized crops' bytes an image
 
 
 def decode_crop(blob: bytes, path: str, size: int, plan, region=None,
@@ -78,7 +78,7 @@ def _whole_crop(blob: bytes, path: str, plan) -> tuple[np.ndarray, bool]:
 
 def pack_crop(blob: bytes, path: str, size: int, plan, region, buf: torch.Tensor, used: int,
               room: int, meta: np.ndarray) -> int:
-    """``--resize-on-device``: the planned crop's pixels, unresized, written into the uint8
+    """``resize-on-device``: the planned crop's pixels, unresized, written into the uint8
     buffer ``buf`` at byte ``used``, and its ``regions`` row into ``meta`` (a numpy row);
     the new end of the buffer's used part. Only the crop's region is decoded where
     ``region`` can, straight into ``buf``. A crop of more than ``room`` bytes is resized
@@ -131,7 +131,7 @@ class DecodedSlices(torch.utils.data.Dataset):
     """Item ``(epoch, indices)``: those samples' crops for ``epoch`` as one uint8 [n, size,
     size, 3] tensor (as ``loaders.SharedBuffers.send`` sends it: a slot of ``buffers`` or a
     private tensor) and their labels (a numpy array). The key carries the epoch, so
-    persistent workers serve every epoch. With ``regions`` (``--resize-on-device``) the crops
+    persistent workers serve every epoch. With ``regions`` (``resize-on-device``) the crops
     come unresized, packed into a uint8 buffer of up to ``REGION_BUDGET`` resized crops'
     bytes an image, with their ``regions`` rows (numpy) and the rows of the JPEG files sent
     as they are for ``device_share`` of the positions (``nvjpeg_share``; their ``regions``
@@ -175,8 +175,12 @@ class DecodedSlices(torch.utils.data.Dataset):
         return loaders.SharedBuffers.send(out[:used], slot), meta, files[:sent_files], labels
 
 
+def select(wl, _) -> None:
+    wl.impl.decoder = TurboDecoder
+
+
 class TurboDecoder:
-    """``data.Loader``'s decode function for the ``turbo`` backend: each batch is cut into one
+    """``data.Loader``'s decode function of ``turbo``: each batch is cut into one
     slice per loader process, so every process works on every batch. One DataLoader serves
     every pass (its processes start once); ``close`` stops them.
 

@@ -3,25 +3,38 @@
 Hyper-parameter defaults are NVIDIA's 8-GPU v1.1 settings, which match the
 ruleset's reference convergence point for global batch 3264 (LARS, base LR
 10.5, 2 warm-up epochs, weight decay 5e-5, momentum 0.9, 37 epochs,
-evaluation every 4 epochs from epoch 3).
+evaluation every 4 epochs from epoch 3). With no optimisation named, the
+network runs in NCHW memory, eagerly, fed by the Pillow reader.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from benchmarks.resnet import data, fused_conv
+from benchmarks.resnet import (
+    dali,
+    data,
+    nvjpeg,
+    region_decode,
+    regions,
+    residual,
+    space_to_depth,
+    turbo,
+)
 from benchmarks.resnet.lars import LARS, param_groups
 from benchmarks.resnet.model import ResNet50, mllog_tensor_names
 from benchmarks.resnet.schedule import poly_warmup_lr
 from common import dist
 from common.errors import UserError
+from common.hparams import hparam, non_negative, open_fraction, positive
 from common.mllog import constants
+from common.optimisations import COMPILE, CUDA_GRAPH, Optimisation, Registry, shared
 from common.throughput import meta_train_flops
 from common.workload import (
     CapturePolicy,
@@ -37,120 +50,171 @@ FIXTURE_MARKER = "FIXTURE_COMPLETE"
 IMAGENET_TRAIN_IMAGES = 1_281_167
 
 
+@dataclass
+class HParams:
+    batch_size: int = hparam(408, "per-rank batch per step", check=positive)
+    eval_batch_size: int = hparam(250, "per-rank evaluation batch", check=positive)
+    grad_accum: int = hparam(1, "micro-batches per step (each of --batch-size / --grad-accum)",
+                             check=positive)
+    epochs: int = hparam(37, "epoch cap", check=positive)
+    optimizer: str = hparam("lars", "LARS, or momentum SGD", choices=("lars", "sgd"))
+    lr: float = hparam(10.5, "base learning rate", check=non_negative)
+    end_lr: float = hparam(0.0001, "learning rate at the end of the polynomial decay",
+                           check=non_negative)
+    warmup_epochs: float = hparam(2.0, "epochs of linear learning-rate warm-up",
+                                  check=non_negative)
+    poly_power: float = hparam(2.0, "power of the polynomial decay", check=positive)
+    momentum: float = hparam(0.9, "momentum", check=open_fraction)
+    weight_decay: float = hparam(5e-5, "weight decay of convolutions and linear layers",
+                                 check=non_negative)
+    lars_eta: float = hparam(0.001, "LARS trust coefficient", check=positive)
+    label_smoothing: float = hparam(0.1, "label smoothing of the loss", check=open_fraction)
+    eval_period: int = hparam(4, "epochs between evaluations", check=positive)
+    eval_offset: int = hparam(2, "first evaluation after epoch offset+1 (MLPerf allows 0-3)",
+                              check=non_negative)
+    bn_group: int = hparam(1, "ranks sharing batch-norm statistics", check=positive)
+
+
+def _checked(check):
+    def parse(text: str) -> int:
+        value = int(text)
+        check(value)
+        return value
+    parse.__name__ = "int"   # argparse names the type in its "invalid" message
+    return parse
+
+
+def _channels_last(wl, _) -> None:
+    wl.impl.memory_format = torch.channels_last
+
+
+def _compile(wl, mode: str) -> None:
+    """The network (inside data parallelism) and the update as the optimisations before
+    this one left them. Compiled, the unscale, overflow check and LARS's per-tensor math
+    run as a few multi-tensor kernels; the unscaled gradients are never written to memory.
+    Loop reordering is off for the update: on a GPU, Inductor 2.11 fails an assertion
+    (``reorder_loops_by_dep_pair``) when it tries it there."""
+    wl.model = maybe_compile(wl.model, mode)
+    wl.apply_update = maybe_compile(wl._apply_update, mode, loop_ordering_after_fusion=False)
+
+
+# The input optimisations: they change the readers, not the step on device-resident batches.
+INPUT = ("turbo", "region-decode", "resize-on-device", "eval-nvjpeg-share", "nvjpeg",
+         "cpu-decode-share", "dali")
+# turbo's crops differ from the Pillow reader's box resize at their border pixels (inside,
+# by 2 levels at most: test_turbo.py); on the tiny config's first batch by 0.122 at most
+# (7 levels; 1 level is 1/57 after normalisation), the same with region-decode, and 0.119
+# with resize-on-device.
+_TURBO_ATOL = 0.15
+
+
 class ResNetWorkload(Workload):
     name = constants.RESNET
     targets = (Target("top1", 0.759),)
+    hparams = HParams
+    optimisations = Registry(
+        Optimisation("turbo", "libjpeg-turbo decode and torch's resize in the loader "
+                     "processes, a batch's slices in one shared buffer (turbo.py)",
+                     select=turbo.select, excludes=("nvjpeg", "dali"), compare="batches",
+                     atol=_TURBO_ATOL),
+        Optimisation("region-decode", "decode only each crop's region of the JPEG "
+                     "(libjpeg-turbo 3: make turbojpeg; region_decode.py)",
+                     select=region_decode.select, requires=("turbo",), compare="batches",
+                     atol=_TURBO_ATOL),
+        Optimisation("resize-on-device", "the loader processes send the crops unresized; "
+                     "each batch is resized, mirrored and normalised where it trains, one "
+                     "Triton kernel on a GPU (regions.py)", select=regions.select,
+                     requires=("turbo",), compare="batches", atol=_TURBO_ATOL),
+        Optimisation("eval-nvjpeg-share", "=F: that share of each evaluation batch decoded "
+                     "by nvJPEG in the training process (nvjpeg_share.py)",
+                     select=nvjpeg.select_eval_share, requires=("resize-on-device",),
+                     cuda=True, value_type=nvjpeg.share, default=0.5, compare=None,
+                     tested_by="tests/benchmarks/resnet/test_nvjpeg_share.py"),
+        Optimisation("nvjpeg", "batched nvJPEG decode and one batched crop and resize on the "
+                     "GPU, overlapped with the step (nvjpeg.py)", select=nvjpeg.select,
+                     excludes=("dali",), cuda=True, compare=None,
+                     tested_by="tests/benchmarks/resnet/test_nvjpeg.py"),
+        Optimisation("cpu-decode-share", "=F: that share of each nvjpeg batch decoded in the "
+                     "loader processes, as turbo does (nvjpeg.py)",
+                     select=nvjpeg.select_cpu_share, requires=("nvjpeg",), cuda=True,
+                     value_type=nvjpeg.share, default=0.5, compare=None,
+                     tested_by="tests/benchmarks/resnet/test_nvjpeg.py"),
+        Optimisation("dali", "NVIDIA DALI reads, decodes, crops and normalises "
+                     "(pip install -e '.[dali]'; dali.py)", select=dali.select, compare=None,
+                     tested_by="tests/benchmarks/resnet/test_dali.py"),
+        Optimisation("channels-last", "weights, activations and batches in channels-last "
+                     "memory (NHWC kernels)", select=_channels_last, rtol=1e-6),
+        Optimisation("space-to-depth", "the 7x7 stem convolution computed as a 4x4 one over "
+                     "2x2 pixel blocks: the same result, faster cuDNN kernels "
+                     "(space_to_depth.py)", apply=space_to_depth.apply, rtol=1e-6),
+        Optimisation("cudnn-fusion", "batch norm folded into cuDNN fusion graphs around each "
+                     "bottleneck convolution, and the stem's ReLU + max-pool as one op with a "
+                     "gather-free backward (on a GPU: amp-fp16, nvidia-cudnn-frontend; "
+                     "residual.py)", select=residual.select, apply=residual.apply,
+                     requires=("channels-last",), rtol=1e-6),
+        shared(COMPILE, apply=_compile, rtol=1e-4),
+        CUDA_GRAPH)
+
+    def __init__(self, args: argparse.Namespace, env, precision):
+        super().__init__(args, env, precision)
+        # the reference's: Pillow, NCHW memory; the optimisations' select() change them
+        self.impl.decoder, self.impl.memory_format = data.pillow_decoder, torch.contiguous_format
+        self.impl.options, self.impl.eval_options = {}, {}
 
     @staticmethod
     def add_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--data-dir", type=Path,
                        help="ImageNet folder with train/<wnid>/*.JPEG and val/<wnid>/*.JPEG")
-        p.add_argument("--data-backend", default="cpu", choices=data.BACKENDS,
-                       help="cpu: Pillow decode in workers; turbo: libjpeg-turbo decode in "
-                            "workers, one buffer per batch slice; nvjpeg: batched nvJPEG and "
-                            "crops, overlapped with the step; dali: NVIDIA DALI")
-        p.add_argument("--cpu-decode-share", type=float, default=0.0,
-                       help="nvjpeg backend: the share of each batch (0 to 1) that the loader "
-                            "processes decode, crop and resize as the turbo backend does, "
-                            "instead of nvJPEG")
-        p.add_argument("--region-decode", action="store_true",
-                       help="turbo backend: decode only each crop's region of the JPEG "
-                            "(libjpeg-turbo 3, `make turbojpeg`; region_decode.py)")
-        p.add_argument("--resize-on-device", action=argparse.BooleanOptionalAction,
-                       default=False,
-                       help="turbo backend: the loader processes send each crop unresized; "
-                            "the batch's crops are resized, mirrored and normalised on the "
-                            "device, one kernel per batch on a GPU (regions.py)")
-        p.add_argument("--eval-nvjpeg-share", type=float, default=0.0,
-                       help="turbo backend with --resize-on-device, on a GPU: the share of "
-                            "each evaluation batch (0 to 1) decoded by nvJPEG in the "
-                            "training process instead of the loader processes "
-                            "(nvjpeg_share.py)")
-        p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
-        p.add_argument("--image-size", type=int, default=224)
-        p.add_argument("--batch-size", type=int, default=408, help="per-rank batch per step")
-        p.add_argument("--eval-batch-size", type=int, default=250)
-        p.add_argument("--grad-accum", type=int, default=1,
-                       help="micro-batches per step (each of --batch-size / --grad-accum)")
-        p.add_argument("--epochs", type=int, default=37, help="epoch cap")
-        p.add_argument("--optimizer", default="lars", choices=("lars", "sgd"))
-        p.add_argument("--lr", type=float, default=10.5, help="base learning rate")
-        p.add_argument("--end-lr", type=float, default=0.0001)
-        p.add_argument("--warmup-epochs", type=float, default=2)
-        p.add_argument("--poly-power", type=float, default=2.0)
-        p.add_argument("--momentum", type=float, default=0.9)
-        p.add_argument("--weight-decay", type=float, default=5e-5)
-        p.add_argument("--lars-eta", type=float, default=0.001)
-        p.add_argument("--label-smoothing", type=float, default=0.1)
-        p.add_argument("--eval-period", type=int, default=4, help="epochs between evaluations")
-        p.add_argument("--eval-offset", type=int, default=2,
-                       help="first evaluation after epoch offset+1 (MLPerf allows 0-3)")
-        p.add_argument("--bn-group", type=int, default=1, help="ranks sharing BN statistics")
-        p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True)
-        p.add_argument("--space-to-depth", action="store_true",
-                       help="compute the 7x7 stem convolution as a 4x4 one over 2x2 pixel "
-                            "blocks (same result, faster cuDNN kernels)")
-        p.add_argument("--cudnn-fusion", action="store_true",
-                       help="batch norm folded into cuDNN fusion graphs around each bottleneck "
-                            "convolution, and the stem's ReLU + max-pool with a gather-free "
-                            "backward (GPU: amp-fp16 and the nvidia-cudnn-frontend package)")
+        p.add_argument("--workers", type=_checked(non_negative), default=4,
+                       help="loader processes per rank")
+        p.add_argument("--image-size", type=_checked(positive), default=224,
+                       help="training crop size in pixels")
 
     # -- set-up ---------------------------------------------------------------------------
     def build(self) -> None:
-        a, env = self.args, self.env
-        if a.batch_size % a.grad_accum:
-            raise UserError(f"--batch-size {a.batch_size} is not divisible by "
-                            f"--grad-accum {a.grad_accum}")
+        a, hp, env = self.args, self.hp, self.env
+        if hp.batch_size % hp.grad_accum:
+            raise UserError(f"--batch-size {hp.batch_size} is not divisible by "
+                            f"--grad-accum {hp.grad_accum}")
         if self.synthetic:
             self.index, num_classes = None, 1000
         else:
             self.index = data.ImageFolderIndex.scan(a.data_dir)
             num_classes = len(self.index.classes)
-        if a.cudnn_fusion:
-            _check_cudnn_fusion(a, env)
         self.num_classes = num_classes
-        model = ResNet50(num_classes, space_to_depth=a.space_to_depth,
-                         cudnn_fusion=a.cudnn_fusion)
+        model = ResNet50(num_classes)
         self.tensor_names = mllog_tensor_names(model)
-        model = dist.group_norm_layers(model, env, a.bn_group)
-        mem = torch.channels_last if a.channels_last else torch.contiguous_format
-        model = model.to(env.device, memory_format=mem)
-        self.net = model
-        self.model = maybe_compile(dist.data_parallel(model, env), a.compile)
-        self.criterion = nn.CrossEntropyLoss(label_smoothing=a.label_smoothing)
+        model = dist.group_norm_layers(model, env, hp.bn_group)
+        self.net = model.to(env.device, memory_format=self.impl.memory_format)
+        self.model = dist.data_parallel(self.net, env)
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=hp.label_smoothing)
         # Learning rate and step count live on the device so a captured step can advance them.
         self.step_count = torch.zeros((), device=env.device)
         self.lr = torch.zeros((), device=env.device)
-        groups = param_groups(model, a.weight_decay, lars=a.optimizer == "lars")
+        groups = param_groups(self.net, hp.weight_decay, lars=hp.optimizer == "lars")
         for g in groups:
             g["lr"] = self.lr
-        self.optimizer = LARS(groups, lr=self.lr, momentum=a.momentum, eta=a.lars_eta)
+        self.optimizer = LARS(groups, lr=self.lr, momentum=hp.momentum, eta=hp.lars_eta)
         self.scaler = self.precision.device_loss_scaler(env.device)
-        # Compiled, the unscale, overflow check and LARS's per-tensor math run as a few
-        # multi-tensor kernels; the unscaled gradients are never written to memory. Loop
-        # reordering is off for this graph: on a GPU, Inductor 2.11 fails an assertion
-        # (``reorder_loops_by_dep_pair``) when it tries it there.
-        self.apply_update = maybe_compile(self._apply_update, a.compile,
-                                          loop_ordering_after_fusion=False)
+        self.apply_update = self._apply_update
         if self.index is not None:
-            common = dict(index=self.index, backend=a.data_backend, image_size=a.image_size,
-                          rank=env.rank, world_size=env.world_size, workers=a.workers,
-                          device=env.device, cpu_decode_share=a.cpu_decode_share,
-                          region_decode=a.region_decode,
-                          resize_on_device=a.resize_on_device)
-            self.train_loader = data.build_train_loader(batch_size=a.batch_size, seed=a.seed,
-                                                        **common)
-            self.eval_loader = data.build_eval_loader(batch_size=a.eval_batch_size,
-                                                      nvjpeg_share=a.eval_nvjpeg_share,
-                                                      **common)
+            common = dict(index=self.index, image_size=a.image_size, rank=env.rank,
+                          world_size=env.world_size, workers=a.workers, device=env.device,
+                          decoder=self.impl.decoder, **self.impl.options)
+            self.train_loader = data.build_loader(train=True, batch_size=hp.batch_size,
+                                                  seed=a.seed, **common)
+            self.eval_loader = data.build_loader(train=False, batch_size=hp.eval_batch_size,
+                                                 **common, **self.impl.eval_options)
+            for loader in (self.train_loader, self.eval_loader):
+                loader.memory_format = self.impl.memory_format
             self._steps_per_epoch = len(self.train_loader)
         else:
             self._steps_per_epoch = self.train_samples // self.global_batch_size
         if self.steps_per_epoch < 1:
             raise UserError(f"{a.data_dir}: {self.train_samples} training images are fewer than "
                             f"one global batch ({self.global_batch_size}); lower --batch-size")
-        self.warmup_steps = round(a.warmup_epochs * self.steps_per_epoch)
-        self.decay_steps = a.epochs * self.steps_per_epoch
+        self.warmup_steps = round(hp.warmup_epochs * self.steps_per_epoch)
+        self.decay_steps = hp.epochs * self.steps_per_epoch
 
     @property
     def dataset(self) -> str:
@@ -171,7 +235,7 @@ class ResNetWorkload(Workload):
 
     @property
     def global_batch_size(self) -> int:
-        return self.args.batch_size * self.env.world_size
+        return self.hp.batch_size * self.env.world_size
 
     @property
     def train_samples(self) -> int:
@@ -182,7 +246,7 @@ class ResNetWorkload(Workload):
         return len(self.index.val) if self.index else 50_000
 
     def hyperparameters(self) -> dict:
-        a = self.args
+        a = self.hp
         c = constants
         hp = {c.OPT_NAME: a.optimizer, c.GRADIENT_ACCUMULATION_STEPS: a.grad_accum,
               c.MODEL_BN_SPAN: a.batch_size // a.grad_accum * a.bn_group}
@@ -213,7 +277,7 @@ class ResNetWorkload(Workload):
         return self.tensor_names
 
     def eval_points(self) -> list[EvalPoint]:
-        a = self.args
+        a = self.hp
         return epoch_points(evaluation_epochs(a.eval_period, a.eval_offset, a.epochs),
                             self.steps_per_epoch)
 
@@ -233,8 +297,9 @@ class ResNetWorkload(Workload):
         return self.train_loader.epoch(epoch)
 
     def synthetic_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return data.synthetic_batch(batch_size, self.args.image_size, self.num_classes,
-                                    self.env.device)
+        images, labels = data.synthetic_batch(batch_size, self.args.image_size,
+                                              self.num_classes, self.env.device)
+        return images.contiguous(memory_format=self.impl.memory_format), labels
 
     def training_state(self) -> list[torch.Tensor]:
         momenta = [s["momentum_buffer"] for s in self.optimizer.state.values()]
@@ -247,10 +312,10 @@ class ResNetWorkload(Workload):
         frames after it tensors of another dispatch-key set (``ADInplaceOrView``) than later
         calls do, and a single warm-up call left the first evaluation to recompile 40 frames
         (1.5 s on an H100; ``TORCH_LOGS=recompiles``)."""
-        sizes = {self.args.eval_batch_size}
+        size = self.hp.eval_batch_size
+        sizes = {size}
         if getattr(self, "eval_loader", None) is not None:
-            sizes.add(len(self.eval_loader.shard(0)) % self.args.eval_batch_size
-                      or self.args.eval_batch_size)
+            sizes.add(len(self.eval_loader.shard(0)) % size or size)
         for size in sorted(sizes):
             batch = self.synthetic_batch(size)
             for _ in range(2):
@@ -264,7 +329,7 @@ class ResNetWorkload(Workload):
         return logits
 
     def train_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        a = self.args
+        a = self.hp
         self.lr.copy_(poly_warmup_lr(self.step_count, a.lr, a.end_lr, self.warmup_steps,
                                      self.decay_steps, a.poly_power))
         self.optimizer.zero_grad(set_to_none=True)
@@ -311,19 +376,3 @@ class ResNetWorkload(Workload):
             if loader is not None:
                 loader.close()
 
-
-def _check_cudnn_fusion(a: argparse.Namespace, env) -> None:
-    """``--cudnn-fusion`` keeps per-GPU statistics and, on a GPU, needs fp16 and cudnn-frontend."""
-    if a.bn_group != 1:
-        raise UserError(f"--cudnn-fusion computes batch-norm statistics per GPU: it cannot be "
-                        f"combined with --bn-group {a.bn_group}")
-    if env.device.type != "cuda":
-        return
-    if a.precision != "amp-fp16":
-        raise UserError(f"--cudnn-fusion needs --precision amp-fp16, not {a.precision}: "
-                        f"cuDNN has fusion engines for fp16 only")
-    try:
-        fused_conv.cudnn_frontend()
-    except ImportError as exc:
-        raise UserError(f"--cudnn-fusion needs the cuDNN frontend ({exc}): "
-                        f"pip install nvidia-cudnn-frontend") from exc

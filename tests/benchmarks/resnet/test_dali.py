@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from benchmarks.resnet import data
+from benchmarks.resnet.dali import decoder as dali_decoder
 from benchmarks.resnet.fixture import write_fixture
 
 REPO = Path(__file__).resolve().parents[3]
@@ -55,10 +56,10 @@ def tiny(tmp_path_factory):
 
 
 def epoch(index, backend, train, size, batch_size, rank=0, world_size=1, seed=1):
-    build = data.build_train_loader if train else data.build_eval_loader
-    kw = dict(seed=seed) if train else {}
-    loader = build(index=index, backend=backend, image_size=size, batch_size=batch_size,
-                   rank=rank, world_size=world_size, workers=1, device=CPU, **kw)
+    decoder = {"cpu": data.pillow_decoder, "dali": dali_decoder}[backend]
+    loader = data.build_loader(index, train, size, batch_size, rank, world_size, 1, CPU,
+                               seed=seed if train else 0, decoder=decoder)
+    loader.memory_format = torch.channels_last
     batches = list(loader.epoch(1))
     assert len(batches) == len(loader)
     return batches

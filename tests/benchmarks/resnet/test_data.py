@@ -10,7 +10,11 @@ from PIL import Image
 
 from benchmarks.resnet import data, nvjpeg, turbo
 from benchmarks.resnet.fixture import write_fixture
+from benchmarks.resnet.workload import ResNetWorkload
+from common.dist import DistEnv
 from common.errors import UserError
+from common.precision import Precision
+from common.training import build_parser
 
 CPU = torch.device("cpu")
 FIXTURE = dict(num_classes=3, train_per_class=10, val_per_class=5, image_size=48)
@@ -26,12 +30,9 @@ def index(root):
     return data.ImageFolderIndex.scan(root)
 
 
-def loader(index, train=True, batch_size=4, rank=0, world_size=1, backend="cpu", seed=5,
-           size=32):
-    build = data.build_train_loader if train else data.build_eval_loader
-    kw = dict(seed=seed) if train else {}
-    return build(index=index, backend=backend, image_size=size, batch_size=batch_size,
-                 rank=rank, world_size=world_size, workers=0, device=CPU, **kw)
+def loader(index, train=True, batch_size=4, rank=0, world_size=1, seed=5, size=32):
+    return data.build_loader(index, train, size, batch_size, rank, world_size, 0, CPU,
+                             seed=seed if train else 0)
 
 
 def test_index_labels_follow_sorted_wnids(index):
@@ -43,11 +44,16 @@ def test_index_labels_follow_sorted_wnids(index):
 
 
 def test_batches_have_the_model_input_format(index):
-    images, labels = next(iter(loader(index).epoch(1)))
+    ld = loader(index)
+    images, labels = next(iter(ld.epoch(1)))
     assert images.shape == (4, 3, 32, 32) and images.dtype == torch.float32
-    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert images.is_contiguous()
     assert labels.dtype == torch.int64 and labels.shape == (4,)
     assert set(labels.tolist()) <= {0, 1, 2}
+    ld.memory_format = torch.channels_last   # the channels-last optimisation
+    channels_last, _ = next(iter(ld.epoch(1)))
+    assert channels_last.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(channels_last, images)
 
 
 def test_labels_match_the_files_read(index):
@@ -128,17 +134,19 @@ def test_corrupt_jpeg_is_named(tmp_path, root):
         next(iter(loader(index, train=False, batch_size=1).epoch(0)))
 
 
-def test_unknown_and_unavailable_backends(index):
-    with pytest.raises(UserError, match="unknown data backend"):
-        loader(index, backend="opencv")
-    with pytest.raises(UserError, match="needs a CUDA device"):
-        loader(index, backend="nvjpeg")
+def test_unknown_and_unavailable_readers(capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser(ResNetWorkload).parse_args(["--opt", "opencv"])
+    assert exc.value.code == 2 and "unknown optimisation 'opencv'" in capsys.readouterr().err
+    args = build_parser(ResNetWorkload).parse_args(["--opt", "nvjpeg", "--device", "cpu"])
+    with pytest.raises(UserError, match="optimisation nvjpeg needs CUDA"):
+        ResNetWorkload(args, DistEnv(), Precision("fp32", "cpu"))
 
 
 def test_synthetic_batch_is_device_resident_random_data():
     images, labels = data.synthetic_batch(2, 16, 1000, CPU)
     assert images.shape == (2, 3, 16, 16) and labels.max() < 1000
-    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert images.is_contiguous()
     assert np.isfinite(images.numpy()).all()
 
 

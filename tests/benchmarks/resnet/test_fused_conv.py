@@ -1,11 +1,11 @@
-"""The cuDNN-fusion path (``--cudnn-fusion``) against the plain modules it replaces."""
+"""The cuDNN-fusion path (``cudnn-fusion``) against the plain modules it replaces."""
 
 import copy
 
 import pytest
 import torch
 
-from benchmarks.resnet import fused_conv
+from benchmarks.resnet import fused_conv, residual
 from benchmarks.resnet.model import ResNet50
 
 
@@ -17,9 +17,7 @@ def _pair():
             torch.nn.init.uniform_(m.weight, 0.5, 1.5)
             torch.nn.init.uniform_(m.bias, -0.2, 0.2)
     fused = copy.deepcopy(ref)
-    for m in fused.modules():
-        if hasattr(m, "cudnn_fusion"):
-            m.cudnn_fusion = True
+    residual.fuse(fused)
     return ref, fused
 
 

@@ -18,8 +18,10 @@ import torch.nn.functional as F
 from PIL import Image
 from scipy import stats
 
-from benchmarks.resnet import data, nvjpeg
+from benchmarks.resnet import data, nvjpeg, turbo
+from benchmarks.resnet.workload import ResNetWorkload
 from common.errors import UserError
+from common.training import build_parser
 
 CPU = torch.device("cpu")
 STD = torch.tensor(data.STD).view(1, 3, 1, 1)
@@ -34,10 +36,11 @@ def index(imagenet_like):
 def _loaders(index, train, size=32, batch=6, workers=0):
     samples = index.train if train else index.val
     ref = data.Loader(samples, train, batch, 0, 1, 7,
-                      data._cpu_decoder(samples, size, train, 7, batch, 0, CPU))
+                      data.pillow_decoder(samples, size, train, 7, batch, 0, CPU))
     new = data.Loader(samples, train, batch, 0, 1, 7,
                       nvjpeg.BatchedDecoder(samples, size, train, 7, batch, workers, CPU,
                                              nvjpeg.pillow_decode))
+    ref.memory_format = new.memory_format = torch.channels_last
     return ref, new
 
 
@@ -211,10 +214,10 @@ def test_a_cpu_decode_share_is_decoded_in_the_workers_as_the_turbo_backend_does(
     assert crops.shape == (len(decoded_at), 32, 32, 3) and len(dims) == 8 - len(decoded_at)
     samples = index.train
     _, plain = _loaders(index, True, workers=1)
-    ref = data.build_train_loader(index=index, backend="turbo", image_size=32, batch_size=6,
-                                  rank=0, world_size=1, seed=7, workers=0, device=CPU)
+    ref = data.build_loader(index, True, 32, 6, 0, 1, 0, CPU, seed=7, decoder=turbo.TurboDecoder)
     split = data.Loader(samples, True, 6, 0, 1, 7, nvjpeg.BatchedDecoder(
         samples, 32, True, 7, 6, 1, CPU, nvjpeg.pillow_decode, cpu_share=share))
+    split.memory_format = torch.channels_last
     on_cpu = torch.tensor([int((j + 1) * share) > int(j * share) for j in range(6)])
     for (r, lr), (a, la), (b, lb) in zip(ref.epoch(1), plain.epoch(1), split.epoch(1),
                                          strict=True):
@@ -225,13 +228,14 @@ def test_a_cpu_decode_share_is_decoded_in_the_workers_as_the_turbo_backend_does(
     split.close()
 
 
-def test_a_cpu_decode_share_is_checked(index):
-    with pytest.raises(UserError, match=r"--cpu-decode-share 1.5: give a fraction"):
-        nvjpeg.PlannedBatches(index.train, 32, True, 0, 1.5)
-    with pytest.raises(UserError, match="--data-backend cpu has no such split"):
-        data.build_train_loader(index=index, backend="cpu", image_size=32, batch_size=6,
-                                rank=0, world_size=1, seed=0, workers=0, device=CPU,
-                                cpu_decode_share=0.5)
+@pytest.mark.parametrize("items, message", [
+    ("nvjpeg,cpu-decode-share=1.5", "optimisation cpu-decode-share=1.5: must be between 0 and 1"),
+    ("cpu-decode-share=0.5", "optimisation cpu-decode-share requires nvjpeg"),
+])
+def test_a_cpu_decode_share_is_checked(capsys, items, message):
+    with pytest.raises(SystemExit) as exc:
+        build_parser(ResNetWorkload).parse_args(["--opt", items])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_imagenet_like_fixture_has_imagenet_like_sizes(index):
@@ -287,10 +291,9 @@ def test_nvjpeg_backend_matches_its_pillow_stand_in_on_the_gpu(index, train, sha
     of each batch decoded in the loader processes, on both sides)."""
     device = torch.device("cuda")
     samples = index.train if train else index.val
-    build = data.build_train_loader if train else data.build_eval_loader
-    kw = dict(seed=7) if train else {}
-    real = build(index=index, backend="nvjpeg", image_size=64, batch_size=6, rank=0,
-                 world_size=1, workers=2, device=device, cpu_decode_share=share, **kw)
+    real = data.build_loader(index, train, 64, 6, 0, 1, 2, device, seed=7 if train else 0,
+                             decoder=nvjpeg.BatchedDecoder, cpu_share=share)
+    real.memory_format = torch.channels_last
     stand_in = data.Loader(samples, train, 6, 0, 1, 7 if train else 0, nvjpeg.BatchedDecoder(
         samples, 64, train, 7 if train else 0, 6, 0, device, nvjpeg.pillow_decode,
         cpu_share=share))

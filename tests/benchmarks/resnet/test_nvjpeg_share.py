@@ -1,4 +1,4 @@
-"""``--eval-nvjpeg-share``: a share of each evaluation batch sent as JPEG files and decoded
+"""``eval-nvjpeg-share``: a share of each evaluation batch sent as JPEG files and decoded
 where the batch is resized. On the CPU, Pillow stands in for nvJPEG (its pixels equal
 libjpeg-turbo's), so the batches equal the loader processes' alone; on a GPU, nvJPEG's are
 within a few levels (``-m gpu``)."""
@@ -13,18 +13,24 @@ import torch
 from PIL import Image
 
 from benchmarks.resnet import data, nvjpeg, nvjpeg_share, turbo
+from benchmarks.resnet.workload import ResNetWorkload
+from common.dist import DistEnv
 from common.errors import UserError
+from common.precision import Precision
+from common.training import build_parser
 
 CPU = torch.device("cpu")
 STD = torch.tensor(data.STD).view(1, 3, 1, 1)
 
 
 def _loader(samples, workers, share, decode=nvjpeg.pillow_decode, device=CPU, batch=7):
-    """The evaluation loader of the turbo backend at 224 px (files fit the buffer's room)."""
+    """The evaluation loader of turbo at 224 px (files fit the buffer's room)."""
     decoder = turbo.TurboDecoder(samples, 224, False, 0, batch, workers, device,
                                  region_decode=True, resize_on_device=True,
                                  device_decode=decode if share else None, device_share=share)
-    return data.Loader(samples, False, batch, 0, 1, 0, decoder)
+    loader = data.Loader(samples, False, batch, 0, 1, 0, decoder)
+    loader.memory_format = torch.channels_last
+    return loader
 
 
 class Recorder:
@@ -103,19 +109,25 @@ def test_a_size_other_than_the_headers_is_refused(imagenet_like):
         _batches(_loader(imagenet_like.train, 0, 1.0, shrunk))
 
 
-@pytest.mark.parametrize("kw,match", [
-    (dict(backend="turbo", resize_on_device=True, nvjpeg_share=1.5), "fraction from 0 to 1"),
-    (dict(backend="turbo", nvjpeg_share=0.3), "add --data-backend turbo --resize-on-device"),
-    (dict(backend="cpu", nvjpeg_share=0.3), "add --data-backend turbo --resize-on-device"),
-    (dict(backend="turbo", resize_on_device=True, nvjpeg_share=0.3), "needs a CUDA device"),
+@pytest.mark.parametrize("items,match", [
+    ("turbo,resize-on-device,eval-nvjpeg-share=1.5", "must be between 0 and 1"),
+    ("turbo,eval-nvjpeg-share=0.3", "eval-nvjpeg-share requires resize-on-device"),
+    ("eval-nvjpeg-share=0.3,resize-on-device", "resize-on-device requires turbo"),
 ])
-def test_bad_settings_are_refused(imagenet_like, kw, match):
-    with pytest.raises(UserError, match=rf"--eval-nvjpeg-share .*{match}"):
-        data.build_eval_loader(index=imagenet_like, image_size=64, batch_size=7, rank=0,
-                               world_size=1, workers=0, device=CPU, **kw)
+def test_bad_settings_are_refused(capsys, items, match):
+    with pytest.raises(SystemExit) as exc:
+        build_parser(ResNetWorkload).parse_args(["--opt", items])
+    assert exc.value.code == 2 and match in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag", ["--eval-nvjpeg-share 0.5", "--data-backend nvjpeg"])
+def test_it_needs_a_cuda_device():
+    args = build_parser(ResNetWorkload).parse_args(
+        ["--opt", "turbo,resize-on-device,eval-nvjpeg-share=0.3", "--device", "cpu"])
+    with pytest.raises(UserError, match="optimisation eval-nvjpeg-share needs CUDA"):
+        ResNetWorkload(args, DistEnv(), Precision("fp32", "cpu"))
+
+
+@pytest.mark.parametrize("flag", ["optimisation eval-nvjpeg-share=0.5", "optimisation nvjpeg"])
 def test_a_missing_torchvision_is_one_line_naming_the_flag(monkeypatch, flag):
     monkeypatch.setitem(sys.modules, "torchvision", None)   # import fails
     monkeypatch.setitem(sys.modules, "torchvision.io", None)

@@ -1,6 +1,6 @@
-"""``--region-decode``: libjpeg-turbo 3 decoding only the crop's region gives the whole
+"""``region-decode``: libjpeg-turbo 3 decoding only the crop's region gives the whole
 decode's crop bit for bit (every chroma subsampling, crops at the image's edges and on MCU
-boundaries), the same batches as the plain ``turbo`` backend, and one-line errors.
+boundaries), the same batches as plain ``turbo``, and one-line errors.
 The library comes from ``make turbojpeg`` (``make test`` builds it first)."""
 
 import ctypes.util
@@ -15,7 +15,9 @@ from PIL import Image
 
 from benchmarks.resnet import data, turbo
 from benchmarks.resnet.region_decode import LIB_ENV, RegionDecoder
+from benchmarks.resnet.workload import ResNetWorkload
 from common.errors import UserError
+from common.training import build_parser
 
 CPU = torch.device("cpu")
 
@@ -89,15 +91,14 @@ def test_fixture_crops_equal_the_whole_decodes(region, imagenet_like):
 
 
 def _loader(index, train, workers, region_decode, batch=7):
-    build = data.build_train_loader if train else data.build_eval_loader
-    kw = dict(seed=11) if train else {}
-    return build(index=index, backend="turbo", image_size=64, batch_size=batch, rank=0,
-                 world_size=1, workers=workers, device=CPU, region_decode=region_decode, **kw)
+    return data.build_loader(index, train, 64, batch, 0, 1, workers, CPU,
+                             seed=11 if train else 0, decoder=turbo.TurboDecoder,
+                             region_decode=region_decode)
 
 
 @pytest.mark.parametrize("train,workers", [(True, 0), (True, 2), (False, 2)])
 def test_batches_equal_the_turbo_backends(imagenet_like, train, workers):
-    """The same batches, bit for bit, with and without --region-decode, in one process or
+    """The same batches, bit for bit, with and without region-decode, in one process or
     in loader processes (the decoder crosses to them and opens the library there)."""
     plain, regional = (_loader(imagenet_like, train, workers, r) for r in (False, True))
     try:
@@ -131,11 +132,10 @@ def test_a_missing_or_old_library_is_one_line(monkeypatch, tmp_path):
         RegionDecoder()
 
 
-def test_other_backends_refuse_it(imagenet_like):
-    with pytest.raises(UserError, match=r"--region-decode .* --data-backend cpu"):
-        data.build_train_loader(index=imagenet_like, backend="cpu", image_size=64,
-                                batch_size=7, rank=0, world_size=1, seed=1, workers=0,
-                                device=CPU, region_decode=True)
+def test_it_needs_turbo(capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser(ResNetWorkload).parse_args(["--opt", "region-decode"])
+    assert exc.value.code == 2 and "region-decode requires turbo" in capsys.readouterr().err
 
 
 def test_decode_crop_uses_the_region_where_it_can(region):

@@ -1,10 +1,9 @@
-"""``--resize-on-device``: the loader processes send each crop unresized, packed in one
+"""``resize-on-device``: the loader processes send each crop unresized, packed in one
 buffer per slice, and the batch is resized where it trains. The batches equal the plain
 ``turbo`` path's within a level (float32 against its two uint8-rounded passes), crops too
 large for the buffer's room are resized in the loader as before, and bad input keeps its
 one-line errors. On a GPU the Triton kernel equals the reference (``-m gpu``)."""
 
-import argparse
 import io
 
 import numpy as np
@@ -17,17 +16,18 @@ from benchmarks.resnet import data, regions, turbo
 from benchmarks.resnet.region_decode import RegionDecoder
 from benchmarks.resnet.workload import ResNetWorkload
 from common.errors import UserError
+from common.training import build_parser
 
 CPU = torch.device("cpu")
 STD = torch.tensor(data.STD).view(1, 3, 1, 1)
 
 
-def _loader(index, train, workers, resize_on_device, region_decode=True, batch=7):
-    build = data.build_train_loader if train else data.build_eval_loader
-    kw = dict(seed=11) if train else {}
-    return build(index=index, backend="turbo", image_size=64, batch_size=batch, rank=0,
-                 world_size=1, workers=workers, device=CPU, region_decode=region_decode,
-                 resize_on_device=resize_on_device, **kw)
+def _loader(index, train, workers, resize_on_device, region_decode=True, batch=7, device=CPU):
+    loader = data.build_loader(index, train, 64, batch, 0, 1, workers, device,
+                               seed=11 if train else 0, decoder=turbo.TurboDecoder,
+                               region_decode=region_decode, resize_on_device=resize_on_device)
+    loader.memory_format = torch.channels_last
+    return loader
 
 
 @pytest.mark.parametrize("train,workers,region_decode",
@@ -127,19 +127,10 @@ def test_unreadable_files_are_named(bad_folder, content):
             loader.close()
 
 
-def test_the_switch_can_be_turned_off_after_a_config_turned_it_on():
-    p = argparse.ArgumentParser()
-    ResNetWorkload.add_args(p)
-    assert p.parse_args(["--resize-on-device"]).resize_on_device
-    assert not p.parse_args(["--resize-on-device", "--no-resize-on-device"]).resize_on_device
-    assert not p.parse_args([]).resize_on_device
-
-
-def test_other_backends_refuse_it(imagenet_like):
-    with pytest.raises(UserError, match=r"--resize-on-device .* --data-backend cpu"):
-        data.build_eval_loader(index=imagenet_like, backend="cpu", image_size=64,
-                               batch_size=7, rank=0, world_size=1, workers=0, device=CPU,
-                               resize_on_device=True)
+def test_it_needs_turbo(capsys):
+    with pytest.raises(SystemExit) as exc:
+        build_parser(ResNetWorkload).parse_args(["--opt", "resize-on-device"])
+    assert exc.value.code == 2 and "resize-on-device requires turbo" in capsys.readouterr().err
 
 
 def _random_packed(n, seed, device):
@@ -187,10 +178,7 @@ def test_gpu_batches_equal_the_cpu_loaders(imagenet_like, resize_on_device):
         pytest.skip("needs a CUDA device")
     cuda = torch.device("cuda")
     cpu = _loader(imagenet_like, True, 2, resize_on_device)
-    gpu = data.build_train_loader(index=imagenet_like, backend="turbo", image_size=64,
-                                  batch_size=7, rank=0, world_size=1, workers=2, device=cuda,
-                                  region_decode=True, resize_on_device=resize_on_device,
-                                  seed=11)
+    gpu = _loader(imagenet_like, True, 2, resize_on_device, device=cuda)
     try:
         for epoch in (1, 2):
             pairs = list(zip(cpu.epoch(epoch), gpu.epoch(epoch), strict=True))

@@ -1,4 +1,4 @@
-"""The residual stream's operators (``--cudnn-fusion``) against plain autograd."""
+"""The residual stream's operators (``cudnn-fusion``) against plain autograd."""
 
 import pytest
 import torch

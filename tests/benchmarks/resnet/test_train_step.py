@@ -1,4 +1,4 @@
-"""ResNet's real training step in amp-fp16: device-side loss scaling and --cudnn-fusion."""
+"""ResNet's real training step in amp-fp16: device-side loss scaling and cudnn-fusion."""
 
 import pytest
 import torch
@@ -23,7 +23,7 @@ def _workload(*flags: str) -> ResNetWorkload:
 
 def test_fp16_step_trains_and_an_overflow_skips_it_on_the_device():
     torch.manual_seed(0)
-    wl = _workload("--cudnn-fusion", "--space-to-depth")
+    wl = _workload("--opt", "channels-last,cudnn-fusion,space-to-depth")
     batch = wl.synthetic_batch(2)
     wl.scaler.loss_scale.fill_(128.0)  # low enough not to overflow this tiny model
     wl.train_step(*batch)  # the learning rate warms up from 0
@@ -45,7 +45,7 @@ def test_fp16_step_trains_and_an_overflow_skips_it_on_the_device():
 
 def test_cudnn_fusion_refuses_group_batch_norm():
     with pytest.raises(UserError, match="--bn-group 2"):
-        _workload("--cudnn-fusion", "--bn-group", "2")
+        _workload("--opt", "channels-last,cudnn-fusion", "--bn-group", "2")
 
 
 def _counted(step, calls: list):
@@ -61,7 +61,7 @@ def test_init_steps_leave_training_as_it_would_have_been():
     runs = []
     for init_steps in (0, 3):
         torch.manual_seed(0)
-        wl = _workload("--cudnn-fusion", "--space-to-depth")
+        wl = _workload("--opt", "channels-last,cudnn-fusion,space-to-depth")
         wl.scaler.loss_scale.fill_(128.0)
         initial = [t.clone() for t in wl.training_state()]
         calls = []

@@ -1,4 +1,4 @@
-"""The ``turbo`` backend against the ``cpu`` backend (Pillow, the reference) on the
+"""``turbo`` against the Pillow reader (the reference) on the
 ImageNet-like fixture: the same batches up to the crops' border pixels, and the same
 one-line errors."""
 
@@ -25,10 +25,11 @@ def index(imagenet_like):
 
 
 def _loader(index, train, backend, workers=0, batch=7):
-    build = data.build_train_loader if train else data.build_eval_loader
-    kw = dict(seed=11) if train else {}
-    return build(index=index, backend=backend, image_size=64, batch_size=batch, rank=0,
-                 world_size=1, workers=workers, device=CPU, **kw)
+    decoder = {"cpu": data.pillow_decoder, "turbo": turbo.TurboDecoder}[backend]
+    loader = data.build_loader(index, train, 64, batch, 0, 1, workers, CPU,
+                               seed=11 if train else 0, decoder=decoder)
+    loader.memory_format = torch.channels_last
+    return loader
 
 
 def _pixel_differences(index, train, workers, epoch=1):
