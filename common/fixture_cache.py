@@ -1,32 +1,132 @@
-"""Fixtures written once: the folder appears complete or not at all (written beside it, then
-renamed), and is reused while the parameters its ``FIXTURE_COMPLETE`` marker records match."""
+"""Fixture folders written whole or not at all, and never over files the suite did not write.
+
+``cached_fixture`` writes a fixture into a hidden folder beside its destination and renames it
+into place with a ``FIXTURE_COMPLETE`` marker recording the parameters (and what the writer
+reports, e.g. DLRM's planted AUC). A folder whose marker records the same parameters is
+reused; one with another marker (a fixture of this suite) is replaced; any other folder that
+holds files is refused in one line. ``fixture_command`` wraps a writer's ``main``: refusals
+are one line with exit status 2, and Ctrl-C or SIGTERM while writing removes the partial copy
+and says so in one line, with exit status 128 + the signal's number.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
+import signal
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from common.cli import one_line_errors
+from common.errors import UserError
+
 MARKER = "FIXTURE_COMPLETE"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def cached_fixture(root, params: dict, write: Callable[[Path], None]) -> Path:
-    """``root`` as it is when its marker records ``params``; otherwise ``write(folder)`` fills
-    a fresh folder that then replaces ``root``."""
-    root = Path(root)
+class Interrupted(BaseException):
+    """A stop signal while writing: a ``BaseException``, so that no writer's
+    ``except Exception`` takes it for a failure of its own."""
+
+    def __init__(self, signum: int, what: str = "no fixture was written"):
+        super().__init__(signum, what)
+        self.signum, self.what = signum, what
+
+    def __str__(self) -> str:
+        return f"{signal.Signals(self.signum).name} {self.what}"
+
+
+def recorded(root: Path) -> dict | None:
+    """What the marker of ``root`` records; None when ``root`` has no marker (not a fixture
+    this suite wrote), ``{}`` when the marker is unreadable."""
     marker = root / MARKER
-    if marker.is_file() and json.loads(marker.read_text()) == params:
-        return root
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    if not marker.is_file():
+        return None
     try:
-        write(tmp)
-        (tmp / MARKER).write_text(json.dumps(params))
+        record = json.loads(marker.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _refuse_foreign(root: Path) -> None:
+    """Refuse a destination that is not a folder, or holds files without a marker."""
+    if root.exists() and not root.is_dir():
+        raise UserError(f"{root} is not a folder: name a new or empty folder for the fixture")
+    try:
+        foreign = recorded(root) is None and root.is_dir() and any(root.iterdir())
+    except OSError as exc:
+        raise UserError(f"{root}: cannot read it ({exc.strerror}): name a new or empty folder "
+                        f"for the fixture") from exc
+    if foreign:
+        raise UserError(f"{root} holds files and is no fixture of this suite (no {MARKER}): "
+                        f"the fixture writer replaces only its own fixtures; name a new or "
+                        f"empty folder (FIXTURE_DIR, or the writer's OUTDIR)")
+
+
+def cached_fixture(root, params: dict, write: Callable[[Path], dict | None]) -> Path:
+    """``root`` as it is when its marker records ``params``; otherwise ``write(folder)`` fills a
+    fresh folder (and may return facts for the marker) that then takes ``root``'s place."""
+    root = Path(root)
+    if (recorded(root) or {}).get("params") == params:
+        return root
+    _refuse_foreign(root)
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.partial-", dir=root.parent))
+    except OSError as exc:
+        raise UserError(f"cannot write the fixture {root} ({exc.strerror}): name a folder in "
+                        f"a writable place") from exc
+    try:
+        facts = write(tmp) or {}
+        (tmp / MARKER).write_text(json.dumps({"params": params, **facts}) + "\n")
+        if (recorded(root) or {}).get("params") == params:
+            return root   # another process wrote the same fixture meanwhile
+        _refuse_foreign(root)
         if root.exists():
             shutil.rmtree(root)
         tmp.rename(root)
+    except Interrupted as exc:
+        raise Interrupted(exc.signum, f"while writing the fixture {root}: stopped and the "
+                          f"partial copy removed; run the writer again") from None
+    except OSError as exc:
+        raise UserError(f"writing the fixture {root} failed ({exc}): the partial copy is "
+                        f"removed") from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return root
+
+
+def _stop(signum, frame):
+    # The first signal starts the clean-up; later ones would interrupt it.
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+def ignore_stop_signals() -> None:
+    """For a writer's worker processes (an ``initializer``): the writer stops them."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def fixture_command(main: Callable[..., int]) -> Callable[..., int]:
+    """Wrap a fixture writer's ``main(argv)``: a ``UserError`` is one line with exit status 2;
+    SIGINT or SIGTERM raise ``Interrupted`` (the partial copy is removed on the way out), one
+    line with exit status 128 + the signal's number."""
+
+    @functools.wraps(main)
+    def run(argv: list[str] | None = None) -> int:
+        previous = {sig: signal.signal(sig, _stop) for sig in STOP_SIGNALS}
+        try:
+            return one_line_errors(main)(argv)
+        except Interrupted as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 128 + exc.signum
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    return run

@@ -11,7 +11,7 @@ predictable from the bag of words, so accuracy stays below 1.
 Writes ``vocab.txt``, ``bert_config.json`` (a small BERT), the raw text under
 ``text/``, then ``training/*.hdf5`` and the held-out ``eval/*.hdf5`` via
 ``benchmarks.bert.prepare_data``. A ``FIXTURE_COMPLETE`` file records the
-parameters; a folder that already holds the same fixture is reused.
+parameters; a folder that already holds the same fixture is reused (``common.fixture_cache``).
 """
 
 from __future__ import annotations
@@ -19,14 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from benchmarks.bert.prepare_data import SPECIALS, prepare
+from common.fixture_cache import cached_fixture, fixture_command
 
-MARKER = "FIXTURE_COMPLETE"
 TINY_BERT = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                  intermediate_size=256, max_position_embeddings=64, type_vocab_size=2,
                  hidden_act="gelu", hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
@@ -53,17 +51,13 @@ def _documents(words: list[str], n_docs: int, rng: random.Random) -> str:
 def write_fixture(out: Path, words: int = 32, train_docs: int = 400, eval_docs: int = 150,
                   seq_len: int = 64, max_pred: int = 10, dupe_factor: int = 5,
                   train_shards: int = 4, seed: int = 0) -> Path:
-    out = Path(out)
+    """Write the fixture under ``out`` (reused when the same one is already there)."""
     params = dict(words=words, train_docs=train_docs, eval_docs=eval_docs, seq_len=seq_len,
                   max_pred=max_pred, dupe_factor=dupe_factor, train_shards=train_shards,
                   seed=seed, version=2)
-    marker = out / MARKER
-    if marker.is_file() and json.loads(marker.read_text()) == params:
-        return out
-    vocab_words = _words(words)
-    tmp = Path(tempfile.mkdtemp(prefix=".bert-fixture-", dir=out.parent if out.parent.is_dir()
-                                else None))
-    try:
+
+    def write(tmp: Path) -> None:
+        vocab_words = _words(words)
         vocab = tmp / "vocab.txt"
         tokens = [*SPECIALS, ".", *vocab_words]
         vocab.write_text("\n".join(tokens) + "\n")
@@ -77,16 +71,10 @@ def write_fixture(out: Path, words: int = 32, train_docs: int = 400, eval_docs: 
             text.write_text(_documents(vocab_words, n_docs, rng))
             prepare([text], vocab, tmp / split, max_seq=seq_len, max_pred=max_pred,
                     shards=shards, dupe_factor=dupe, seed=seed + len(split), prefix=split)
-        (tmp / MARKER).write_text(json.dumps(params))
-        if out.exists():
-            shutil.rmtree(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return cached_fixture(out, params, write)
 
 
+@fixture_command
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out", type=Path)

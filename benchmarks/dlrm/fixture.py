@@ -11,7 +11,7 @@ dot interaction models) and a linear term in ``log(1 + dense)``. The files
 are ``terabyte_processed_{train,test}.bin`` and ``day_fea_count.npz``, as
 ``benchmarks.dlrm.data`` reads them. ``FIXTURE_COMPLETE`` records the
 parameters and the planted model's own AUC on the evaluation set (the best
-any model can expect); a folder holding the same fixture is reused.
+any model can expect); a folder holding the same fixture is reused (``common.fixture_cache``).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from benchmarks.dlrm.data import (
     TRAIN_FILE,
     ZIPF_EXPONENT,
 )
+from common.fixture_cache import MARKER, cached_fixture, fixture_command
 
-MARKER = "FIXTURE_COMPLETE"
 PAIRS = [(0, 9), (2, 19), (3, 21), (10, 22)]   # feature pairs with a planted interaction
 LATENT = 4
 
@@ -77,30 +77,28 @@ def _records(labels, dense, ids) -> np.ndarray:
 
 def write_fixture(root, train: int = 400_000, eval: int = 40_000, seed: int = 0,
                   max_table: int = 5000) -> Path:
-    import torch
-
-    root = Path(root)
+    """Write the fixture under ``root`` (reused when the same one is already there)."""
     params = dict(train=train, eval=eval, seed=seed, max_table=max_table, version=1)
-    marker = root / MARKER
-    if marker.is_file() and json.loads(marker.read_text()).get("params") == params:
-        return root
-    root.mkdir(parents=True, exist_ok=True)
-    marker.unlink(missing_ok=True)
-    rng = np.random.default_rng(seed)
-    sizes = fixture_sizes(max_table)
-    model = PlantedModel(sizes, rng)
-    with open(root / TRAIN_FILE, "wb") as f:
-        for start in range(0, train, 100_000):
-            labels, dense, ids, _ = model.sample(min(100_000, train - start), rng)
-            _records(labels, dense, ids).tofile(f)
-    labels, dense, ids, prob = model.sample(eval, rng)
-    _records(labels, dense, ids).tofile(root / EVAL_FILE)
-    np.savez(root / COUNTS_FILE, counts=np.asarray(sizes, dtype=np.int64))
-    oracle = roc_auc(torch.from_numpy(prob), torch.from_numpy(labels))
-    marker.write_text(json.dumps({"params": params, "oracle_auc": round(oracle, 4)}) + "\n")
-    return root
+
+    def write(tmp: Path) -> dict:
+        import torch
+
+        rng = np.random.default_rng(seed)
+        sizes = fixture_sizes(max_table)
+        model = PlantedModel(sizes, rng)
+        with open(tmp / TRAIN_FILE, "wb") as f:
+            for start in range(0, train, 100_000):
+                labels, dense, ids, _ = model.sample(min(100_000, train - start), rng)
+                _records(labels, dense, ids).tofile(f)
+        labels, dense, ids, prob = model.sample(eval, rng)
+        _records(labels, dense, ids).tofile(tmp / EVAL_FILE)
+        np.savez(tmp / COUNTS_FILE, counts=np.asarray(sizes, dtype=np.int64))
+        oracle = roc_auc(torch.from_numpy(prob), torch.from_numpy(labels))
+        return {"oracle_auc": round(oracle, 4)}
+    return cached_fixture(root, params, write)
 
 
+@fixture_command
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("outdir", type=Path)

@@ -9,7 +9,9 @@ background, with intensities in the range of normalised CT. Sizes vary per
 case: mostly one 64x32x32 window after the reference's crop of a remainder
 under half a step, a fifth of the axes long enough for two overlapping
 windows. No volume needs padding, which the reference only meets at the
-edges of real scans (air, close to its -2.2 padding value).
+edges of real scans (air, close to its -2.2 padding value). A ``FIXTURE_COMPLETE``
+file records the parameters; a folder holding the same fixture is reused
+(``common.fixture_cache``).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.unet3d.workload import FIXTURE_MARKER
 from common.cli import OneLineParser
+from common.fixture_cache import cached_fixture, fixture_command
 
 NUM_CASES = 210
 BACKGROUND, KIDNEY, TUMOUR, NOISE = -0.6, 0.9, 2.4, 0.3
@@ -56,22 +58,17 @@ def case_shape(rng: np.random.Generator, window=(64, 32, 32)) -> tuple[int, ...]
 
 
 def write_fixture(root: Path, seed: int = 0) -> Path:
-    root = Path(root)
-    marker = root / FIXTURE_MARKER
-    wanted = f"version=3 seed={seed} cases={NUM_CASES}\n"
-    if marker.is_file() and marker.read_text() == wanted:
-        return root
-    root.mkdir(parents=True, exist_ok=True)
-    marker.unlink(missing_ok=True)
-    rng = np.random.default_rng(seed)
-    for i in range(NUM_CASES):
-        image, label = make_case(rng, case_shape(rng))
-        np.save(root / f"case_{i:05d}_x.npy", image, allow_pickle=False)
-        np.save(root / f"case_{i:05d}_y.npy", label, allow_pickle=False)
-    marker.write_text(wanted)
-    return root
+    """Write the fixture under ``root`` (reused when the same one is already there)."""
+    def write(tmp: Path) -> None:
+        rng = np.random.default_rng(seed)
+        for i in range(NUM_CASES):
+            image, label = make_case(rng, case_shape(rng))
+            np.save(tmp / f"case_{i:05d}_x.npy", image, allow_pickle=False)
+            np.save(tmp / f"case_{i:05d}_y.npy", label, allow_pickle=False)
+    return cached_fixture(root, dict(version=3, seed=seed, cases=NUM_CASES), write)
 
 
+@fixture_command
 def main(argv=None) -> int:
     p = OneLineParser(prog="python -m benchmarks.unet3d.fixture", description=__doc__)
     p.add_argument("root", type=Path)

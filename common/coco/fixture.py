@@ -13,7 +13,7 @@ objects occlude earlier ones); one image in ``EMPTY_EVERY`` has none, so the tra
 must drop it. Image sizes vary from 3/4 of ``image_size`` up to it, so images are not
 square. Category ids are K of COCO's 80 ids, evenly spaced (1, 18, 37, 54, 74 for K=5), so
 the mapping to contiguous labels is exercised. A ``FIXTURE_COMPLETE`` file records the parameters; a
-folder that already holds the same fixture is reused.
+folder that already holds the same fixture is reused (``common.fixture_cache``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 from pycocotools import mask as mask_utils
 
-from common.fixture_cache import cached_fixture
+from common.fixture_cache import cached_fixture, fixture_command
 
 # COCO's 80 category ids: 1..90 without the 10 ids it never used
 COCO_CATEGORY_IDS = tuple(i for i in range(1, 91)
@@ -179,6 +179,7 @@ def _fractions(text: str) -> tuple[float, float]:
     return lo, hi
 
 
+@fixture_command
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m common.coco.fixture",
                                 description="Write the COCO-format detection fixture.")
