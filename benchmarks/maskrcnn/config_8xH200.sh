@@ -2,60 +2,22 @@
 # reference convergence point "maskrcnn_ref_96" (rcps_maskrcnn.json; NVIDIA's 8xA100 setting):
 # base LR 0.12, a 625-step warm-up from 0.000192 x, x0.1 at steps 12000 and 16000, 6000
 # post-NMS proposals per rank's batch. The backbone starts from torchvision's ImageNet
-# resnet50 weights (BACKBONE_CHECKPOINT). Not yet run: no machine of several GPUs was lent.
-# The step: frozen batch norm folded into the convolutions, channels-last memory, NMS's greedy
-# step as one Triton kernel (--nms triton), three compiled regions (--compile), the losses on
-# CUDA streams of their own (--loss-streams), the compiled backbone's forward and backward
-# replayed as CUDA graphs (--backbone-graphs), the box and mask heads' too (--head-graphs),
-# the heads' RoI counts rounded up to multiples of 512 and 128 (--box-roi-multiple,
-# --mask-roi-multiple), and the RPN, box and mask losses compiled too (--compile-losses):
-# 217.0-223.3 img/s at batch 8 on one H100 with these flags, 3.42-3.46x torchvision's eager
-# Mask R-CNN in the same process; without --compile-losses 200.9-201.3 (docs/performance.md,
-# Mask R-CNN, session 22). --compile-losses is not yet measured on several GPUs; with it, a
-# 2-process fixture run on the CPU (gloo) reached both targets.
-# And the box head before the RoI sampler's host sync (--box-head-before-sync): 2.0% more
-# img/s in the mean of 4 same-process pairs on one H100 (session 24). Its GPU test, the
-# step's losses against the step without it, failed once (session 25) and passed in
-# session 26 once side streams held their inputs until the join (docs/performance.md,
-# Mask R-CNN). A 4-GPU fixture run with both switches reached both targets (session 25);
-# neither has run on 8 GPUs.
-# And the SGD update as PyTorch's fused kernel (--fused-sgd): +3.0% img/s in the mean of 6
-# same-process pairs on one H100 (5 of 6 positive, sessions 26 and 28); with it the fixture on
-# one H100 reached both targets (session 29; docs/performance.md, Mask R-CNN).
-# And the RPN's, box predictor's and mask predictor's output counts padded to multiples of 8
-# (--aligned-outputs): 1.47 ms (4.6%) less kernel time a step on one H100, where unaligned
-# tensor-core kernels took 0.2-0.3 ms for 1x1 convolutions of a few microseconds' arithmetic;
-# the fixture reached both targets with it on one H100 at two seeds (session 29).
-# And RoIAlign as a Triton kernel (--roi-align triton; its backward adds into one fp32 table
-# per level, where the compiled reference path adds into bf16 tables): at batch 48 on one H100
-# 337.3 img/s against 328.3 without (+2.7%, torchvision eager 88.3-88.5 in the same process),
-# at batch 8 246.4 and 250.7 against 242.0 (+1.8, +3.6%); the fixture reached both targets with
-# it on one H100 at two seeds (docs/performance.md, Mask R-CNN, session 31).
-# And each convolution followed by a ReLU as one cuDNN kernel, its folded shift, residual and
-# ReLU in the epilogue (--fused-conv-relu; common/conv_relu.py), and the stem's convolution
-# over 2x2 pixel blocks (--space-to-depth; cuDNN is slow on 3 input channels): at batch 48 on
-# one H100 371.7 and 370.6 img/s against 336.9 without both and 360.1 with the first only,
-# torchvision eager 81.1-88.9 in the same processes (4.17-4.23x the higher); at batch 8
-# 256.0 and 252.1 against 243.5-253.7 (docs/performance.md, Mask R-CNN, session 32). The
-# fixture reached both targets with them on one H100 (seed 4417).
-# Not yet run on several GPUs.
-# --size-buckets 4 pads batches to 7 shapes, each compiled, then recorded as a graph, before
-# the clock (--init-steps 14: two steps of each); these flags reached both targets on the
-# fixture on one H100 (there with 3 shapes, recorded inside the run); on COCO the bucket count is
-# not yet tuned (a 1066-pixel side is padded to 1152 instead of 1088). The heads record a graph
-# per RoI count and shape: at batch 12, up to 12 box-head counts and 12 mask-head counts per
-# shape, recorded when first met (their number and memory on COCO are not yet measured).
-# --gc-freeze: on 4 H200s without it a full garbage collection took 475 ms inside a timed
-# step on two ranks, and every rank waited for it (docs/performance.md, session 19); frozen,
-# setup's objects (compiled code, graphs) are not scanned again. Not yet A/B-measured.
+# resnet50 weights (BACKBONE_CHECKPOINT).
 NPROC=8
 PRECISION=${PRECISION:-amp-bf16}
+# the 1xH100 config's without backward-before-sync, which runs in one process only
+OPTIMISATIONS=(
+    fold-frozen-bn channels-last nms-triton compile compile-losses loss-streams
+    backbone-graphs head-graphs box-head-before-sync fused-sgd aligned-outputs
+    roi-align-triton fused-conv-relu space-to-depth
+    box-roi-multiple=512 mask-roi-multiple=128
+)
+# --size-buckets 4: batches padded to 7 shapes, so the compiled backbone has 7 graphs, each
+# compiled and recorded before the clock (--init-steps 14: two steps of each). --gc-freeze:
+# setup's objects (compiled code, graphs) out of the garbage collector's full collections,
+# which would pause one rank inside a timed step while every rank waits for it
 TRAIN_ARGS=(
-    --precision "$PRECISION" --workers 12 --fold-frozen-bn --channels-last --nms triton
-    --compile default --compile-losses --loss-streams --backbone-graphs --head-graphs
-    --box-head-before-sync --fused-sgd --aligned-outputs --roi-align triton
-    --fused-conv-relu --space-to-depth --box-roi-multiple 512 --mask-roi-multiple 128
-    --size-buckets 4 --init-steps 14 --gc-freeze
+    --precision "$PRECISION" --workers 12 --size-buckets 4 --init-steps 14 --gc-freeze
     --backbone-checkpoint "${BACKBONE_CHECKPOINT:?set BACKBONE_CHECKPOINT to a torchvision resnet50 state dict (docs/data.md#maskrcnn)}"
     --batch-size 12 --eval-batch-size 8
     --lr 0.12 --warmup-steps 625 --warmup-factor 0.000192 --lr-decay-steps 12000,16000

@@ -9,8 +9,7 @@
   state dict loads (:func:`load_torchvision_backbone`). The reference's default
   ``STRIDE_IN_1X1: True`` suits its MSRA Caffe2 weights; torchvision's weights were trained
   with the stride in the 3x3 convolution, so that is the default here (``stride_in_1x1``
-  selects the reference's placement). ``fold_frozen_bn`` runs each convolution and its
-  frozen batch norm as one convolution (:mod:`benchmarks.maskrcnn.frozen_bn`).
+  selects the reference's placement).
 - FPN: 1x1 lateral and 3x3 output convolutions of 256 channels on C2..C5, nearest x2
   top-down upsampling, and P6 = max-pool(kernel 1, stride 2) of P5. Image sides must be
   multiples of 32 (``SIZE_DIVISIBILITY``), as the reference's upsampling by a fixed factor 2
@@ -23,9 +22,11 @@
   81 x 4 class-specific box deltas.
 - Mask head: RoIAlign 14x14, four 3x3 convolutions of 256 with ReLU, a 2x2 stride-2
   transposed convolution and ReLU, then 81 mask logits of 28x28.
-- ``aligned_outputs``: the layers of 3, 12, 81 and 324 outputs (RPN, box and mask
-  predictors) with their output counts padded to multiples of 8 by zero rows, computed as
-  one GEMM or 1x1 convolution per head (:mod:`common.aligned_outputs`); the same outputs.
+
+A convolution followed by its batch norm, or by a ReLU, is computed through a module's
+``conv_bn``, ``conv_bn_relu`` or ``conv_relu`` attribute, the plain functions below: the
+optimisations replace them (:mod:`benchmarks.maskrcnn.frozen_bn`,
+:mod:`benchmarks.maskrcnn.conv_relu`).
 
 Every width is an argument of :class:`MaskRCNN` (the ResNet's base ``width``, the FPN's
 channels, the box head's and the mask head's widths), the reference's sizes by default, so a
@@ -39,20 +40,15 @@ every bias 0.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.maskrcnn import frozen_bn
 from benchmarks.maskrcnn.anchors import ASPECT_RATIOS
 from benchmarks.maskrcnn.roi_align import BOX_RESOLUTION, MASK_RESOLUTION, Pooler
-from common import aligned_outputs
-from common.conv_relu import conv_bias_relu, conv_relu, plain_conv_bias_relu, plain_conv_relu
 from common.errors import UserError
-from common.stem import space_to_depth
 
 NUM_CLASSES = 81                    # 80 COCO categories and background
 STAGE_BLOCKS = (3, 4, 6, 3)         # ResNet-50's bottlenecks in layer1..layer4
@@ -64,7 +60,6 @@ FPN_CHANNELS = 256
 NUM_ANCHORS = len(ASPECT_RATIOS)    # anchors per location and level
 MLP_HEAD_DIM = 1024
 MASK_CONV_LAYERS = (256, 256, 256, 256)
-STEM_CHANNELS = 16                  # --space-to-depth: the stem's 12 input channels padded
 EXPANSION = 4                       # a bottleneck's output channels over its width
 
 
@@ -124,24 +119,30 @@ def _conv(cin: int, cout: int, kernel: int, stride: int = 1) -> nn.Conv2d:
                                       bias=False))
 
 
-def _conv_bn(fold_frozen_bn: bool, fused_conv_relu: bool):
-    """``(conv_bn, conv_bn_relu)``: ``conv_bn(conv, bn, x)``, plain or folded, and
-    ``conv_bn_relu(conv, bn, x, residual=None)``, ``relu(conv_bn(conv, bn, x) [+ residual])``:
-    one cuDNN kernel if ``fused_conv_relu`` (the batch norm folded), else ``conv_bn`` then the
-    add and ReLU."""
-    conv_bn = frozen_bn.folded_conv_frozen_bn if fold_frozen_bn else frozen_bn.conv_frozen_bn
-    return conv_bn, (frozen_bn.fused_conv_frozen_bn_relu if fused_conv_relu
-                     else functools.partial(frozen_bn.conv_frozen_bn_relu, conv_bn))
+def conv_bn(conv: nn.Conv2d, bn: FrozenBatchNorm2d, x: torch.Tensor) -> torch.Tensor:
+    """The convolution, then the frozen batch norm."""
+    return bn(conv(x))
+
+
+def conv_bn_relu(conv: nn.Conv2d, bn: FrozenBatchNorm2d, x: torch.Tensor,
+                 residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``relu(bn(conv(x)) [+ residual])``."""
+    y = conv_bn(conv, bn, x)
+    return F.relu(y if residual is None else y + residual)
+
+
+def conv_relu(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """``relu(conv(x))``."""
+    return F.relu(conv(x))
 
 
 class Bottleneck(nn.Module):
     """1x1, 3x3, 1x1 convolutions, each with frozen batch norm, plus a residual that a
     strided 1x1 projection carries where the width changes."""
 
-    def __init__(self, cin: int, mid: int, cout: int, stride: int, stride_in_1x1: bool,
-                 fold_frozen_bn: bool = False, fused_conv_relu: bool = False):
+    def __init__(self, cin: int, mid: int, cout: int, stride: int, stride_in_1x1: bool):
         super().__init__()
-        self.conv_bn, self.conv_bn_relu = _conv_bn(fold_frozen_bn, fused_conv_relu)
+        self.conv_bn, self.conv_bn_relu = conv_bn, conv_bn_relu
         stride_1x1, stride_3x3 = (stride, 1) if stride_in_1x1 else (1, stride)
         self.conv1 = _conv(cin, mid, 1, stride_1x1)
         self.bn1 = FrozenBatchNorm2d(mid)
@@ -165,13 +166,9 @@ class ResNet50(nn.Module):
     (``4 * width * 2^k`` in general)."""
 
     def __init__(self, stride_in_1x1: bool = False, freeze_at: int = FREEZE_AT,
-                 width: int = WIDTH, fold_frozen_bn: bool = False,
-                 fused_conv_relu: bool = False, space_to_depth: bool = False):
+                 width: int = WIDTH):
         super().__init__()
-        if (fused_conv_relu or space_to_depth) and not fold_frozen_bn:
-            raise ValueError("fused_conv_relu and space_to_depth need fold_frozen_bn")
-        _, self.conv_bn_relu = _conv_bn(fold_frozen_bn, fused_conv_relu)
-        self.fused_conv_relu, self.space_to_depth = fused_conv_relu, space_to_depth
+        self.conv_bn_relu = conv_bn_relu
         self.conv1 = _conv(3, width, 7, stride=2)
         self.bn1 = FrozenBatchNorm2d(width)
         cin = width
@@ -179,10 +176,8 @@ class ResNet50(nn.Module):
             mid = width * 2 ** (index - 1)
             cout = EXPANSION * mid
             stride = 1 if index == 1 else 2
-            layer = [Bottleneck(cin, mid, cout, stride, stride_in_1x1, fold_frozen_bn,
-                                fused_conv_relu)]
-            layer += [Bottleneck(cout, mid, cout, 1, stride_in_1x1, fold_frozen_bn,
-                                 fused_conv_relu) for _ in range(blocks - 1)]
+            layer = [Bottleneck(cin, mid, cout, stride, stride_in_1x1)]
+            layer += [Bottleneck(cout, mid, cout, 1, stride_in_1x1) for _ in range(blocks - 1)]
             self.add_module(f"layer{index}", nn.Sequential(*layer))
             cin = cout
         self.out_channels = tuple(EXPANSION * width * 2 ** k for k in range(len(STAGE_BLOCKS)))
@@ -196,14 +191,8 @@ class ResNet50(nn.Module):
                 [self.layer4]]
 
     def stem(self, x: torch.Tensor) -> torch.Tensor:
-        """``relu(bn1(conv1(x)))``; with ``space_to_depth`` the folded 7x7 stride-2
-        convolution as a 4x4 one over 2x2 pixel blocks (:mod:`common.stem`: cuDNN's kernels
-        for 3 input channels are slow)."""
-        if not self.space_to_depth:
-            return self.conv_bn_relu(self.conv1, self.bn1, x)
-        weight, shift = frozen_bn.folded(self.conv1, self.bn1)
-        bias_relu = conv_bias_relu if self.fused_conv_relu else plain_conv_bias_relu
-        return bias_relu(*space_to_depth(x, weight, STEM_CHANNELS), shift)
+        """``relu(bn1(conv1(x)))``."""
+        return self.conv_bn_relu(self.conv1, self.bn1, x)
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         x = self.stem(x)
@@ -250,25 +239,18 @@ class FPN(nn.Module):
 
 class RPNHead(nn.Module):
     """``forward(levels)`` -> ``(objectness, deltas)``: per level ``[N, A, H, W]`` logits
-    and ``[N, 4A, H, W]`` box deltas, the same weights on every level. ``aligned``: both
-    1x1 convolutions as one of aligned outputs (:mod:`common.aligned_outputs`)."""
+    and ``[N, 4A, H, W]`` box deltas, the same weights on every level."""
 
-    def __init__(self, channels: int = FPN_CHANNELS, num_anchors: int = NUM_ANCHORS,
-                 aligned: bool = False, fused_conv_relu: bool = False):
+    def __init__(self, channels: int = FPN_CHANNELS, num_anchors: int = NUM_ANCHORS):
         super().__init__()
         self.conv = _normal(nn.Conv2d(channels, channels, 3, padding=1), 0.01)
         self.cls_logits = _normal(nn.Conv2d(channels, num_anchors, 1), 0.01)
         self.bbox_pred = _normal(nn.Conv2d(channels, 4 * num_anchors, 1), 0.01)
-        self.aligned = aligned
-        self.conv_relu = conv_relu if fused_conv_relu else plain_conv_relu
+        self.conv_relu = conv_relu
 
     def forward(self, levels: list[torch.Tensor]
                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         hidden = [self.conv_relu(self.conv, x) for x in levels]
-        if self.aligned:
-            outputs = [aligned_outputs.conv1x1(h, (self.cls_logits, self.bbox_pred))
-                       for h in hidden]
-            return [o[0] for o in outputs], [o[1] for o in outputs]
         return [self.cls_logits(h) for h in hidden], [self.bbox_pred(h) for h in hidden]
 
 
@@ -290,19 +272,14 @@ class BoxFeatureExtractor(nn.Module):
 
 class BoxPredictor(nn.Module):
     """The reference's ``FPNPredictor``: ``forward(x [K, 1024])`` -> ``(scores [K, 81],
-    deltas [K, 81 * 4])``, one box per class. ``aligned``: both as one GEMM of aligned
-    outputs (:mod:`common.aligned_outputs`)."""
+    deltas [K, 81 * 4])``, one box per class."""
 
-    def __init__(self, hidden: int = MLP_HEAD_DIM, num_classes: int = NUM_CLASSES,
-                 aligned: bool = False):
+    def __init__(self, hidden: int = MLP_HEAD_DIM, num_classes: int = NUM_CLASSES):
         super().__init__()
         self.cls_score = _normal(nn.Linear(hidden, num_classes), 0.01)
         self.bbox_pred = _normal(nn.Linear(hidden, 4 * num_classes), 0.001)
-        self.aligned = aligned
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.aligned:
-            return tuple(aligned_outputs.linear(x, (self.cls_score, self.bbox_pred)))
         return self.cls_score(x), self.bbox_pred(x)
 
 
@@ -310,13 +287,12 @@ class MaskFeatureExtractor(nn.Module):
     """The reference's ``MaskRCNNFPNFeatureExtractor``: ``forward(levels, rois [K, 5])`` ->
     ``[K, 256, 14, 14]``, RoIAlign 14x14 on P2..P5 then four 3x3 convolutions with ReLU."""
 
-    def __init__(self, channels: int = FPN_CHANNELS, layers: tuple[int, ...] = MASK_CONV_LAYERS,
-                 fused_conv_relu: bool = False):
+    def __init__(self, channels: int = FPN_CHANNELS, layers: tuple[int, ...] = MASK_CONV_LAYERS):
         super().__init__()
         self.pooler = Pooler(MASK_RESOLUTION)
         self.convs = nn.ModuleList(_msra(nn.Conv2d(cin, cout, 3, padding=1))
                                    for cin, cout in zip((channels, *layers[:-1]), layers))
-        self.conv_relu = conv_relu if fused_conv_relu else plain_conv_relu
+        self.conv_relu = conv_relu
 
     def forward(self, levels: list[torch.Tensor], rois: torch.Tensor) -> torch.Tensor:
         x = self.pooler(levels[:len(self.pooler.scales)], rois)
@@ -327,20 +303,15 @@ class MaskFeatureExtractor(nn.Module):
 
 class MaskPredictor(nn.Module):
     """The reference's ``MaskRCNNC4Predictor`` on FPN: ``forward(x [K, 256, 14, 14])`` ->
-    ``[K, 81, 28, 28]`` mask logits, one mask per class. ``aligned``: the logits' 1x1
-    convolution with aligned outputs (:mod:`common.aligned_outputs`)."""
+    ``[K, 81, 28, 28]`` mask logits, one mask per class."""
 
-    def __init__(self, channels: int = MASK_CONV_LAYERS[-1], num_classes: int = NUM_CLASSES,
-                 aligned: bool = False):
+    def __init__(self, channels: int = MASK_CONV_LAYERS[-1], num_classes: int = NUM_CLASSES):
         super().__init__()
         self.conv5_mask = _msra(nn.ConvTranspose2d(channels, channels, 2, stride=2))
         self.mask_fcn_logits = _msra(nn.Conv2d(channels, num_classes, 1))
-        self.aligned = aligned
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.conv5_mask(x))
-        if self.aligned:
-            return aligned_outputs.conv1x1(x, (self.mask_fcn_logits,))[0]
         return self.mask_fcn_logits(x)
 
 
@@ -352,32 +323,20 @@ class MaskRCNN(nn.Module):
 
     ``width`` is the ResNet's base width, ``fpn_channels`` the FPN's and the RPN head's,
     ``box_head_dim`` the width of fc6 and fc7, ``mask_head_dim`` that of the mask head's four
-    convolutions and its transposed convolution; the defaults are the reference's.
-    ``fold_frozen_bn`` folds the backbone's batch norm into its convolutions;
-    ``fused_conv_relu`` (with it) runs every convolution followed by a ReLU (the backbone's,
-    with their shift and residual, the RPN head's, the mask head's four) as one cuDNN kernel
-    (:mod:`common.conv_relu`); ``space_to_depth`` (with it) the stem's convolution over 2x2
-    pixel blocks (:meth:`ResNet50.stem`); ``aligned_outputs`` computes the RPN head's, box
-    predictor's and mask predictor's outputs with output counts padded to multiples of 8
-    (:mod:`common.aligned_outputs`)."""
+    convolutions and its transposed convolution; the defaults are the reference's."""
 
     def __init__(self, stride_in_1x1: bool = False, num_classes: int = NUM_CLASSES,
                  width: int = WIDTH, fpn_channels: int = FPN_CHANNELS,
-                 box_head_dim: int = MLP_HEAD_DIM, mask_head_dim: int = MASK_CONV_LAYERS[-1],
-                 fold_frozen_bn: bool = False, aligned_outputs: bool = False,
-                 fused_conv_relu: bool = False, space_to_depth: bool = False):
+                 box_head_dim: int = MLP_HEAD_DIM, mask_head_dim: int = MASK_CONV_LAYERS[-1]):
         super().__init__()
-        self.backbone = ResNet50(stride_in_1x1, width=width, fold_frozen_bn=fold_frozen_bn,
-                                 fused_conv_relu=fused_conv_relu, space_to_depth=space_to_depth)
+        self.backbone = ResNet50(stride_in_1x1, width=width)
         self.fpn = FPN(self.backbone.out_channels, fpn_channels)
-        self.rpn = RPNHead(fpn_channels, aligned=aligned_outputs,
-                           fused_conv_relu=fused_conv_relu)
+        self.rpn = RPNHead(fpn_channels)
         self.box_features = BoxFeatureExtractor(fpn_channels, box_head_dim)
-        self.box_predictor = BoxPredictor(box_head_dim, num_classes, aligned=aligned_outputs)
+        self.box_predictor = BoxPredictor(box_head_dim, num_classes)
         self.mask_features = MaskFeatureExtractor(
-            fpn_channels, (mask_head_dim,) * len(MASK_CONV_LAYERS), fused_conv_relu)
-        self.mask_predictor = MaskPredictor(mask_head_dim, num_classes,
-                                            aligned=aligned_outputs)
+            fpn_channels, (mask_head_dim,) * len(MASK_CONV_LAYERS))
+        self.mask_predictor = MaskPredictor(mask_head_dim, num_classes)
 
     def features(self, images: torch.Tensor) -> list[torch.Tensor]:
         """FPN levels ``[P2, ..., P6]`` of padded images [N, 3, H, W] (H, W multiples of 32)."""

@@ -39,14 +39,13 @@ from benchmarks.maskrcnn.boxes import (
     RPN_BOX_WEIGHTS,
     TO_REMOVE,
     BoxCoder,
-    Keep,
     Matcher,
     box_iou,
     min_size_mask,
     nms_keep,
 )
 from benchmarks.maskrcnn.sampler import balanced_sample
-from benchmarks.maskrcnn.topk import ordered_topk, split_topk
+from benchmarks.maskrcnn.topk import ordered_topk
 from common.errors import UserError
 from common.workload import maybe_compile
 
@@ -108,9 +107,9 @@ class RPN(nn.Module):
     top-N. It holds no parameters: the head is :class:`benchmarks.maskrcnn.model.RPNHead`.
 
     ``fpn_post_nms_per_image_train`` takes the training top-N over levels per image instead
-    of per batch (NVIDIA's switch); ``topk_chunks`` > 1 selects the pre-NMS candidates with
-    :func:`benchmarks.maskrcnn.topk.split_topk` (NVIDIA: 4), which gives the same result;
-    ``nms_keep`` is NMS's greedy step (default :func:`benchmarks.maskrcnn.boxes.nms_keep`)."""
+    of per batch (NVIDIA's switch). ``topk`` selects each level's pre-NMS candidates
+    (:func:`benchmarks.maskrcnn.topk.ordered_topk`) and ``nms_keep`` is NMS's greedy step
+    (:func:`benchmarks.maskrcnn.boxes.nms_keep`): the optimisations replace them."""
 
     def __init__(self, *, pre_nms_top_n_train: int = PRE_NMS_TOP_N_TRAIN,
                  pre_nms_top_n_test: int = PRE_NMS_TOP_N_TEST,
@@ -124,8 +123,7 @@ class RPN(nn.Module):
                  bg_iou_threshold: float = BG_IOU_THRESHOLD,
                  batch_size_per_image: int = BATCH_SIZE_PER_IMAGE,
                  positive_fraction: float = POSITIVE_FRACTION,
-                 straddle_thresh: float = STRADDLE_THRESH, topk_chunks: int = 1,
-                 nms_keep: Keep | None = None):
+                 straddle_thresh: float = STRADDLE_THRESH):
         super().__init__()
         counts = dict(pre_nms_top_n_train=pre_nms_top_n_train,
                       pre_nms_top_n_test=pre_nms_top_n_test,
@@ -133,7 +131,7 @@ class RPN(nn.Module):
                       post_nms_top_n_test=post_nms_top_n_test,
                       fpn_post_nms_top_n_train=fpn_post_nms_top_n_train,
                       fpn_post_nms_top_n_test=fpn_post_nms_top_n_test,
-                      batch_size_per_image=batch_size_per_image, topk_chunks=topk_chunks)
+                      batch_size_per_image=batch_size_per_image)
         bad = [f"{name}={value}" for name, value in counts.items() if value < 1]
         if not 0 < nms_thresh <= 1:
             bad.append(f"nms_thresh={nms_thresh}")
@@ -158,8 +156,7 @@ class RPN(nn.Module):
         self.batch_size_per_image = batch_size_per_image
         self.positive_fraction = positive_fraction
         self.straddle_thresh = straddle_thresh
-        self.topk_chunks = topk_chunks
-        self.nms_keep = nms_keep
+        self.topk, self.nms_keep = ordered_topk, nms_keep
         self.box_coder = BoxCoder(RPN_BOX_WEIGHTS)
         self._pre_nms, self._post_nms = self._candidates, self._select
 
@@ -175,11 +172,6 @@ class RPN(nn.Module):
             return (self.pre_nms_top_n_train, self.post_nms_top_n_train,
                     self.fpn_post_nms_top_n_train)
         return self.pre_nms_top_n_test, self.post_nms_top_n_test, self.fpn_post_nms_top_n_test
-
-    def _topk(self, scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.topk_chunks == 1:
-            return ordered_topk(scores, k)
-        return split_topk(scores, k, self.topk_chunks)
 
     @staticmethod
     def _check(objectness: list[torch.Tensor], anchors: list[torch.Tensor],
@@ -238,7 +230,7 @@ class RPN(nn.Module):
         bounds = _image_bounds(image_sizes, objectness[0].device)
         boxes, scores, valid = self._pre_nms(objectness, deltas, anchors, bounds)
         rows = (-1, scores.shape[-1])
-        kept = (self.nms_keep or nms_keep)(boxes.view(*rows, 4), valid.view(rows),
+        kept = self.nms_keep(boxes.view(*rows, 4), valid.view(rows),
                                            self.nms_thresh).view_as(valid)
         return self._post_nms(boxes, scores, valid & kept, [len(c) for c in anchors])
 
@@ -256,7 +248,7 @@ class RPN(nn.Module):
         for obj, delta, level_anchors in zip(objectness, deltas, anchors, strict=True):
             logits, codes = flatten_levels([obj], [delta])
             k = min(pre_nms, logits.shape[1])
-            top, index = self._topk(logits.float().sigmoid(), k)
+            top, index = self.topk(logits.float().sigmoid(), k)
             codes = codes.gather(1, index[..., None].expand(-1, -1, 4)).float()
             decoded = self.box_coder.decode(codes.reshape(-1, 4),
                                             level_anchors[index].float().reshape(-1, 4))

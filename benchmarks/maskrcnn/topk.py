@@ -14,10 +14,13 @@ order-preserving 32-bit pattern above ``L - index`` into one int64, so every key
 and each stage's ``torch.topk`` has exactly one answer: the two-stage result equals the
 one-pass result, ties included, and equals ``torch.topk`` wherever the scores are distinct.
 Scores are float32, float16 or bfloat16 (compared as float32, which holds them exactly);
-``-0.0`` ranks as ``0.0``; NaN is not supported.
+``-0.0`` ranks as ``0.0``; NaN is not supported. Optimisation ``topk-chunks=N``: the RPN's
+pre-NMS top-K in two stages over N chunks.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -79,3 +82,7 @@ def split_topk(scores: torch.Tensor, k: int,
                          dim=1)
     candidates = keys.view(rows, num_chunks, chunk).topk(min(k, chunk), dim=2).values
     return _from_keys(scores, candidates.reshape(rows, -1).topk(k, dim=1).values)
+
+
+def apply(wl, chunks: int) -> None:
+    wl.detector.rpn.topk = functools.partial(split_topk, num_chunks=chunks)

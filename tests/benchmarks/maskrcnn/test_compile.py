@@ -1,7 +1,7 @@
-"""``--compile``: the networks' three compiled regions give the eager step's losses and
+"""``compile``: the networks' three compiled regions give the eager step's losses and
 gradients on batches whose padded size changes; a new size compiles the backbone once and
 the heads never again; the warm-up before the clock builds the training and evaluation
-graphs. ``--compile-losses``: the same losses, no graph per count."""
+graphs. ``compile-losses``: the same losses, no graph per count."""
 
 import pytest
 import torch
@@ -32,7 +32,7 @@ def same_training(plain, compiled, batches):
 def test_compiled_regions_compute_the_eager_steps_losses_and_gradients():
     torch._dynamo.reset()
     counters.clear()
-    plain, compiled = build(TINY), build([*TINY, "--compile", "default"])
+    plain, compiled = build(TINY), build([*TINY, "--opt", "compile"])
     compiled.net.load_state_dict(plain.net.state_dict())
     small = data.synthetic_batch(2, plain.num_classes, 64, 64)
     large = data.synthetic_batch(2, plain.num_classes, 96, 128)
@@ -45,7 +45,7 @@ def test_compiled_regions_compute_the_eager_steps_losses_and_gradients():
 def test_the_warm_up_builds_the_training_and_evaluation_graphs():
     torch._dynamo.reset()
     counters.clear()
-    wl = build([*TINY, "--compile", "default"])
+    wl = build([*TINY, "--opt", "compile"])
     warm_up(wl, GraphedStep(wl.train_step, enabled=False), 1, wl.env)
     assert counters["stats"]["unique_graphs"] == 6, dict(counters["stats"])  # train + infer
     wl.train_step(*data.synthetic_batch(2, wl.num_classes, 64, 64))   # the warm-up's size
@@ -58,11 +58,11 @@ def test_the_warm_up_builds_the_training_and_evaluation_graphs():
     assert counters["stats"]["unique_graphs"] == 8, dict(counters["stats"])
 
 
-@pytest.mark.parametrize("flags", [[], ["--compile-proposals"]])
-def test_a_short_evaluation_batch_runs_the_warmed_up_graphs(flags):
+@pytest.mark.parametrize("opts", ["compile", "compile,compile-proposals"])
+def test_a_short_evaluation_batch_runs_the_warmed_up_graphs(opts):
     torch._dynamo.reset()
     counters.clear()
-    plain, compiled = build(TINY), build([*TINY, "--compile", "default", *flags])
+    plain, compiled = build(TINY), build([*TINY, "--opt", opts])
     compiled.net.load_state_dict(plain.net.state_dict())
     warm_up(compiled, GraphedStep(compiled.train_step, enabled=False), 1, compiled.env)
     graphs = counters["stats"]["unique_graphs"]
@@ -92,7 +92,7 @@ def test_a_filled_evaluation_batch_repeats_its_last_image():
 
 
 def test_compiled_losses_and_proposals_compute_the_eager_losses_without_recompiling():
-    """``--compile-losses --compile-proposals``: the RPN, box and mask losses and the proposal
+    """``compile-losses`` and ``compile-proposals``: the RPN, box and mask losses and the proposal
     selection as compiled regions give the eager step's losses and weights (Inductor drawing
     the anchors' and RoIs' random keys as eager does: ``fallback_random``) over five batches
     of two padded sizes and 2 to 6 objects an image. The RPN and mask losses and the
@@ -102,8 +102,7 @@ def test_compiled_losses_and_proposals_compute_the_eager_losses_without_recompil
     torch._dynamo.reset()
     with torch._inductor.config.patch(fallback_random=True):
         plain = build(TINY)
-        compiled = build([*TINY, "--compile", "default", "--compile-losses",
-                          "--compile-proposals"])
+        compiled = build([*TINY, "--opt", "compile,compile-losses,compile-proposals"])
         compiled.net.load_state_dict(plain.net.state_dict())
         same_training(plain, compiled, [
             data.synthetic_batch(2, plain.num_classes, height, width, objects=objects)

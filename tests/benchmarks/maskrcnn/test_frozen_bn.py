@@ -1,13 +1,15 @@
-"""Frozen batch norm folded into its convolution (``--fold-frozen-bn``) against the plain
+"""Frozen batch norm folded into its convolution (``fold-frozen-bn``) against the plain
 convolution then batch norm: the same outputs and gradients, and bf16 kept through the
-backbone and FPN under autocast."""
+backbone and FPN under autocast; ``fused-conv-relu`` and ``space-to-depth`` on the folded
+backbone."""
 
 import pytest
 import torch
 from torch import nn
 
-from benchmarks.maskrcnn.frozen_bn import conv_frozen_bn, folded_conv_frozen_bn
-from benchmarks.maskrcnn.model import FrozenBatchNorm2d, MaskRCNN
+from benchmarks.maskrcnn import conv_relu, stem
+from benchmarks.maskrcnn.frozen_bn import fold, folded_conv_bn
+from benchmarks.maskrcnn.model import FrozenBatchNorm2d, MaskRCNN, conv_bn
 
 
 def random_statistics(bn: FrozenBatchNorm2d, g: torch.Generator, spread: float = 1.0) -> None:
@@ -27,9 +29,9 @@ def test_folded_convolution_is_the_convolution_then_batch_norm(kernel, stride):
     bn = FrozenBatchNorm2d(5)
     random_statistics(bn, g)
     x = torch.randn(2, 6, 13, 11, generator=g)
-    grad_out = torch.randn_like(conv_frozen_bn(conv, bn, x))
+    grad_out = torch.randn_like(conv_bn(conv, bn, x))
     results = []
-    for path in (conv_frozen_bn, folded_conv_frozen_bn):
+    for path in (conv_bn, folded_conv_bn):
         conv.weight.grad = None
         x_ = x.clone().requires_grad_()
         out = path(conv, bn, x_)
@@ -61,7 +63,9 @@ def test_backbone_and_fpn_stay_in_bf16_under_autocast():
     torch.manual_seed(0)
     images = torch.randn(1, 3, 64, 64)
     kw = dict(num_classes=4, width=4, fpn_channels=8, box_head_dim=16, mask_head_dim=8)
-    folded = output_dtypes(MaskRCNN(fold_frozen_bn=True, **kw), images)
+    net = MaskRCNN(**kw)
+    fold(net.backbone)
+    folded = output_dtypes(net, images)
     assert {"backbone", "backbone.layer4.2", "fpn"} <= folded.keys()
     assert all(d == {torch.bfloat16} for d in folded.values()), folded
     # the plain path: each frozen batch norm's fp32 buffers promote its bf16 input
@@ -70,17 +74,21 @@ def test_backbone_and_fpn_stay_in_bf16_under_autocast():
     assert plain["backbone.layer4.2"] == {torch.float32}
 
 
-@pytest.mark.parametrize("switches", [dict(fused_conv_relu=True), dict(space_to_depth=True),
-                                      dict(fused_conv_relu=True, space_to_depth=True)])
-def test_fused_conv_relu_and_space_to_depth_compute_the_folded_model(switches):
-    """``--fused-conv-relu`` and ``--space-to-depth`` against the folded model: the same FPN
+@pytest.mark.parametrize("fused, blocks", [(True, False), (False, True), (True, True)])
+def test_fused_conv_relu_and_space_to_depth_compute_the_folded_model(fused, blocks):
+    """``fused-conv-relu`` and ``space-to-depth`` against the folded model: the same FPN
     levels, RPN and mask head outputs and trained weights' gradients (on the CPU the fused
     operator is the plain form, so this checks the wiring and the operator's autograd; the
-    cuDNN kernels are checked in tests/common/test_conv_relu.py)."""
+    cuDNN kernels are checked in tests/benchmarks/maskrcnn/test_conv_relu.py)."""
     g = torch.Generator().manual_seed(5)
-    kw = dict(num_classes=4, width=4, fpn_channels=8, box_head_dim=16, mask_head_dim=8,
-              fold_frozen_bn=True)
-    nets = [MaskRCNN(**kw), MaskRCNN(**kw, **switches)]
+    kw = dict(num_classes=4, width=4, fpn_channels=8, box_head_dim=16, mask_head_dim=8)
+    nets = [MaskRCNN(**kw), MaskRCNN(**kw)]
+    for net in nets:
+        fold(net.backbone)
+    if fused:
+        conv_relu.fuse(nets[1])
+    if blocks:
+        stem.over_blocks(nets[1].backbone, fused)
     for module in nets[0].modules():
         if isinstance(module, FrozenBatchNorm2d):
             random_statistics(module, g, spread=0.2)
@@ -100,8 +108,3 @@ def test_fused_conv_relu_and_space_to_depth_compute_the_folded_model(switches):
     for got, expected in zip(*results[::-1]):   # the stem over pixel blocks sums in
         torch.testing.assert_close(got, expected, rtol=0,   # another order
                                    atol=1e-5 * expected.abs().max().item())
-
-
-def test_fused_conv_relu_and_space_to_depth_need_folding():
-    with pytest.raises(ValueError, match="need fold_frozen_bn"):
-        MaskRCNN(width=4, fpn_channels=8, space_to_depth=True)

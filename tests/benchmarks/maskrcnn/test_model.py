@@ -12,7 +12,9 @@ import torch
 import yaml
 from torch import nn
 
+from benchmarks.maskrcnn.aligned_outputs import align
 from benchmarks.maskrcnn.anchors import fpn_anchors
+from benchmarks.maskrcnn.frozen_bn import fold
 from benchmarks.maskrcnn.model import (
     FrozenBatchNorm2d,
     MaskRCNN,
@@ -202,7 +204,9 @@ def test_parameter_counts(model):
 
 @pytest.mark.parametrize("fold_frozen_bn", [False, True])
 def test_loads_torchvision_resnet50(fold_frozen_bn):
-    model = MaskRCNN(fold_frozen_bn=fold_frozen_bn)
+    model = MaskRCNN()
+    if fold_frozen_bn:
+        fold(model.backbone)
     state = torchvision_resnet50_state_dict()
     assert len(state) == 53 + 53 * 5 + 2                     # convs, BNs, fc
     load_torchvision_backbone(model, state)
@@ -302,11 +306,12 @@ def test_shrunken_model_runs_the_same_path(model):
 
 
 def test_aligned_outputs_are_the_plain_heads():
-    """``aligned_outputs``: the RPN's, box predictor's and mask predictor's outputs and their
+    """``aligned-outputs``: the RPN's, box predictor's and mask predictor's outputs and their
     parameters' gradients are the plain layers', the parameters and their names the same."""
     torch.manual_seed(0)
     sizes = dict(width=8, fpn_channels=16, box_head_dim=32, mask_head_dim=8)
-    plain, aligned = MaskRCNN(**sizes), MaskRCNN(**sizes, aligned_outputs=True)
+    plain, aligned = MaskRCNN(**sizes), MaskRCNN(**sizes)
+    align(aligned)
     aligned.load_state_dict(plain.state_dict())
     assert mllog_tensor_names(aligned) == mllog_tensor_names(plain)
     with torch.no_grad():

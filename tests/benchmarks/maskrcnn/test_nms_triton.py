@@ -64,7 +64,8 @@ def test_rpn_proposals_with_triton_nms_equal_the_reference(training):
     objectness, deltas = head_outputs(seed=6)
     cuda = [[t.cuda() for t in ts] for ts in (objectness, deltas, fpn_anchors(FEATURE_SIZES),
                                                GT_BOXES)]
-    plain, fast = RPN(pre_nms_top_n_train=300), RPN(pre_nms_top_n_train=300, nms_keep=nms_keep)
+    plain, fast = RPN(pre_nms_top_n_train=300), RPN(pre_nms_top_n_train=300)
+    fast.nms_keep = nms_keep
     plain.train(training), fast.train(training)
     for g, e in zip(fast.proposals(*cuda[:3], IMAGE_SIZES, cuda[3]),
                     plain.proposals(*cuda[:3], IMAGE_SIZES, cuda[3]), strict=True):

@@ -3,6 +3,7 @@
 ``RPNLossComputation`` and ``BalancedPositiveNegativeSampler`` (mlcommons/training v1.1
 ``object_detection/pytorch/maskrcnn_benchmark/modeling/rpn``)."""
 
+import functools
 import math
 
 import pytest
@@ -19,6 +20,7 @@ from benchmarks.maskrcnn.boxes import (
     min_size_mask,
 )
 from benchmarks.maskrcnn.rpn import RPN, flatten_levels
+from benchmarks.maskrcnn.topk import split_topk
 from common.errors import UserError
 
 IMAGE_SIZES = [(64, 96), (52, 70)]          # (height, width), the batch padded to 64 x 96
@@ -121,8 +123,9 @@ def test_proposals_match_per_image_loop(training, per_image, topk_chunks, min_si
     settings = dict(pre=150, post=40, fpn_post=60)
     rpn = RPN(pre_nms_top_n_train=150, pre_nms_top_n_test=150, post_nms_top_n_train=40,
               post_nms_top_n_test=40, fpn_post_nms_top_n_train=60, fpn_post_nms_top_n_test=60,
-              fpn_post_nms_per_image_train=per_image, min_size=min_size,
-              topk_chunks=topk_chunks).train(training)
+              fpn_post_nms_per_image_train=per_image, min_size=min_size).train(training)
+    if topk_chunks > 1:
+        rpn.topk = functools.partial(split_topk, num_chunks=topk_chunks)
     got = rpn.proposals(objectness, deltas, anchors, IMAGE_SIZES, GT_BOXES)
     expected = loop_proposals(objectness, deltas, anchors, IMAGE_SIZES, **settings,
                               training=training, per_image=per_image, min_size=min_size,
@@ -350,7 +353,8 @@ def test_bad_settings_and_shapes():
 def test_cuda_equals_cpu(training):
     objectness, deltas = head_outputs(seed=6)
     anchors = fpn_anchors(FEATURE_SIZES)
-    rpn = RPN(pre_nms_top_n_train=300, topk_chunks=4, batch_size_per_image=10_000)
+    rpn = RPN(pre_nms_top_n_train=300, batch_size_per_image=10_000)
+    rpn.topk = functools.partial(split_topk, num_chunks=4)
     rpn.train(training)
     cuda = [[t.cuda() for t in ts] for ts in (objectness, deltas, anchors, GT_BOXES)]
     got = rpn.proposals(*cuda[:3], IMAGE_SIZES, cuda[3])

@@ -1,5 +1,6 @@
 """The Mask R-CNN throughput tool on the CPU: its errors, a failing variant that does not stop
-it, ours' variants and the batch as torchvision takes it."""
+it, ours' variants (the registry's ablation of the 1xH100 config) and the batch as
+torchvision takes it."""
 
 import json
 
@@ -7,9 +8,13 @@ import pytest
 import torch
 
 from benchmarks.maskrcnn import data, throughput
+from benchmarks.maskrcnn.frozen_bn import folded_conv_bn
+from benchmarks.maskrcnn.topk import ordered_topk
 from common import throughput as common_throughput
+from common.optimisations import config_optimisations
 from common.precision import Precision
 from common.throughput import Measurement
+from tests.benchmarks.test_configs import REPO, config_args
 from tests.entry_points import assert_needs_cuda
 
 
@@ -20,7 +25,7 @@ def test_without_cuda_exits_2_with_one_line():
 def test_unknown_variant_exits_2_with_one_line(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(SystemExit) as exc:
-        throughput.main(["--variants", "ours,torchvision-jit"])
+        throughput.main(["--variants", "config,torchvision-jit"])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert exc.value.code == 2 and len(err) == 1 and "['torchvision-jit']" in err[0]
 
@@ -57,18 +62,36 @@ def test_a_failing_variant_is_reported_and_the_others_still_run(monkeypatch, cap
     assert rows[1]["variant"] == "torchvision-eager" and rows[1]["samples_per_second"] == 10
 
 
-@pytest.mark.parametrize("variant, chunks, per_image, fold, channels_last", [
-    ("ours", 1, False, False, False), ("ours-topk4", 4, False, False, False),
-    ("ours-per-image", 1, True, False, False), ("ours-fold", 1, False, True, False),
-    ("ours-fold-cl", 1, False, True, True)])
-def test_ours_builds_the_workload_with_its_flags_at_the_training_size(variant, chunks,
-                                                                       per_image, fold,
-                                                                       channels_last):
-    step, batch = throughput.ours(variant, 1, Precision("fp32", "cpu"), torch.device("cpu"))
-    args = step.__self__.args
-    assert args.synthetic_data and args.batch_size == 1
-    assert args.topk_chunks == chunks and args.fpn_post_nms_per_image == per_image
-    assert args.fold_frozen_bn == fold and args.channels_last == channels_last
+def test_the_variants_are_the_configs_ablation_and_config_is_its_step():
+    """``config`` names the 1xH100 config's optimisations, with the config's proposals and
+    size buckets (``CONFIG_HPARAMS``, checked against the config's TRAIN_ARGS);
+    ``config-minus-compile`` drops what requires ``compile``."""
+    variants = throughput.ours_variants()
+    config = set(config_optimisations("maskrcnn", "1xH100"))
+    assert variants["plain"] == [] and set(variants["config"]) == config
+    assert {"fold-frozen-bn", "space-to-depth", "fused-conv-relu", "backward-before-sync",
+            "box-roi-multiple=512", "mask-roi-multiple=128"} <= config
+    assert set(variants["config-minus-compile"]) == config - {
+        "compile", "compile-losses", "backbone-graphs", "head-graphs"}
+    assert len(variants) == 2 + len(config)
+    _, train_args = config_args(REPO / "benchmarks/maskrcnn/config_1xH100.sh")
+    hparams = dict(zip(throughput.CONFIG_HPARAMS[::2], throughput.CONFIG_HPARAMS[1::2]))
+    assert all(train_args[train_args.index(flag) + 1] == value
+               for flag, value in hparams.items())
+
+
+@pytest.mark.parametrize("optimisations", [[], ["topk-chunks", "channels-last",
+                                                "fold-frozen-bn"]])
+def test_ours_builds_the_workload_with_its_optimisations_at_the_training_size(optimisations):
+    step, batch = throughput.ours(optimisations, 1, Precision("fp32", "cpu"),
+                                  torch.device("cpu"))
+    wl = step.__self__
+    assert wl.args.synthetic_data and wl.hp.batch_size == 1
+    assert list(wl.opts) == optimisations
+    assert (wl.detector.rpn.topk is not ordered_topk) == bool(optimisations)
+    assert (wl.net.backbone.layer1[0].conv_bn is folded_conv_bn) == bool(optimisations)
+    assert (wl.memory_format == torch.channels_last) == bool(optimisations)
+    assert wl.hp.rpn_fpn_post_nms_top_n_train == 6000 and wl.hp.size_buckets == 4
     assert batch.image_sizes.tolist() == [[800, 1066]] and batch.images.shape[-2:] == (800, 1088)
 
 

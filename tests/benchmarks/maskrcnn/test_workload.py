@@ -1,7 +1,7 @@
 """The Mask R-CNN workload: the reference's LR schedule and optimizer groups, a training step
-that learns, the plain step's losses and gradients with ``--fold-frozen-bn`` and
-``--channels-last``, a picklable scorer of both targets, and backbone checkpoints: loaded
-with the switches, one-line errors for bad ones."""
+that learns, the plain step's losses and gradients with the optimisations (``--opt``), a
+picklable scorer of both targets, and backbone checkpoints: loaded with the optimisations,
+one-line errors for bad ones."""
 
 import bisect
 import pickle
@@ -9,8 +9,9 @@ import pickle
 import pytest
 import torch
 
+from benchmarks.maskrcnn import before_sync
 from benchmarks.maskrcnn.detector import ground_truth
-from benchmarks.maskrcnn.frozen_bn import folded_conv_frozen_bn
+from benchmarks.maskrcnn.frozen_bn import folded_conv_bn
 from benchmarks.maskrcnn.model import FrozenBatchNorm2d
 from benchmarks.maskrcnn.roi_align import rois_from_boxes
 from benchmarks.maskrcnn.workload import MaskRCNNWorkload, lr_at, score
@@ -27,8 +28,8 @@ TINY = ["--synthetic-data", "--device", "cpu", "--precision", "fp32", "--width",
         "--rpn-pre-nms-top-n-train", "50", "--rpn-post-nms-top-n-train", "50",
         "--rpn-fpn-post-nms-top-n-train", "1000", "--rpn-batch-size-per-image", "32",
         "--roi-batch-size-per-image", "32", "--lr", "0.02", "--warmup-steps", "2"]
-SWITCHES = [["--fold-frozen-bn"], ["--channels-last"], ["--fold-frozen-bn", "--channels-last"],
-            ["--aligned-outputs"]]
+SWITCHES = [["--opt", "fold-frozen-bn"], ["--opt", "channels-last"],
+            ["--opt", "fold-frozen-bn,channels-last"], ["--opt", "aligned-outputs"]]
 
 
 def build(argv):
@@ -106,9 +107,9 @@ def test_switches_compute_the_plain_steps_losses_and_gradients(switches):
         else:
             torch.testing.assert_close(grads[1][name], grad, rtol=1e-3,
                                        atol=1e-4 * grad.abs().max().item(), msg=name)
-    folded = fast.net.backbone.layer2[0].conv_bn is folded_conv_frozen_bn
-    assert folded == ("--fold-frozen-bn" in switches)
-    channels_last = "--channels-last" in switches
+    folded = fast.net.backbone.layer2[0].conv_bn is folded_conv_bn
+    assert folded == ("fold-frozen-bn" in switches[1])
+    channels_last = "channels-last" in switches[1]
     assert len(layouts) == 1 + 4 + 4 and all(cl == channels_last for cl in layouts)
 
 
@@ -123,7 +124,7 @@ def test_a_torchvision_backbone_checkpoint_loads_with_the_switches(tmp_path, swi
     assert all(torch.equal(value, state[key]) for key, value in own.items())
     weight = wl.net.backbone.layer4[0].conv2.weight
     assert weight.is_contiguous(memory_format=torch.channels_last) == (
-        "--channels-last" in switches)
+        "channels-last" in switches[1])
 
 
 def test_score_names_both_targets_and_pickles_for_background_scoring():
@@ -148,50 +149,52 @@ def test_a_bad_backbone_checkpoint_is_one_line(tmp_path, content):
     assert str(path) in str(e.value) and "\n" not in str(e.value)
 
 
-def test_triton_nms_off_cuda_is_one_line():
-    with pytest.raises(UserError, match="--nms triton .* --device cuda"):
-        build([*TINY, "--nms", "triton"])
-
-
-def test_triton_roi_align_off_cuda_is_one_line():
-    with pytest.raises(UserError, match="--roi-align triton .* --device cuda"):
-        build([*TINY, "--roi-align", "triton"])
-
-
-def test_fused_conv_relu_off_cuda_is_one_line():
-    with pytest.raises(UserError, match="--fused-conv-relu .* --device cuda"):
-        build([*TINY, "--fold-frozen-bn", "--fused-conv-relu"])
-
-
-@pytest.mark.parametrize("flag", ["--fused-conv-relu", "--space-to-depth"])
-def test_fused_conv_relu_and_space_to_depth_without_folding_are_one_line(flag):
-    with pytest.raises(UserError, match=f"{flag} works on the folded .* add --fold-frozen-bn"):
-        build([*TINY, flag])
-
-
-def test_loss_streams_off_cuda_is_one_line():
-    with pytest.raises(UserError, match="--loss-streams .* --device cuda"):
-        build([*TINY, "--loss-streams"])
-
-
-MULTIPLES = ["--box-roi-multiple", "16", "--mask-roi-multiple", "16"]
-
-
-@pytest.mark.parametrize("flags, message", [
-    (["--backbone-graphs"], "add --compile default"),
-    (["--backbone-graphs", "--compile", "default"], "--backbone-graphs .* --device cuda"),
-    (["--head-graphs", *MULTIPLES], "--head-graphs replays the compiled RoI heads: add "
-                                    "--compile default"),
-    (["--head-graphs", "--compile", "default", *MULTIPLES], "--head-graphs .* --device cuda"),
-    (["--head-graphs", "--compile", "default", "--mask-roi-multiple", "16"],
-     "add --box-roi-multiple and --mask-roi-multiple"),
-    (["--compile-losses"], "--compile-losses .*: add --compile default"),
-    (["--compile-proposals"], "--compile-proposals .*: add --compile default"),
-])
-def test_graphs_without_compile_cuda_or_roi_multiples_is_one_line(flags, message):
-    with pytest.raises(UserError, match=message) as e:
-        build([*TINY, *flags])
+@pytest.mark.parametrize("opt", ["nms-triton", "roi-align-triton", "loss-streams",
+                                 "fold-frozen-bn,fused-conv-relu"])
+def test_cuda_optimisations_off_cuda_are_one_line(opt):
+    name = opt.split(",")[-1]
+    with pytest.raises(UserError, match=f"optimisation {name} needs CUDA: run with --device "
+                                        "cuda") as e:
+        build([*TINY, "--opt", opt])
     assert "\n" not in str(e.value)
+
+
+def parse_error(argv, capsys) -> str:
+    """The parser's one-line error for ``argv`` (exit 2)."""
+    with pytest.raises(SystemExit) as e:
+        build_parser(MaskRCNNWorkload).parse_args(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err
+    return err
+
+
+@pytest.mark.parametrize("opt", ["fused-conv-relu", "space-to-depth"])
+def test_fused_conv_relu_and_space_to_depth_without_folding_are_one_line(opt, capsys):
+    assert f"optimisation {opt} requires fold-frozen-bn: add fold-frozen-bn" in parse_error(
+        [*TINY, "--opt", opt], capsys)
+
+
+MULTIPLES = ["box-roi-multiple=16", "mask-roi-multiple=16"]
+
+
+@pytest.mark.parametrize("opts, message", [
+    (["backbone-graphs"], "backbone-graphs requires compile: add compile"),
+    (["backbone-graphs", "compile"], "optimisation backbone-graphs needs CUDA"),
+    (["head-graphs", *MULTIPLES], "head-graphs requires compile: add compile"),
+    (["head-graphs", "compile", *MULTIPLES], "optimisation head-graphs needs CUDA"),
+    (["head-graphs", "compile", "mask-roi-multiple=16"],
+     "head-graphs requires box-roi-multiple: add box-roi-multiple"),
+    (["compile-losses"], "compile-losses requires compile: add compile"),
+    (["compile-proposals"], "compile-proposals requires compile: add compile"),
+])
+def test_graphs_without_compile_cuda_or_roi_multiples_is_one_line(opts, message, capsys):
+    argv = [*TINY, "--opt", ",".join(opts)]
+    if "requires" in message:
+        assert message in parse_error(argv, capsys)
+    else:
+        with pytest.raises(UserError, match=message) as e:
+            build(argv)
+        assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("head", ["box", "mask"])
@@ -199,7 +202,7 @@ def test_padded_rois_take_the_plain_steps_losses_and_gradients(head):
     """``--box-roi-multiple`` and ``--mask-roi-multiple``: the head on padding RoIs besides
     its own (in training left out of the loss, in evaluation copies of the last RoI, their
     outputs dropped): the same losses, gradients and evaluation outputs."""
-    plain, padded = build(TINY), build([*TINY, f"--{head}-roi-multiple", "16"])
+    plain, padded = build(TINY), build([*TINY, "--opt", f"{head}-roi-multiple=16"])
     seen = []
     getattr(padded.detector.net, f"{head}_predictor").register_forward_hook(
         lambda _m, inputs, _out: seen.append(len(inputs[0])))
@@ -217,11 +220,12 @@ def test_padded_rois_take_the_plain_steps_losses_and_gradients(head):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("multiple", [[], ["--box-roi-multiple", "16"]])
+@pytest.mark.parametrize("multiple", [[], ["box-roi-multiple=16"]])
 def test_box_head_before_the_sync_takes_the_plain_steps_losses_and_gradients(multiple):
-    """``--box-head-before-sync``: the box head on the host's bound of the sampled RoIs
+    """``box-head-before-sync``: the box head on the host's bound of the sampled RoIs
     (here both images' 32, or 2 x 32 rounded to 16s), its padding left out of the loss."""
-    plain, early = build([*TINY, *multiple]), build([*TINY, *multiple, "--box-head-before-sync"])
+    plain = build([*TINY, "--opt", ",".join(multiple)])
+    early = build([*TINY, "--opt", ",".join([*multiple, "box-head-before-sync"])])
     seen = []
     for wl in (plain, early):
         wl.detector.net.box_predictor.register_forward_hook(
@@ -230,14 +234,15 @@ def test_box_head_before_the_sync_takes_the_plain_steps_losses_and_gradients(mul
     assert seen[1] == 64 and seen[0] <= 64, seen
 
 
-@pytest.mark.parametrize("switches", [[], ["--fold-frozen-bn", "--channels-last",
-                                           "--aligned-outputs"]])
+@pytest.mark.parametrize("switches", [[], ["fold-frozen-bn", "channels-last",
+                                           "aligned-outputs"]])
 def test_backward_before_the_sync_takes_the_plain_steps_losses_and_gradients(switches):
-    """``--backward-before-sync``: the RPN's and box losses' backward queued before the
+    """``backward-before-sync``: the RPN's and box losses' backward queued before the
     sampler's sync, the rest after the mask loss: the same gradients, over two steps (the
     second from the first's updated weights)."""
-    early_box = [*TINY, *switches, "--box-head-before-sync"]
-    plain, early = build(early_box), build([*early_box, "--backward-before-sync"])
+    early_box = [*switches, "box-head-before-sync"]
+    plain = build([*TINY, "--opt", ",".join(early_box)])
+    early = build([*TINY, "--opt", ",".join([*early_box, "backward-before-sync"])])
     passes, net = [], early.detector.net
     for name, p in (("box", net.box_predictor.cls_score.weight),
                     ("mask", net.mask_predictor.mask_fcn_logits.weight),
@@ -245,7 +250,7 @@ def test_backward_before_the_sync_takes_the_plain_steps_losses_and_gradients(swi
         p.register_hook(lambda grad, name=name: passes.append(name))
     assert_same_step(plain, early)
     assert passes == ["box", "mask", "fpn"]     # the box head's first, the backbone's last
-    assert not early.detector._pending
+    assert not early.detector.pending_backward
     for wl in (plain, early):
         torch.manual_seed(2)
         wl.train_step(*plain.synthetic_batch(2))
@@ -253,19 +258,18 @@ def test_backward_before_the_sync_takes_the_plain_steps_losses_and_gradients(swi
         torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_backward_before_the_sync_without_the_early_box_head_or_with_ddp_is_one_line():
-    with pytest.raises(UserError, match="needs --box-head-before-sync"):
-        build([*TINY, "--backward-before-sync"])
+def test_backward_before_the_sync_without_the_early_box_head_or_with_ddp_is_one_line(capsys):
+    assert "requires box-head-before-sync" in parse_error(
+        [*TINY, "--opt", "backward-before-sync"], capsys)
     args = build_parser(MaskRCNNWorkload).parse_args(
-        [*TINY, "--box-head-before-sync", "--backward-before-sync"])
-    wl = MaskRCNNWorkload(args, DistEnv(world_size=2), Precision("fp32", "cpu"))
-    with pytest.raises(UserError, match="DDP cannot all-reduce: drop it for 2 processes"):
-        wl.setup()
+        [*TINY, "--opt", "box-head-before-sync,backward-before-sync"])
+    with pytest.raises(UserError, match="runs in one process only: drop it for 2 processes"):
+        MaskRCNNWorkload(args, DistEnv(world_size=2), Precision("fp32", "cpu"))
 
 
 def test_a_box_head_bound_below_the_sampled_count_stops_the_step(monkeypatch):
-    early = build([*TINY, "--box-head-before-sync"])
-    monkeypatch.setattr(early.detector, "_box_rows", lambda *_sizes: 8)
+    early = build([*TINY, "--opt", "box-head-before-sync"])
+    monkeypatch.setattr(before_sync, "box_rows", lambda *_sizes: 8)
     with pytest.raises(RuntimeError, match="more than the box head's bound of 8"):
         early.train_step(*early.synthetic_batch(2))
 
@@ -285,9 +289,9 @@ def assert_same_step(plain, other):
 
 
 def test_fused_sgd_takes_the_plain_updates():
-    """``--fused-sgd``: after three steps (past the warm-up's first LR) from the same weights
+    """``fused-sgd``: after three steps (past the warm-up's first LR) from the same weights
     and random draws, the parameters equal the plain optimizer's to rounding."""
-    plain, fused = build(TINY), build([*TINY, "--fused-sgd"])
+    plain, fused = build(TINY), build([*TINY, "--opt", "fused-sgd"])
     assert fused.optimizer.fused and not plain.optimizer.fused
     fused.net.load_state_dict(plain.net.state_dict())
     start = [p.detach().clone() for p in plain.net.parameters()]
@@ -303,10 +307,10 @@ def test_fused_sgd_takes_the_plain_updates():
     assert moved > 10, moved
 
 
-@pytest.mark.parametrize("flag", ["--box-roi-multiple", "--mask-roi-multiple"])
-def test_negative_roi_multiple_is_one_line(flag):
-    with pytest.raises(UserError, match=f"{flag} must be 0"):
-        build([*TINY, flag, "-1"])
+@pytest.mark.parametrize("opt", ["box-roi-multiple", "mask-roi-multiple"])
+def test_negative_roi_multiple_is_one_line(opt, capsys):
+    assert f"optimisation {opt}=-1: must be 1 or more" in parse_error(
+        [*TINY, "--opt", f"{opt}=-1"], capsys)
 
 
 def build_cuda(argv):
@@ -349,18 +353,18 @@ def same_steps(plain, fast, batches, steps: int = 6, grad_tol: float = 2e-3):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("graph_flags", [["--backbone-graphs"],
-                                         ["--backbone-graphs", "--head-graphs"]])
-def test_graphs_take_the_compiled_steps(graph_flags):
+@pytest.mark.parametrize("graph_opts", [["backbone-graphs"],
+                                        ["backbone-graphs", "head-graphs"]])
+def test_graphs_take_the_compiled_steps(graph_opts):
     """Three steps (warm-up, recording, replay) of each of two padded sizes, alternating, from
     the same weights at every step: the compiled step's losses and gradients (the GPU
-    configs' flags; without --channels-last the compiled backward failed a stride check,
+    configs' optimisations; without channels-last the compiled backward failed a stride check,
     graphs or not). Gradients within 2e-3 of their largest: two runs of the compiled step
     alone differed by up to 7e-4 of it on the H100 (atomics)."""
-    argv = [*TINY, "--compile", "default", "--size-buckets", "2", "--fold-frozen-bn",
-            "--channels-last", *MULTIPLES]
+    argv = [*TINY, "--size-buckets", "2", "--opt",
+            ",".join(["compile", "fold-frozen-bn", "channels-last", *MULTIPLES])]
     argv[argv.index("--max-size") + 1] = "128"
-    plain, graphs = build_cuda(argv), build_cuda([*argv, *graph_flags])
+    plain, graphs = build_cuda(argv), build_cuda([*argv, "--opt", ",".join(graph_opts)])
     batches = plain.warm_up_batches(2)[:2]
     assert batches[0].images.shape != batches[1].images.shape
     same_steps(plain, graphs, batches)
@@ -385,28 +389,28 @@ def test_graphs_take_the_compiled_steps(graph_flags):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_compiled_losses_and_proposals_take_the_graphed_steps_losses():
-    """The GPU configs' step with ``--compile-losses --compile-proposals
-    --box-head-before-sync`` against it without, from the same weights at each of 6 steps
+    """The GPU configs' step with ``compile-losses``, ``compile-proposals`` and
+    ``box-head-before-sync`` against it without, from the same weights at each of 6 steps
     over two padded sizes, the random keys drawn as eager draws them (``fallback_random``):
     the same losses, gradients within 2e-3 of their largest."""
-    argv = [*TINY, "--compile", "default", "--size-buckets", "2", "--fold-frozen-bn",
-            "--channels-last", "--loss-streams", "--nms", "triton", "--backbone-graphs",
-            "--head-graphs", *MULTIPLES]
+    argv = [*TINY, "--size-buckets", "2", "--opt", ",".join(
+        ["compile", "fold-frozen-bn", "channels-last", "loss-streams", "nms-triton",
+         "backbone-graphs", "head-graphs", *MULTIPLES])]
     argv[argv.index("--max-size") + 1] = "128"
     with torch._inductor.config.patch(fallback_random=True):
         plain = build_cuda(argv)
-        fast = build_cuda([*argv, "--compile-losses", "--compile-proposals",
-                           "--box-head-before-sync"])
+        fast = build_cuda([*argv, "--opt",
+                           "compile-losses,compile-proposals,box-head-before-sync"])
         same_steps(plain, fast, plain.warm_up_batches(2)[:2])
 
 
 def graphed_argv(*extra: str) -> list[str]:
-    """The tiny config with the 8xH200 config's switches (before ``--roi-align triton``) and
-    ``extra``, over two padded sizes."""
-    argv = [*TINY, "--compile", "default", "--size-buckets", "2", "--fold-frozen-bn",
-            "--channels-last", "--loss-streams", "--nms", "triton", "--backbone-graphs",
-            "--head-graphs", *MULTIPLES, "--compile-losses", "--box-head-before-sync",
-            "--aligned-outputs", *extra]
+    """The tiny config with the 8xH200 config's optimisations (before ``roi-align-triton``)
+    and ``extra``, over two padded sizes."""
+    argv = [*TINY, "--size-buckets", "2", "--opt", ",".join(
+        ["compile", "fold-frozen-bn", "channels-last", "loss-streams", "nms-triton",
+         "backbone-graphs", "head-graphs", *MULTIPLES, "compile-losses", "box-head-before-sync",
+         "aligned-outputs", *extra])]
     argv[argv.index("--max-size") + 1] = "128"
     return argv
 
@@ -414,49 +418,49 @@ def graphed_argv(*extra: str) -> list[str]:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_backward_before_the_sync_takes_the_graphed_steps_losses():
-    """The GPU configs' step with ``--backward-before-sync`` against it without (6 steps over
+    """The GPU configs' step with ``backward-before-sync`` against it without (6 steps over
     two padded sizes, as above): the backward in two parts through the graphed regions."""
     argv = graphed_argv()
     with torch._inductor.config.patch(fallback_random=True):
         plain = build_cuda(argv)
-        fast = build_cuda([*argv, "--backward-before-sync"])
+        fast = build_cuda([*argv, "--opt", "backward-before-sync"])
         same_steps(plain, fast, plain.warm_up_batches(2)[:2])
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_triton_roi_align_takes_the_graphed_steps_losses():
-    """The 1xH100 config's step with ``--roi-align triton`` against it without (6 steps over
+    """The 1xH100 config's step with ``roi-align-triton`` against it without (6 steps over
     two padded sizes, as above): both heads' pooling and its backward, compiled and graphed.
     Gradients within 2e-2 of their largest: the pooled features differ from the compiled
     reference's in fp32 rounding (by 4e-6 on the H100, where the compiled reference differs
     from the eager one by 7.5e-6), which flips a few ReLUs of this tiny mask head of about
     ten RoIs: its gradients moved by up to 5e-3 of their largest in one step of six. A wrong
     tap or level moves them by their whole size."""
-    argv = graphed_argv("--backward-before-sync")
+    argv = graphed_argv("backward-before-sync")
     with torch._inductor.config.patch(fallback_random=True):
         plain = build_cuda(argv)
-        fast = build_cuda([*argv, "--roi-align", "triton"])
+        fast = build_cuda([*argv, "--opt", "roi-align-triton"])
         same_steps(plain, fast, plain.warm_up_batches(2)[:2], grad_tol=2e-2)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fused_conv_relu_and_space_to_depth_take_the_graphed_steps_losses():
-    """The 1xH100 config's step with ``--fused-conv-relu`` against it without (6 steps over two
+    """The 1xH100 config's step with ``fused-conv-relu`` against it without (6 steps over two
     padded sizes, as above): the same losses, gradients within 2e-3 of their largest (measured
     on the H100: the losses equal, the gradients within 2.8e-4; in fp32 the epilogue adds the
-    bias to the same sums). Then with ``--space-to-depth`` too, the graphed forward in
+    bias to the same sums). Then with ``space-to-depth`` too, the graphed forward in
     inference: the same FPN levels and RPN outputs within 1e-5 of their largest. Its stem sums
     in another order, which flips near-tied proposals of this tiny untrained network, so its
     training steps' losses differ by up to 1.2e-2 (measured): not compared."""
-    argv = graphed_argv("--backward-before-sync", "--roi-align", "triton")
+    argv = graphed_argv("backward-before-sync", "roi-align-triton")
     with torch._inductor.config.patch(fallback_random=True):
         plain = build_cuda(argv)
-        fast = build_cuda([*argv, "--fused-conv-relu"])
+        fast = build_cuda([*argv, "--opt", "fused-conv-relu"])
         batches = plain.warm_up_batches(2)[:2]
         same_steps(plain, fast, batches)
-        s2d = build_cuda([*argv, "--fused-conv-relu", "--space-to-depth"])
+        s2d = build_cuda([*argv, "--opt", "fused-conv-relu,space-to-depth"])
     s2d.net.load_state_dict(plain.net.state_dict())
     # strict fp32, as the driver sets it for --precision fp32: with TF32 (PyTorch's default
     # for cuDNN) the two stems round differently
@@ -478,7 +482,7 @@ def test_fused_conv_relu_and_space_to_depth_take_the_graphed_steps_losses():
 def test_loss_streams_compute_the_plain_steps_losses_and_gradients_on_three_streams():
     from torch.profiler import ProfilerActivity, profile
 
-    plain, streams = build_cuda(TINY), build_cuda([*TINY, "--loss-streams"])
+    plain, streams = build_cuda(TINY), build_cuda([*TINY, "--opt", "loss-streams"])
     streams.net.load_state_dict(plain.net.state_dict())
     batch = plain.synthetic_batch(2)
     losses, grads = {}, []

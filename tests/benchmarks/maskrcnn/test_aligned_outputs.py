@@ -1,11 +1,12 @@
-"""``common.aligned_outputs``: layers stacked into one GEMM or 1x1 convolution of aligned
-outputs give each layer's own outputs and gradients; each output starts at a multiple of 8."""
+"""``benchmarks.maskrcnn.aligned_outputs``: layers stacked into one GEMM or 1x1 convolution
+of aligned outputs give each layer's own outputs and gradients; each output starts at a
+multiple of 8."""
 
 import pytest
 import torch
 from torch import nn
 
-from common import aligned_outputs
+from benchmarks.maskrcnn import aligned_outputs
 
 
 def _grads(tensors):

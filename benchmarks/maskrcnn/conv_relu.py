@@ -1,6 +1,7 @@
 """A convolution, its bias, an optional residual and a ReLU as one cuDNN kernel:
 ``relu(conv2d(x, weight) + bias [+ residual])``, the adds and the ReLU in the convolution's
-epilogue.
+epilogue (optimisation ``fused-conv-relu``: the folded backbone's convolutions with their
+shift and residual, the RPN head's and the mask head's).
 
 Compiled by Inductor, the plain form is a cuDNN convolution that writes its output, then a
 Triton kernel that reads it back to add the bias (and residual) and apply the ReLU. Here the
@@ -17,6 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.maskrcnn.frozen_bn import folded
+from benchmarks.maskrcnn.model import Bottleneck, FrozenBatchNorm2d, MaskRCNN, ResNet50
+
 
 def _memory_format(x: torch.Tensor) -> torch.memory_format:
     """The layout cuDNN gives the output: channels-last for a channels-last input."""
@@ -32,7 +36,7 @@ def plain_conv_bias_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     return torch.relu(y if residual is None else y + residual)
 
 
-@torch.library.custom_op("common::conv_bias_relu", mutates_args=())
+@torch.library.custom_op("maskrcnn::conv_bias_relu", mutates_args=())
 def _conv_bias_relu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
                     residual: torch.Tensor | None, stride: int, padding: int) -> torch.Tensor:
     if not x.is_cuda:
@@ -91,6 +95,20 @@ def conv_relu(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return conv_bias_relu(x, conv.weight, conv.bias, None, conv.stride[0], conv.padding[0])
 
 
-def plain_conv_relu(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-    """``relu(conv(x))`` as two ops: :func:`conv_relu`'s reference."""
-    return F.relu(conv(x))
+def conv_bn_relu(conv: nn.Conv2d, bn: FrozenBatchNorm2d, x: torch.Tensor,
+                 residual: torch.Tensor | None = None) -> torch.Tensor:
+    """The folded convolution, its shift, ``residual`` and the ReLU as one cuDNN kernel."""
+    return conv_bias_relu(x, *folded(conv, bn), residual, conv.stride[0], conv.padding[0])
+
+
+def fuse(net: MaskRCNN) -> None:
+    """Every convolution followed by a ReLU as one kernel: the folded backbone's (with their
+    shift and residual), the RPN head's and the mask head's."""
+    for m in net.backbone.modules():
+        if isinstance(m, (ResNet50, Bottleneck)):
+            m.conv_bn_relu = conv_bn_relu
+    net.rpn.conv_relu = net.mask_features.conv_relu = conv_relu
+
+
+def apply(wl, _value) -> None:
+    fuse(wl.net)

@@ -1,5 +1,6 @@
 """Several linear layers (or 1x1 convolutions) on one input as one GEMM whose output count is
-a multiple of 8.
+a multiple of 8 (optimisation ``aligned-outputs``: the RPN head's two 1x1 convolutions as one,
+the box predictor's two linears as one, and the mask logits).
 
 A layer whose output count is not a multiple of 8 (81 classes, 3 anchors, 81 x 4 deltas in
 bf16) sends cuBLAS and cuDNN to their unaligned tensor-core kernels, which on an H100 took
@@ -12,7 +13,8 @@ gradients, so the outputs and the gradients are the layers' own, to rounding.
 
 The layers keep their own parameters (their names, state dict and initialisation are
 unchanged); the stacked weight is built in every call, a few kilobytes, and its gradient flows
-back to each layer through the concatenation.
+back to each layer through the concatenation. The optimisation gives the three heads the
+forwards below (the same modules, a class whose forward computes them so).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from benchmarks.maskrcnn.model import BoxPredictor, MaskPredictor, MaskRCNN, RPNHead
 
 MULTIPLE = 8        # bf16 elements in 16 bytes: the alignment tensor-core kernels take
 
@@ -67,3 +71,33 @@ def conv1x1(x: torch.Tensor, layers: Sequence[nn.Conv2d],
     weight, bias, spans = _stacked(layers, multiple)
     y = F.conv2d(x, weight, bias)
     return [y.narrow(1, start, rows) for start, rows in spans]
+
+
+class AlignedRPNHead(RPNHead):
+    def forward(self, levels: list[torch.Tensor]
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        hidden = [self.conv_relu(self.conv, x) for x in levels]
+        outputs = [conv1x1(h, (self.cls_logits, self.bbox_pred)) for h in hidden]
+        return [o[0] for o in outputs], [o[1] for o in outputs]
+
+
+class AlignedBoxPredictor(BoxPredictor):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return tuple(linear(x, (self.cls_score, self.bbox_pred)))
+
+
+class AlignedMaskPredictor(MaskPredictor):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.conv5_mask(x))
+        return conv1x1(x, (self.mask_fcn_logits,))[0]
+
+
+def align(net: MaskRCNN) -> None:
+    """The RPN head's, box predictor's and mask predictor's outputs aligned."""
+    for module, aligned in ((net.rpn, AlignedRPNHead), (net.box_predictor, AlignedBoxPredictor),
+                            (net.mask_predictor, AlignedMaskPredictor)):
+        module.__class__ = aligned
+
+
+def apply(wl, _value) -> None:
+    align(wl.net)

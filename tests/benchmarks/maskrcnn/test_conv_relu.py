@@ -1,11 +1,11 @@
-"""``common.conv_relu``: the operator's forward and its autograd formula against the plain
-convolution, add and ReLU; on the GPU, cuDNN's fused kernels against an fp32 reference."""
+"""``benchmarks.maskrcnn.conv_relu``: the operator's forward and its autograd formula against
+the plain convolution, add and ReLU; on the GPU, cuDNN's fused kernels against an fp32 reference."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from common.conv_relu import conv_bias_relu
+from benchmarks.maskrcnn.conv_relu import conv_bias_relu
 
 # (input channels, output channels, kernel, stride, padding): the shapes of ResNet-50 FPN's
 # convolutions followed by ReLU (1x1, strided 1x1, 3x3, strided 3x3, the stem's 4x4 over 2x2
@@ -50,7 +50,7 @@ def test_operator_is_the_convolution_add_and_relu(shape, residual, channels_last
     assert out.is_contiguous(memory_format=fmt)
     for got, expected in zip(grads(out, args), grads(plain(*args), args)):
         torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
-    torch.library.opcheck(torch.ops.common.conv_bias_relu.default, args)
+    torch.library.opcheck(torch.ops.maskrcnn.conv_bias_relu.default, args)
 
 
 def test_compiled_operator_is_the_plain_form():
