@@ -1,6 +1,9 @@
 """torch.distributed set-up from torchrun or SLURM variables, and small collectives.
 
 NCCL on CUDA, gloo on the CPU, so multi-process logic runs in CI on 2 CPU processes.
+A collective waits at most ``collective_timeout()`` (5 minutes, ``COLLECTIVE_TIMEOUT_S``)
+for its peers: a rank whose peer died without closing its connections fails then, not after
+torch's 30 minutes (docs/multinode.md).
 """
 
 from __future__ import annotations
@@ -14,6 +17,23 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+TIMEOUT_VARIABLE = "COLLECTIVE_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 300   # above the longest wait of a sound run: rank 0 scoring COCO
+
+
+def collective_timeout() -> timedelta:
+    """How long a collective (and the rendezvous) waits for every rank: ``COLLECTIVE_TIMEOUT_S``
+    seconds, else ``DEFAULT_TIMEOUT_S``."""
+    text = os.environ.get(TIMEOUT_VARIABLE, "")
+    if not text:
+        return timedelta(seconds=DEFAULT_TIMEOUT_S)
+    if not text.isdigit() or int(text) == 0:
+        from common.errors import UserError
+        raise UserError(f"{TIMEOUT_VARIABLE}={text} is not a positive integer: set it to the "
+                        f"seconds a collective may wait for its peers (default "
+                        f"{DEFAULT_TIMEOUT_S})")
+    return timedelta(seconds=int(text))
 
 
 @dataclass
@@ -67,6 +87,15 @@ def _env_from_launcher() -> tuple[int, int, int, int]:
     return 0, 1, 0, 1
 
 
+def launcher_rank() -> int:
+    """This process's global rank as its launcher (torchrun, SLURM) numbers it, 0 without
+    one; read before the process group exists, changing nothing."""
+    for key in ("RANK", "SLURM_PROCID"):
+        if os.environ.get(key, "").isdigit():
+            return int(os.environ[key])
+    return 0
+
+
 def init_distributed(device: str = "auto", bind_cpus: bool = False) -> DistEnv:
     """Join the process group the launcher describes and pick this rank's device.
 
@@ -81,6 +110,7 @@ def init_distributed(device: str = "auto", bind_cpus: bool = False) -> DistEnv:
         from common.errors import UserError
         raise UserError("--device cuda was asked for but no CUDA device is visible")
     rank, world, local_rank, local_world = _env_from_launcher()
+    timeout = collective_timeout()
     if use_cuda:
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
         dev = torch.device("cuda", torch.cuda.current_device())
@@ -95,7 +125,7 @@ def init_distributed(device: str = "auto", bind_cpus: bool = False) -> DistEnv:
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
         dist.init_process_group(
             backend="nccl" if use_cuda else "gloo",
-            rank=rank, world_size=world, timeout=timedelta(minutes=30),
+            rank=rank, world_size=world, timeout=timeout,
             device_id=dev if use_cuda else None,
         )
     return DistEnv(rank=rank, world_size=world, local_rank=local_rank, device=dev)

@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
 # Shared body of every benchmarks/<name>/run_and_time.sh (the MLPerf entry point).
 #
-# The caller sets BENCHMARK. Environment:
+# The caller sets BENCHMARK. Environment (each checked before anything runs: a bad value
+# stops the script with one line and exit 2):
 #   CONFIG   system config, benchmarks/<name>/config_${CONFIG}.sh (default cpu_tiny): it sets
 #            NPROC, OPTIMISATIONS (optimisation names, `--list-optimisations`), TRAIN_ARGS
 #            (the hyper-parameters that differ from the reference, and run flags)
-#   DATADIR  dataset root; unset: the workload's fixture is generated once and used
+#   DATADIR  dataset root; unset: the workload's fixture is generated once (FIXTURE_DIR, default
+#            .fixtures/<name>) and used
 #   LOGDIR   where result_<i>.txt logs go (default results/<name>); earlier result_*.txt
 #            there are moved to LOGDIR/previous-<UTC time>/ first
 #   NEXP     number of runs (a positive integer), each with a fresh seed (default 1)
-#   SEED     seed of the first run (default: random); run i uses SEED+i
-#   RULESET  compliance ruleset (default 1.1.0)
+#   SEED     seed of the first run, 0 to 2^31-1 (default: random); run i uses SEED+i
+#   RULESET  compliance ruleset, one that mlperf_logging ships (default 1.1.0)
 #   GPUS     processes (GPUs) per node instead of the config's NPROC, e.g. the 8xH200 config
 #            on the GPUs a machine has; per-GPU batch sizes stay, so the global batch changes
-#   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT  multi-node rendezvous for torchrun
+#   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT  multi-node rendezvous for torchrun; inside a
+#            SLURM job of several nodes (one task per node) they default to SLURM's
+#            (SLURM_NNODES, SLURM_NODEID, the first host of SLURM_JOB_NODELIST): docs/multinode.md
+#   COLLECTIVE_TIMEOUT_S  seconds a collective waits for its peers (default 300, common/dist.py)
 #   EXTRA_ARGS  more flags for the training program
-# SIGINT/SIGTERM stop the current run (still checked, its RESULT line printed), start no
+# A variable set but empty is refused where it names a path (DATADIR, FIXTURE_DIR, LOGDIR) and
+# taken as unset otherwise.
+# SIGINT/SIGTERM, at any moment, stop the current run (its log, if it began one, ends with
+# run_stop aborted and is still checked; its RESULT line is printed either way), start no
 # further run and exit 128 + the signal's number.
 set -uo pipefail
 : "${BENCHMARK:?BENCHMARK must be set by benchmarks/<name>/run_and_time.sh}"
@@ -37,18 +45,72 @@ OPTIMISATIONS=()
 TRAIN_ARGS=()
 # shellcheck source=/dev/null
 source "$config_file"
+# A non-negative decimal integer of at most 9 digits (no overflow in bash's arithmetic), as a
+# decimal number (bash would read 08 as a bad octal number) in $REPLY.
+small_int() {
+    [[ ${!1} =~ ^[0-9]{1,9}$ ]] || return 1
+    REPLY=$((10#${!1}))
+}
+for name in DATADIR FIXTURE_DIR LOGDIR; do
+    [[ -v $name && -z ${!name} ]] \
+        && die "$name is set but empty: set it to a folder, or unset it for the default"
+done
 if [[ -n ${GPUS:-} ]]; then
-    [[ $GPUS =~ ^[1-9][0-9]*$ ]] || die "GPUS=$GPUS is not a positive integer: set GPUS to the GPUs per node, e.g. GPUS=2"
-    NPROC=$GPUS
+    small_int GPUS && ((REPLY > 0)) \
+        || die "GPUS=$GPUS is not a positive integer: set GPUS to the GPUs per node, e.g. GPUS=2"
+    NPROC=$REPLY
 fi
-
 NEXP=${NEXP:-1}
-[[ $NEXP =~ ^[0-9]+$ ]] && ((10#$NEXP > 0)) \
-    || die "NEXP=$NEXP is not a positive integer: set NEXP to the number of runs, e.g. NEXP=5"
-NEXP=$((10#$NEXP))   # bash arithmetic would read 08 as a bad octal number
-LOGDIR=${LOGDIR:-$REPO/results/$BENCHMARK}
-RULESET=${RULESET:-1.1.0}
+small_int NEXP && ((REPLY > 0)) \
+    || die "NEXP=$NEXP is not a positive integer below 10^9: set NEXP to the number of runs, e.g. NEXP=5"
+NEXP=$REPLY
+MAX_SEED=$(( (1 << 31) - 1 ))
+if [[ -n ${SEED:-} ]]; then
+    small_int SEED || [[ $SEED =~ ^[0-9]{10}$ ]] \
+        || die "SEED=$SEED is not an integer from 0 to $MAX_SEED: set SEED to one, or unset it for a random seed"
+    base_seed=$((10#$SEED))
+    ((base_seed + NEXP - 1 <= MAX_SEED)) \
+        || die "SEED=$SEED: run $NEXP would use seed $((base_seed + NEXP - 1)), above $MAX_SEED: lower SEED or NEXP"
+else
+    base_seed=$(( ((RANDOM << 15) | RANDOM) % (MAX_SEED - NEXP + 2) ))
+fi
+if [[ -n ${COLLECTIVE_TIMEOUT_S:-} ]]; then
+    small_int COLLECTIVE_TIMEOUT_S && ((REPLY > 0)) \
+        || die "COLLECTIVE_TIMEOUT_S=$COLLECTIVE_TIMEOUT_S is not a positive integer: set it to the seconds a collective may wait for its peers"
+fi
+# Inside a SLURM job of several nodes, one task per node runs this script (docs/multinode.md).
+if [[ -z ${NNODES:-} && ${SLURM_NNODES:-1} =~ ^[0-9]+$ && ${SLURM_NNODES:-1} -gt 1 ]]; then
+    [[ ${SLURM_NTASKS:-$SLURM_NNODES} == "$SLURM_NNODES" ]] \
+        || die "SLURM_NTASKS=$SLURM_NTASKS on SLURM_NNODES=$SLURM_NNODES nodes: run one task per node (srun --ntasks-per-node=1), torchrun starts the processes of each"
+    NNODES=$SLURM_NNODES
+    NODE_RANK=${NODE_RANK:-${SLURM_NODEID:-}}
+    if [[ -z ${MASTER_ADDR:-} && -n ${SLURM_JOB_NODELIST:-} ]]; then
+        MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | head -n 1)
+    fi
+fi
 NNODES=${NNODES:-1}
+small_int NNODES && ((REPLY > 0)) \
+    || die "NNODES=$NNODES is not a positive integer: set NNODES to the number of nodes, e.g. NNODES=2"
+NNODES=$REPLY
+if ((NNODES > 1)); then
+    [[ -n ${NODE_RANK:-} ]] || die "NNODES=$NNODES needs NODE_RANK, this node's index from 0 to $((NNODES - 1))"
+    [[ -n ${MASTER_ADDR:-} ]] || die "NNODES=$NNODES needs MASTER_ADDR, the address of node 0"
+fi
+if [[ -n ${NODE_RANK:-} ]]; then
+    small_int NODE_RANK && ((REPLY < NNODES)) \
+        || die "NODE_RANK=$NODE_RANK is not a node index from 0 to $((NNODES - 1)) (NNODES=$NNODES)"
+    NODE_RANK=$REPLY
+fi
+MASTER_PORT=${MASTER_PORT:-29500}
+small_int MASTER_PORT && ((REPLY > 0 && REPLY < 65536)) \
+    || die "MASTER_PORT=$MASTER_PORT is not a port number (1 to 65535)"
+RULESET=${RULESET:-1.1.0}
+rulesets=$(python -c 'from mlperf_logging.compliance_checker import mlp_compliance as m
+print(" ".join(sorted(m.rule_choices(), key=lambda v: tuple(map(int, v.split("."))))))') \
+    || die "cannot list the compliance rulesets of mlperf_logging: install the suite (make venv)"
+[[ " $rulesets " == *" $RULESET "* ]] \
+    || die "RULESET=$RULESET is not a training ruleset of mlperf_logging: choose one of $rulesets"
+LOGDIR=${LOGDIR:-$REPO/results/$BENCHMARK}
 # Checked before the fixture and the runs, which would otherwise fail only when writing the log.
 # -w holds for root whatever the mode bits, and on sysfs, which refuses new files anyway: a probe
 # file settles it.
@@ -60,10 +122,96 @@ probe=
 [[ -n $probe ]] || die "LOGDIR=$LOGDIR is not writable: point LOGDIR at a writable directory"
 rm -f "$probe"
 
+read -r -a extra <<< "${EXTRA_ARGS:-}"
+if ((${#OPTIMISATIONS[@]})); then
+    OPTIMISE=(--optimisations "$(IFS=,; echo "${OPTIMISATIONS[*]}")")
+else
+    OPTIMISE=()
+fi
+if ((NPROC == 1 && NNODES == 1)); then
+    launch=(python)   # one process needs no launcher
+else   # torchrun, exiting with its workers' verdict (2: bad input, 128+N: stopped)
+    if ((NNODES > 1)); then
+        rdzv=(--nnodes "$NNODES" --node_rank "$NODE_RANK" --master_addr "$MASTER_ADDR"
+              --master_port "$MASTER_PORT")
+    else
+        rdzv=(--standalone)
+    fi
+    launch=(python -m common.launch "${rdzv[@]}" --nproc_per_node "$NPROC")
+fi
+
+# The programs this script starts (the fixture writer, the training program) end on SIGINT
+# and SIGTERM; the training program logs run_stop aborted. A signal sent to this script alone
+# is forwarded to the running one; one sent to the process group (Ctrl-C) reaches it directly
+# as well. Only the first signal is forwarded: the program ignores repeats while it shuts down.
+child=            # pid of the running program
+stop_name=        # first signal received
+stop_signal=0
+interrupted=0     # a trap ran since the last wait began
+on_signal() {
+    interrupted=1
+    [[ -z $stop_name ]] || return 0
+    stop_name=$1
+    stop_signal=$2
+    echo "run_and_time.sh ($BENCHMARK): SIG$1: stopping the current run, no further runs" >&2
+    if [[ -n $child ]] && kill -0 "$child" 2>/dev/null; then
+        kill -s "$1" "$child"
+    fi
+}
+trap 'on_signal INT 2' INT
+trap 'on_signal TERM 15' TERM
+
+# Sets child_rc to the exit status of $child. A trapped signal ends `wait` early (status 128+n)
+# while the child may still be shutting down: wait again until it has exited. Bash keeps the
+# status of a child it reaped meanwhile; 127 means the interrupted wait had already taken it.
+wait_child() {
+    local rc later
+    while :; do
+        interrupted=0
+        wait "$child"
+        rc=$?
+        ((interrupted)) || break
+        if ! kill -0 "$child" 2>/dev/null; then
+            wait "$child" 2>/dev/null
+            later=$?
+            ((later == 127)) || rc=$later
+            break
+        fi
+    done
+    child=
+    child_rc=$rc
+}
+
+# Runs "$@" to its end, its status in child_rc. In the background, so that the traps run while
+# it works (a foreground child delays them), with SIGINT as this script received it: bash
+# starts a background job with SIGINT ignored, where a Ctrl-C before the program has installed
+# its own handler would be lost.
+run_child() {
+    ( trap - INT; exec "$@" ) &
+    child=$!
+    # a signal between the launch and the line above found no child to forward to
+    [[ -z $stop_name ]] || kill -s "$stop_name" "$child" 2>/dev/null
+    wait_child
+}
+
+# 130/143: the program was stopped by SIGINT/SIGTERM. Stop here too, even where this script's
+# own trap did not run: a shell started with SIGINT ignored (a background job of a
+# non-interactive shell) cannot trap it, while the program can.
+note_stop() {
+    if [[ -z $stop_name ]] && ((child_rc == 130 || child_rc == 143)); then
+        stop_name=$([[ $child_rc -eq 130 ]] && echo INT || echo TERM)
+        stop_signal=$((child_rc - 128))
+        echo "run_and_time.sh ($BENCHMARK): stopped by SIG$stop_name: no further runs" >&2
+    fi
+}
+
 if [[ -z ${DATADIR:-} ]]; then
     DATADIR=${FIXTURE_DIR:-$REPO/.fixtures/$BENCHMARK}
+    run_child python -m "benchmarks.$BENCHMARK.fixture" "$DATADIR" "${FIXTURE_ARGS[@]}"
+    note_stop
+    [[ -z $stop_name ]] || exit $((128 + stop_signal))
     # The writer says why it wrote nothing in one line (2: refused, 128+N: stopped by signal N).
-    python -m "benchmarks.$BENCHMARK.fixture" "$DATADIR" "${FIXTURE_ARGS[@]}" || exit
+    ((child_rc == 0)) || exit $child_rc
 elif [[ ! -d $DATADIR ]]; then
     die "DATADIR=$DATADIR is not a directory: point it at the dataset (see docs/data.md#$BENCHMARK), or unset it to use the fixture"
 elif [[ -z $(ls -A "$DATADIR") ]]; then
@@ -84,95 +232,26 @@ if [[ ${NODE_RANK:-0} == 0 && ${#earlier[@]} -gt 0 ]]; then
     echo "run_and_time.sh ($BENCHMARK): moved ${#earlier[@]} earlier result_*.txt" \
         "from $LOGDIR to $aside"
 fi
-if [[ $NNODES -gt 1 ]]; then
-    rdzv=(--nnodes "$NNODES" --node_rank "${NODE_RANK:?NODE_RANK is needed with NNODES>1}"
-          --master_addr "${MASTER_ADDR:?MASTER_ADDR is needed with NNODES>1}"
-          --master_port "${MASTER_PORT:-29500}")
-else
-    rdzv=(--standalone)
-fi
-base_seed=${SEED:-$(( (RANDOM << 15) | RANDOM ))}
-read -r -a extra <<< "${EXTRA_ARGS:-}"
-if ((${#OPTIMISATIONS[@]})); then
-    OPTIMISE=(--optimisations "$(IFS=,; echo "${OPTIMISATIONS[*]}")")
-else
-    OPTIMISE=()
-fi
-
-# The training program logs run_stop aborted on SIGINT/SIGTERM. A signal sent to this script
-# alone is forwarded to it; one sent to the process group (Ctrl-C) reaches it directly as well.
-# Only the first signal is forwarded: the program ignores repeats while it shuts down.
-child=            # pid of the running training program
-stop_name=        # first signal received
-stop_signal=0
-interrupted=0     # a trap ran since the last wait began
-on_signal() {
-    interrupted=1
-    [[ -z $stop_name ]] || return 0
-    stop_name=$1
-    stop_signal=$2
-    echo "run_and_time.sh ($BENCHMARK): SIG$1: stopping the current run, no further runs" >&2
-    if [[ -n $child ]] && kill -0 "$child" 2>/dev/null; then
-        kill -s "$1" "$child"
-    fi
-}
-trap 'on_signal INT 2' INT
-trap 'on_signal TERM 15' TERM
-
-# Sets train_rc to the exit status of $child. A trapped signal ends `wait` early (status 128+n)
-# while the child may still be shutting down: wait again until it has exited. Bash keeps the
-# status of a child it reaped meanwhile; 127 means the interrupted wait had already taken it.
-wait_child() {
-    local rc later
-    while :; do
-        interrupted=0
-        wait "$child"
-        rc=$?
-        ((interrupted)) || break
-        if ! kill -0 "$child" 2>/dev/null; then
-            wait "$child" 2>/dev/null
-            later=$?
-            ((later == 127)) || rc=$later
-            break
-        fi
-    done
-    child=
-    train_rc=$rc
-}
 
 failed=0
 for ((i = 0; i < NEXP; i++)); do
     seed=$((base_seed + i))
     log=$LOGDIR/result_$i.txt
     echo "== $BENCHMARK run $((i + 1))/$NEXP: CONFIG=$CONFIG seed=$seed log=$log"
-    if [[ $NPROC -eq 1 && $NNODES -eq 1 ]]; then
-        launch=(python)   # one process needs no launcher (and keeps errors to one line)
-    else
-        launch=(torchrun "${rdzv[@]}" --nproc_per_node "$NPROC")
-    fi
-    # In the background, so that the traps run while it trains (a foreground child delays them).
-    "${launch[@]}" -m "benchmarks.$BENCHMARK" --data-dir "$DATADIR" --seed "$seed" \
-        --log-file "$log" "${OPTIMISE[@]}" "${TRAIN_ARGS[@]}" "${extra[@]}" &
-    child=$!
-    # a signal between the launch and the line above found no child to forward to
-    [[ -z $stop_name ]] || kill -s "$stop_name" "$child" 2>/dev/null
-    wait_child
-    # 130/143: the program was stopped by SIGINT/SIGTERM (its run_stop says aborted). Stop here
-    # too, even where this script's own trap did not run: a shell started with SIGINT ignored
-    # (a background job of a non-interactive shell) cannot trap it, while the program can.
-    if [[ -z $stop_name ]] && ((train_rc == 130 || train_rc == 143)); then
-        stop_name=$([[ $train_rc -eq 130 ]] && echo INT || echo TERM)
-        stop_signal=$((train_rc - 128))
-        echo "run_and_time.sh ($BENCHMARK): the run was stopped by SIG$stop_name: no further runs" >&2
-    fi
-    # 2: bad input, already reported in one line by the program; no run to check.
-    [[ $train_rc -eq 2 ]] && exit 2
-    if [[ -s $log ]]; then
+    run_child "${launch[@]}" -m "benchmarks.$BENCHMARK" --data-dir "$DATADIR" --seed "$seed" \
+        --log-file "$log" "${OPTIMISE[@]}" "${TRAIN_ARGS[@]}" "${extra[@]}"
+    note_stop
+    # 2: bad input, already reported in one line; no run to check (a stop signal wins).
+    [[ -z $stop_name ]] && ((child_rc == 2)) && exit 2
+    if [[ ${NODE_RANK:-0} != 0 ]]; then   # global rank 0, on node 0, writes the log
+        ((child_rc == 0)) || failed=1
+    elif [[ -s $log ]]; then
         python -m compliance.check --ruleset "$RULESET" "$log" || failed=1
         python -m compliance.result "$log" || failed=1
-        [[ $train_rc -eq 0 ]] || failed=1
-    else
-        echo "run_and_time.sh ($BENCHMARK): run $i wrote no log (exit $train_rc)" >&2
+        ((child_rc == 0)) || failed=1
+    else   # stopped or failed before its log began
+        echo "run_and_time.sh ($BENCHMARK): run $((i + 1)) wrote no log (exit $child_rc)" >&2
+        echo "RESULT,$BENCHMARK,$seed,nan,aborted,unknown,eval_accuracy=none"
         failed=1
     fi
     [[ -z $stop_name ]] || exit $((128 + stop_signal))

@@ -5,30 +5,70 @@ A workload whose ``scorer`` is set splits evaluation in two: ``eval_outputs()``
 scorer (COCO evaluation takes minutes on the real dataset) runs in one spawned
 process on rank 0's host. The driver polls at its loss read-backs; every rank
 learns the same results at the same step, so all stop together.
+
+The scorer process reads its tasks from one queue and writes results to another; the
+trainer never takes a lock that process holds, so a signal that kills it (a scheduler's
+SIGTERM reaches the whole process group) cannot leave the trainer waiting on it. (A
+``multiprocessing.Pool`` worker waits for tasks holding a lock its pool's ``terminate``
+takes: killed there, it blocked the trainer's shutdown for good.)
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import queue
+import signal
 from collections import deque
 from collections.abc import Callable
 
 from common import dist
 from common.workload import EvalPoint
 
+POLL_S = 1.0   # how often a blocking wait checks that the scorer process still lives
+
+
+def _serve(scorer: Callable, tasks, results) -> None:
+    """The scorer process: score each task's outputs in turn; a failure is sent as text.
+    SIGINT is ignored (a Ctrl-C reaches the whole process group; the trainer stops this
+    process), SIGTERM ends it quietly."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while (outputs := tasks.get()) is not None:
+        try:
+            results.put(scorer(outputs))
+        except Exception as exc:  # reported on every rank by the trainer
+            results.put(f"{type(exc).__name__}: {exc}")
+
 
 class BackgroundScorer:
     def __init__(self, scorer: Callable, env: dist.DistEnv):
-        self.scorer, self.env = scorer, env
-        self.pending: deque[EvalPoint] = deque()      # submitted, result not yet taken (all ranks)
-        self._results: deque = deque()                # rank 0: AsyncResults in submission order
-        # spawn, not fork: the training process holds CUDA, NCCL and loader threads
-        self._pool = multiprocessing.get_context("spawn").Pool(1) if env.is_main else None
+        self.env = env
+        self.pending: deque[EvalPoint] = deque()   # submitted, result not yet taken (all ranks)
+        self._proc = None
+        if env.is_main:
+            # spawn, not fork: the training process holds CUDA, NCCL and loader threads
+            ctx = multiprocessing.get_context("spawn")
+            self._tasks, self._results = ctx.Queue(), ctx.Queue()
+            self._proc = ctx.Process(target=_serve, args=(scorer, self._tasks, self._results),
+                                     name="background-scorer", daemon=True)
+            self._proc.start()
 
     def submit(self, point: EvalPoint, outputs) -> None:
         self.pending.append(point)
-        if self._pool is not None:
-            self._results.append(self._pool.apply_async(self.scorer, (outputs,)))
+        if self._proc is not None:
+            self._tasks.put(outputs)   # a feeder thread sends it: training goes on
+
+    def _next(self, block: bool):
+        """Rank 0: the oldest result not yet taken, None if none has arrived (``block``:
+        wait for it). A dead scorer process is a failed scoring."""
+        while True:
+            try:
+                return self._results.get(timeout=POLL_S) if block else self._results.get_nowait()
+            except queue.Empty:
+                if not self._proc.is_alive():
+                    return (f"the scorer process ended (exit code {self._proc.exitcode}) "
+                            f"before it sent this result")
+                if not block:
+                    return None
 
     def poll(self, block: bool = False) -> list[tuple[EvalPoint, dict]]:
         """The results that have arrived, in evaluation order (the same list on every rank);
@@ -37,11 +77,12 @@ class BackgroundScorer:
             return []
         arrived = []
         if self.env.is_main:
-            while self._results and ((block and not arrived) or self._results[0].ready()):
-                try:
-                    arrived.append(self._results.popleft().get())
-                except Exception as exc:  # reported on every rank, not only here
-                    arrived.append(f"{type(exc).__name__}: {exc}")
+            while len(arrived) < len(self.pending):
+                metrics = self._next(block and not arrived)
+                if metrics is None:
+                    break
+                arrived.append(metrics)
+                if isinstance(metrics, str):
                     break
         arrived = dist.broadcast_object(arrived)
         out = []
@@ -54,8 +95,12 @@ class BackgroundScorer:
         return out
 
     def close(self) -> None:
-        """Stop any scoring still running (the run has ended)."""
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+        """Stop any scoring still running (the run has ended); its results are dropped."""
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.join()
+            # the feeder thread may still hold outputs the process never read: drop them
+            self._tasks.cancel_join_thread()
+            for q in (self._tasks, self._results):
+                q.close()
+            self._proc = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import math
 import os
 import signal
@@ -38,6 +39,7 @@ DATASET_KEY = "dataset"
 EXIT_ABORTED = 1
 EXIT_USER_ERROR = 2
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+MAX_SEED = 2**31 - 1   # numpy's and the MLPerf reference implementations' seeds are 32-bit
 
 
 class Stopped(BaseException):
@@ -73,15 +75,15 @@ def _stop(signum, frame):
     """Raise ``Stopped`` once; later signals are ignored, so that they cannot cut the
     closing log lines short. Loader processes forked from the trainer inherit this handler:
     there SIGINT (a Ctrl-C reaches the whole process group) is ignored, as the trainer
-    stops them, and SIGTERM ends them (multiprocessing's own stop); raised there, the
-    trainer would see a loader process fail instead of its own stop. The signal is also
-    remembered for :func:`raise_if_stopped`."""
+    stops them, and SIGTERM (a scheduler's reaches the whole group too) ends them quietly,
+    with status 0: raised there, or killed by it, the trainer would see a loader process
+    fail instead of its own stop. The signal is also remembered for
+    :func:`raise_if_stopped`."""
     global _stopped_by
     if os.getpid() != _handling_pid:   # a forked process: Ctrl-C ignored, SIGTERM ends it
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if signum == signal.SIGTERM:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os._exit(0)
         return
     for s in STOP_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
@@ -118,7 +120,8 @@ def build_parser(workload_cls: type[Workload]) -> argparse.ArgumentParser:
     p = WorkloadParser(prog=f"python -m benchmarks.{workload_cls.name}", registry=registry,
                        description=f"MLPerf {workload_cls.name}: train to the quality target.")
     g = p.add_argument_group("run")
-    g.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
+    g.add_argument("--seed", type=_seed, default=None,
+                   help=f"random seed, 0 to {MAX_SEED} (default: fresh)")
     g.add_argument("--log-file", default=None, help="mllog output file (rank 0 writes it)")
     g.add_argument("--device", default="auto", choices=("auto", "cuda", "cpu"))
     g.add_argument("--precision", default="amp-bf16", choices=PRECISIONS)
@@ -160,6 +163,16 @@ def build_parser(workload_cls: type[Workload]) -> argparse.ArgumentParser:
     if registry is not None:
         optimisations.add_args(p, registry)
     return p
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value <= MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be 0 to {MAX_SEED}, not {value}")
+    return value
 
 
 def _count(text: str) -> int:
@@ -400,85 +413,132 @@ def _prepare_step(wl: Workload, args, env):
     return step
 
 
-def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
+def _report_user_error(message: str, rank: int) -> int:
+    """Bad input, in one line from one process. Under torchrun every rank leaves it in the
+    error file torchrun gives it, and the launcher prints the first failure's
+    (``common.launch``); otherwise rank 0 prints it (every rank sees the same input)."""
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+        ErrorHandler().record_exception(UserError(message))
+    elif rank == 0:
+        print(f"error: {message}", file=sys.stderr)
+    return EXIT_USER_ERROR
+
+
+def _parse_args(workload_cls: type[Workload], argv: list[str] | None, rank: int):
+    """The driver's arguments; a bad flag raises ``SystemExit(2)`` after
+    :func:`_report_user_error` has reported the parser's one line."""
     parser = build_parser(workload_cls)
-    args = parser.parse_args(argv)
-    if args.synthetic_data:
-        parser.error("--synthetic-data is for throughput runs (python -m common.bench, "
-                     f"python -m benchmarks.{workload_cls.name}.throughput): a time-to-train "
-                     "run needs --data-dir")
-    if getattr(args, "data_dir", True) is None:
-        parser.error("--data-dir is required: the dataset's folder (docs/data.md)")
-    if args.seed is None:
-        args.seed = int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+    quiet = rank != 0 or os.environ.get("TORCHELASTIC_ERROR_FILE")
+    captured = io.StringIO()
     try:
-        env = dist.init_distributed(args.device, bind_cpus=args.bind_cpus)
-    except UserError as exc:
+        with contextlib.redirect_stderr(captured) if quiet else contextlib.nullcontext():
+            args = parser.parse_args(argv)
+            if args.synthetic_data:
+                parser.error("--synthetic-data is for throughput runs (python -m common.bench, "
+                             f"python -m benchmarks.{workload_cls.name}.throughput): a "
+                             "time-to-train run needs --data-dir")
+            if getattr(args, "data_dir", True) is None:
+                parser.error("--data-dir is required: the dataset's folder (docs/data.md)")
+    except SystemExit as exc:
+        if quiet and exc.code == EXIT_USER_ERROR:
+            _report_user_error(captured.getvalue().strip(), rank)
+        raise
+    if args.seed is None:
+        args.seed = int.from_bytes(os.urandom(4), "little") & MAX_SEED
+    return args
+
+
+def _ended_by(exc: BaseException, rank: int, logged: bool) -> int:
+    """Report what ended the run, in one line (with a traceback for a failure); its exit
+    status. A stop signal wins over what failed after it: a loader process or a peer rank
+    that the same signal ended, a collective cut short."""
+    if _stopped_by or isinstance(exc, Stopped):
+        name = signal.Signals(_stopped_by or exc.signum).name
+        if rank == 0:
+            print(f"error: run stopped by {name}"
+                  f"{': run_stop logged as aborted' if logged else ' before its log began'}",
+                  file=sys.stderr)
+        return 128 + (_stopped_by or exc.signum)
+    if isinstance(exc, UserError):
+        return _report_user_error(one_line(exc), rank)
+    if isinstance(exc, NonFiniteLoss):
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
-    log = MLLog(args.log_file, rank=env.rank)
+        return EXIT_ABORTED
+    traceback.print_exc()
+    print(f"error: run failed: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)
+    return EXIT_ABORTED
+
+
+def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
+    """Parse, join the process group and run; the stop signals are handled from the start,
+    so a SIGINT or SIGTERM at any moment ends the run (with ``run_stop`` aborted once its
+    log has begun) and exits 128 + its number."""
+    rank = dist.launcher_rank()
+    with handling_signals(_stop):
+        try:
+            args = _parse_args(workload_cls, argv, rank)
+            env = dist.init_distributed(args.device, bind_cpus=args.bind_cpus)
+        except (UserError, Stopped) as exc:
+            return _ended_by(exc, rank, logged=False)
+        with work_stream(env.device):
+            return _run_logged(workload_cls, args, env)
+
+
+def _run_logged(workload_cls: type[Workload], args, env) -> int:
+    """The logged run, ``run_stop`` whatever ends it, then the closing line."""
     status, run_started, code = constants.ABORTED, False, EXIT_ABORTED
     t_run = 0.0
-    wl = scorer = step = None
+    log = wl = scorer = step = None
     outcome = _Outcome()
-    with handling_signals(_stop), work_stream(env.device):
-        try:
-            log.event(constants.CACHE_CLEAR, True)
-            log.start(constants.INIT_START)
-            _log_submission(log, workload_cls, args)
-            log.event(constants.SEED, args.seed)
-            torch.manual_seed(args.seed + env.rank)
-            precision = Precision(args.precision, env.device.type)
-            precision.apply_backend_flags()
-            wl = workload_cls(args, env, precision)
-            wl.setup()
-            log_workload(log, wl)
-            say(f"{wl.name}: dataset {wl.dataset}; {env.world_size} process(es) on "
-                f"{env.device.type}; precision {args.precision}; global batch "
-                f"{wl.global_batch_size}", env.is_main)
-            step = _prepare_step(wl, args, env)
-            if args.init_steps:
-                warm_up(wl, step, args.init_steps, env)
-            if args.background_scoring:
-                scorer = BackgroundScorer(type(wl).scorer, env)
-            if args.gc_freeze:
-                gc_pauses.freeze()
-            dist.barrier()
-            log.end(constants.INIT_STOP)
-            log.start(constants.RUN_START)
-            run_started, t_run = True, time.perf_counter()
-            outcome = run(wl, step, log, args, env, scorer)
-            status = constants.SUCCESS if outcome.reached else constants.ABORTED
-            code = 0 if outcome.reached else EXIT_ABORTED
-        except UserError as exc:
-            print(f"error: {one_line(exc)}", file=sys.stderr)
-            code = EXIT_USER_ERROR
-        except NonFiniteLoss as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            code = EXIT_ABORTED
-        except Stopped as exc:
-            print(f"error: run {exc}: run_stop logged as aborted", file=sys.stderr)
-            code = 128 + exc.signum
-        except BaseException as exc:  # logged as aborted, then reported
-            traceback.print_exc()
-            print(f"error: run failed: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)
-            code = EXIT_ABORTED
-        finally:
-            for s in STOP_SIGNALS:   # a signal now would cut run_stop off
-                signal.signal(s, signal.SIG_IGN)
-            if scorer is not None:
-                scorer.close()
+    try:
+        log = MLLog(args.log_file, rank=env.rank)
+        log.event(constants.CACHE_CLEAR, True)
+        log.start(constants.INIT_START)
+        _log_submission(log, workload_cls, args)
+        log.event(constants.SEED, args.seed)
+        torch.manual_seed(args.seed + env.rank)
+        precision = Precision(args.precision, env.device.type)
+        precision.apply_backend_flags()
+        wl = workload_cls(args, env, precision)
+        wl.setup()
+        log_workload(log, wl)
+        say(f"{wl.name}: dataset {wl.dataset}; {env.world_size} process(es) on "
+            f"{env.device.type}; precision {args.precision}; global batch "
+            f"{wl.global_batch_size}", env.is_main)
+        step = _prepare_step(wl, args, env)
+        if args.init_steps:
+            warm_up(wl, step, args.init_steps, env)
+        if args.background_scoring:
+            scorer = BackgroundScorer(type(wl).scorer, env)
+        if args.gc_freeze:
+            gc_pauses.freeze()
+        dist.barrier()
+        log.end(constants.INIT_STOP)
+        log.start(constants.RUN_START)
+        run_started, t_run = True, time.perf_counter()
+        outcome = run(wl, step, log, args, env, scorer)
+        status = constants.SUCCESS if outcome.reached else constants.ABORTED
+        code = 0 if outcome.reached else EXIT_ABORTED
+    except BaseException as exc:  # logged as aborted, then reported
+        code = _ended_by(exc, env.rank, logged=log is not None)
+    finally:
+        for s in STOP_SIGNALS:   # a signal now would cut run_stop off
+            signal.signal(s, signal.SIG_IGN)
+        if scorer is not None:
+            scorer.close()
+        if log is not None:
             log.end(constants.RUN_STOP, metadata={constants.STATUS: status})
             log.close()
-            if wl is not None:
-                wl.close()
-            if step is not None:
-                step.release()
-            # keep what the closing lines need, and no reference to the process groups
-            wl = (_Closing(", ".join(map(str, wl.targets)), wl.dataset,
-                           wl.describe(outcome.metrics) if outcome.metrics else "none")
-                  if run_started else None)
-            dist.shutdown()
+        if wl is not None:
+            wl.close()
+        if step is not None:
+            step.release()
+        # keep what the closing lines need, and no reference to the process groups
+        wl = (_Closing(", ".join(map(str, wl.targets)), wl.dataset,
+                       wl.describe(outcome.metrics) if outcome.metrics else "none")
+              if run_started else None)
+        dist.shutdown()
     if run_started and env.is_main:
         seconds = time.perf_counter() - t_run
         peak = peak_memory_bytes(env.device) / 2**30
