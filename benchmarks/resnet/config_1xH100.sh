@@ -2,8 +2,8 @@
 # hyper-parameters of the ruleset's reference convergence point for batch 1632.
 NPROC=1
 PRECISION=${PRECISION:-amp-fp16}
-# Compiling, autotuning and CUDA-graph capture happen before run_start (--init-steps);
-# COMPILE=default skips Inductor's autotuning (minutes on a machine's first run).
+# Compiling, autotuning and capture run before run_start (--init-steps); COMPILE=default
+# skips Inductor's autotuning (minutes on a machine's first run).
 OPTIMISATIONS=(channels-last space-to-depth "compile=${COMPILE:-max-autotune-no-cudagraphs}"
                cuda-graph)
 # cuDNN 9.19 has fusion engines for fp16 only: pip install ".[cudnn]".
@@ -11,14 +11,7 @@ OPTIMISATIONS=(channels-last space-to-depth "compile=${COMPILE:-max-autotune-no-
 # The input: DATA_BACKEND=turbo (libjpeg-turbo 3 with SIMD: make turbojpeg), nvjpeg, dali or
 # pillow (the reference reader).
 INPUT=${DATA_BACKEND:-turbo}
-case $INPUT in
-    turbo) OPTIMISATIONS+=(turbo region-decode resize-on-device eval-nvjpeg-share=0.5) ;;
-    pillow) ;;
-    *) OPTIMISATIONS+=("$INPUT") ;;
-esac
-TRAIN_ARGS=(
-    --precision "$PRECISION" --workers 15
-    --batch-size 1632 --grad-accum 4 --eval-batch-size 500
-    --lr 7.4 --epochs 35
-    --init-steps 12
-)
+[[ $INPUT == turbo ]] && INPUT="turbo region-decode resize-on-device eval-nvjpeg-share=0.5"
+[[ $INPUT != pillow ]] && OPTIMISATIONS+=($INPUT)
+TRAIN_ARGS=(--precision "$PRECISION" --workers 15 --batch-size 1632 --grad-accum 4
+            --eval-batch-size 500 --lr 7.4 --epochs 35 --init-steps 12)

@@ -2,8 +2,8 @@
 # the ruleset's reference convergence point for batch 3264 (NVIDIA's v1.1 values).
 NPROC=8
 PRECISION=${PRECISION:-amp-fp16}
-# Compiling, autotuning and CUDA-graph capture happen before run_start (--init-steps);
-# COMPILE=default skips Inductor's autotuning (minutes on a machine's first run).
+# Compiling, autotuning and capture run before run_start (--init-steps); COMPILE=default
+# skips Inductor's autotuning (minutes on a machine's first run).
 OPTIMISATIONS=(channels-last space-to-depth "compile=${COMPILE:-max-autotune-no-cudagraphs}"
                cuda-graph)
 # cuDNN 9.19 has fusion engines for fp16 only: pip install ".[cudnn]".
@@ -11,8 +11,5 @@ OPTIMISATIONS=(channels-last space-to-depth "compile=${COMPILE:-max-autotune-no-
 # The input: DATA_BACKEND=nvjpeg, turbo, dali or pillow (the reference reader).
 INPUT=${DATA_BACKEND:-nvjpeg}
 [[ $INPUT != pillow ]] && OPTIMISATIONS+=("$INPUT")
-TRAIN_ARGS=(
-    --precision "$PRECISION" --workers 12
-    --batch-size 408 --eval-batch-size 500
-    --init-steps 12
-)
+TRAIN_ARGS=(--precision "$PRECISION" --workers 12 --batch-size 408 --eval-batch-size 500
+            --init-steps 12)

@@ -1,10 +1,6 @@
 """The ``dali`` input optimisation: NVIDIA DALI reads, decodes (on the GPU: ``mixed``),
-crops, resizes and normalises the batches in place of the Pillow reader (``data.py``).
-
-Its random-resized crops and flips come from DALI's own generators, not ``data.crop_plan``:
-training batches agree with the reference's in labels and statistics only, evaluation
-batches within float rounding at ImageNet's sizes (``tests/benchmarks/resnet/test_dali.py``).
-"""
+crops, resizes and normalises the batches in place of the Pillow reader (``data.py``). Its
+crops and flips come from DALI's generators, not ``data.crop_plan``."""
 
 from __future__ import annotations
 
@@ -16,14 +12,14 @@ def select(wl, _) -> None:
     try:
         import nvidia.dali  # noqa: F401  an optional extra
     except ImportError:
-        raise UserError("optimisation dali needs NVIDIA DALI: pip install -e '.[dali]', or "
-                        "drop dali") from None
+        raise UserError("optimisation dali needs NVIDIA DALI: pip install -e '.[dali]'") from None
     wl.impl.decoder = decoder
 
 
 def decoder(samples, size, train, seed, batch_size, workers, device):
     """``data.Loader``'s decode function: one DALI pipeline per pass."""
     from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.base_iterator import LastBatchPolicy
     from nvidia.dali.plugin.pytorch import DALIGenericIterator
     on_gpu = device.type == "cuda"
 
@@ -55,13 +51,9 @@ def decoder(samples, size, train, seed, batch_size, workers, device):
         p = pipe()
         p.build()
         n = len(files) // batch_size * batch_size if train else len(files)
+        policy = LastBatchPolicy.DROP if train else LastBatchPolicy.PARTIAL
         it = DALIGenericIterator(p, ["images", "labels"], size=n, auto_reset=False,
-                                 last_batch_padded=False, last_batch_policy=_policy(train))
+                                 last_batch_padded=False, last_batch_policy=policy)
         for out in it:
             yield out[0]["images"].to(device), out[0]["labels"].view(-1).long().to(device)
     return decode
-
-
-def _policy(train: bool):
-    from nvidia.dali.plugin.base_iterator import LastBatchPolicy
-    return LastBatchPolicy.DROP if train else LastBatchPolicy.PARTIAL

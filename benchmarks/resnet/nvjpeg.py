@@ -1,10 +1,9 @@
 """The ``nvjpeg`` input optimisation: batched nvJPEG decode and one batched crop and resize
 (and ``cpu-decode-share``; ``eval-nvjpeg-share``'s choice of decoder, ``nvjpeg_share.py``).
 
-- persistent loader processes read a batch's files into one buffer, parse each JPEG header (size,
-  components) and plan the crops on the host (``data.crop_plan``, the same boxes and
-  flips as the Pillow reference for the same seed, epoch and sample); the DataLoader
-  pins the buffers, so batches arrive in page-locked memory, several ahead;
+- persistent loader processes read a batch's files into one buffer, parse each JPEG header
+  and plan the crops on the host (``data.crop_plan``: the Pillow reader's boxes and flips);
+  the DataLoader pins the buffers, so batches arrive in page-locked memory, several ahead;
 - the main process decodes the whole batch with one ``torchvision.io.decode_jpeg(list,
   device='cuda')`` call (nvJPEG's batched decode, on the GPU's hardware JPEG engines
   where it can use them) on a side stream, packs the decoded images into one flat
@@ -15,13 +14,10 @@
   runs, so the decode call's host time (and any wait in it) is off the thread that
   launches the step.
 
-A share of each batch (``cpu_share``, ``cpu-decode-share``, evenly spread over its positions)
-can be decoded,
-cropped and resized in the loader processes instead, as the ``turbo`` backend does
-(libjpeg-turbo, then torch's antialiased resize: ``turbo.decode_crop``), so that host cores
-take part of the decoding and nvJPEG's per-image work in the main process shrinks with it;
-those crops reach the device with the batch as one uint8 buffer (pinned, copied
-asynchronously) and are normalised there.
+A share of each batch (``cpu-decode-share``, evenly spread over its positions) can be
+decoded, cropped and resized in the loader processes instead, as ``turbo`` does
+(``turbo.decode_crop``), so that host cores take part of the decoding; those crops reach
+the device with the batch as one uint8 buffer and are normalised there.
 
 Files nvJPEG cannot take go the same way: CMYK/YCCK JPEGs (4 components) in the loader
 process; any file that nvJPEG rejects is decoded by Pillow in the main process. A file that
@@ -350,8 +346,6 @@ def select_cpu_share(wl, value: float) -> None:
 
 
 def select_eval_share(wl, value: float) -> None:
-    """``eval-nvjpeg-share=F``: the turbo evaluation loader hands ``F`` of each batch to
-    :func:`nvjpeg_decode` (``nvjpeg_share.py``)."""
     require_torchvision(f"optimisation eval-nvjpeg-share={value}")
     wl.impl.eval_options.update(device_decode=nvjpeg_decode, device_share=value)
 

@@ -62,7 +62,6 @@ DECODE_STAGES = ("decode-pillow", "decode-pillow-draft", "decode-turbo")
 CROP_STAGES = ("crops-pillow", "crops-turbo", "regions-turbo")
 WORKER_STAGES = ("read", "plan", *DECODE_STAGES, "cpu-train", "turbo-train", "turbo-eval",
                  "nvjpeg-train", "nvjpeg-eval")
-MEMORY_STAGES = ("h2d", "decode-nvjpeg", "crop-resize", "resize-regions")
 STAGES = ("read", "plan", *DECODE_STAGES, *CROP_STAGES, "cpu-train", "turbo-train",
           "turbo-eval", "h2d", "decode-nvjpeg", "crop-resize", "resize-regions", "nvjpeg-train",
           "nvjpeg-eval")

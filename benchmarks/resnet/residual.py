@@ -214,21 +214,20 @@ def fuse(net: ResNet50) -> None:
 
 
 def select(wl, _) -> None:
-    """Before anything is built: per-GPU statistics, and on a GPU fp16 and cudnn-frontend
-    (cuDNN 9.19 has fusion engines for fp16 only); elsewhere its ops run as plain PyTorch."""
+    """Checks before anything is built: statistics per GPU; on a GPU fp16 (cuDNN 9.19 has
+    fusion engines for fp16 only) and cudnn-frontend. Elsewhere the ops run as plain PyTorch."""
     if wl.hp.bn_group != 1:
         raise UserError(f"optimisation cudnn-fusion computes batch-norm statistics per GPU: "
-                        f"it cannot be combined with --bn-group {wl.hp.bn_group}")
-    if wl.env.device.type != "cuda":
-        return
-    if wl.precision.name != "amp-fp16":
-        raise UserError(f"optimisation cudnn-fusion needs --precision amp-fp16 on a GPU, not "
-                        f"{wl.precision.name}: cuDNN has fusion engines for fp16 only")
-    try:
-        cudnn_frontend()
-    except ImportError as exc:
-        raise UserError(f"optimisation cudnn-fusion needs the cuDNN frontend ({exc}): "
-                        "pip install nvidia-cudnn-frontend") from exc
+                        f"drop it or --bn-group {wl.hp.bn_group}")
+    if wl.env.device.type == "cuda" and wl.precision.name != "amp-fp16":
+        raise UserError(f"optimisation cudnn-fusion runs under --precision amp-fp16 on a GPU, "
+                        f"not {wl.precision.name}")
+    if wl.env.device.type == "cuda":
+        try:
+            cudnn_frontend()
+        except ImportError as exc:
+            raise UserError(f"optimisation cudnn-fusion needs the cuDNN frontend ({exc}): "
+                            "pip install nvidia-cudnn-frontend") from exc
 
 
 def apply(wl, _) -> None:

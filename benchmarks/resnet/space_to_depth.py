@@ -9,8 +9,6 @@ from common.stem import space_to_depth_conv
 
 
 class SpaceToDepthConv(nn.Conv2d):
-    """The stem convolution with its own weight, computed over 2x2 pixel blocks."""
-
     def forward(self, x: Tensor) -> Tensor:
         return space_to_depth_conv(x, self.weight, channels=16)
 

@@ -4,16 +4,12 @@
     python -m benchmarks.resnet.throughput --batch-size 256 --precision amp-fp16 \
         --variants plain,config,config-minus-cudnn-fusion,torchvision-compile
 
-Ours are the suite's real training step (ResNet-50 v1.5, LARS, label smoothing) with the
-optimisations the registry gives: ``plain`` (none: the reference path), ``config`` (those of
-``config_1xH100.sh`` at its default precision, amp-fp16; the input optimisations leave a
-step on resident batches as it is and are left out) and ``config-minus-<name>`` for each of
-them. The torchvision baselines are what a user would otherwise run: torchvision's resnet50
-with momentum SGD, eager or ``torch.compile``-d (``torchvision-compile-max``: with
-Inductor's autotuning). A variant may name its own precision as ``VARIANT@PRECISION``; the
-others run at ``--precision`` (the input pipeline has its own tool,
-``benchmarks.resnet.pipeline``); ``--profile`` adds each variant's kernel time by family
-(convolution, fused Triton, optimizer, ...).
+Ours are the suite's training step with the registry's optimisations: ``plain`` (none),
+``config`` (``config_1xH100.sh``'s at its precision, amp-fp16, less the input ones, which the
+input pipeline's tool ``benchmarks.resnet.pipeline`` times) and ``config-minus-<name>``. The
+baselines: torchvision's resnet50 with momentum SGD, eager or ``torch.compile``-d (``-max``:
+autotuned). ``VARIANT@PRECISION`` runs a variant at its own precision; ``--profile`` adds
+each variant's kernel time by family.
 """
 
 from __future__ import annotations

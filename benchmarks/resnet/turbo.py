@@ -18,9 +18,8 @@ loader process takes a slice of a batch and, for each image:
   there itself, in that channels-last order). With ``resize-on-device`` it writes the
   crop unresized instead and the batch is resized where it trains (``regions.py``).
 
-Decoding at a reduced DCT scale (libjpeg-turbo's n/8) was measured and left out: Huffman
-decoding, whose cost does not shrink with the scale, is most of the work, and the scales
-other than 1/2, 1/4 and 1/8 run without SIMD (docs/performance.md).
+No reduced DCT scale (libjpeg-turbo's n/8): Huffman decoding, whose cost does not shrink
+with it, is most of the work (docs/performance.md).
 
 JPEGs libjpeg-turbo cannot convert to RGB (CMYK, YCCK) and files it rejects go to Pillow, as
 the reference decodes them; a file Pillow rejects too is a one-line ``UserError`` naming it.
