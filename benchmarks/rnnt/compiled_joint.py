@@ -1,12 +1,9 @@
-"""The packed joint's gather, add, ReLU and dropout as one compiled kernel
-(``compiled-joint``).
+"""The packed joint's gather, add, ReLU and dropout as one compiled kernel (``compiled-joint``).
 
 ``packed_joint.gather_add_relu_dropout``, the reference for this one, gathers and adds the rows of
-``joint_enc``'s and ``joint_pred``'s outputs as one ``embedding_bag``: no gathered copies,
-but its kernel was the largest of the step, 19.2 ms of 148.6 ms of kernels at batch 128 of
-12.3 s utterances (2.7 million pairs x 512, docs/performance.md, RNN-T), for an output of
-2.7 GB that the GPU writes in about 1 ms. Here ``torch.compile`` makes the gather, add, ReLU
-and dropout (inductor's own random numbers) one elementwise kernel: each output element reads
+``joint_enc``'s and ``joint_pred``'s outputs as one ``embedding_bag``: no gathered copies, but the
+step's largest kernel (docs/performance.md, RNN-T). Here ``torch.compile`` makes the gather, add,
+ReLU and dropout (inductor's own random numbers) one elementwise kernel: each output element reads
 its two inputs, which stay in cache, and is written once. Compiled for any number of rows
 (``compiled_loss.rows_dynamic``); the backward stays ``packed_joint._AddReluDropout``'s.
 """

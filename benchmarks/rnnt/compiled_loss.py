@@ -1,18 +1,12 @@
 """The transducer loss's log-softmax as two compiled kernels (``compiled-loss``).
 
-``fused-loss`` (``fused_loss._FusedLogProbs``, the reference for this one) keeps the fp32 work in
-chunks of rows but still runs several passes over each chunk: in the forward the max, a
-subtraction written in fp32, ``exp`` and the sum; in the backward a subtraction written in
-fp32, ``exp``, the scaling, two scatters and the copy into the logits' dtype. At batch 64
-of 24 s utterances the logits hold about 3e9 elements, and the profile of that step showed
-91 ms of its 258 ms in elementwise kernels, the largest an fp32 add (PyTorch's subtraction)
-of 23 ms (docs/performance.md, RNN-T). Here ``torch.compile`` turns the forward's row
-log-sum-exp into one reduction that reads the logits once, and the whole backward, the
-blank's and the label's columns included (compared against a column index, no scatter), into
-one elementwise kernel that reads the logits and writes the gradient in their dtype: no fp32
-``[N, V]`` tensor, no chunks. Both are compiled for any number of rows (:func:`rows_dynamic`:
-the row count symbolic, the vocabulary a constant, so rows are indexed by shifts and the
-reduction's width is known).
+``fused-loss`` (``fused_loss._FusedLogProbs``, the reference for this one) keeps the fp32 work
+in chunks of rows but still runs several elementwise passes over each (docs/performance.md,
+RNN-T). Here ``torch.compile`` turns the forward's row log-sum-exp into one reduction that
+reads the logits once, and the whole backward, the blank's and the label's columns included
+(compared against a column index, no scatter), into one elementwise kernel that reads the
+logits and writes the gradient in their dtype: no fp32 ``[N, V]`` tensor, no chunks. Both are
+compiled for any number of rows (:func:`rows_dynamic`).
 """
 
 from __future__ import annotations
@@ -72,14 +66,8 @@ class CompiledLogProbs(torch.autograd.Function):
         return _log_softmax_grad(logits, norm, g_blank, g_label, ids, ctx.blank), None, None, None
 
 
-def compiled_log_probs(logits: torch.Tensor, ids: torch.Tensor, has_label: torch.Tensor,
-                       blank: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``loss.reference_log_probs``' contract."""
-    return CompiledLogProbs.apply(logits, ids, has_label, blank)
-
-
 def apply(wl, _) -> None:
-    wl.train_loss.log_probs = compiled_log_probs
+    wl.train_loss.log_probs = CompiledLogProbs.apply
 
 
 OPTIMISATION = Optimisation(

@@ -1,7 +1,6 @@
-# RNN-T on one H100 at the 1.1.0 reference convergence point for global batch 1024
-# (rcps_rnnt.json "rnn_t_ref_1k", the MLCommons reference's hyper-parameters): 1024
-# utterances per step as 8 micro-batches of 128. Needs DATADIR with the manifests and the
-# SentencePiece model of prepare_data.
+# RNN-T on one H100 at the 1.1.0 reference convergence point "rnn_t_ref_1k" (the MLCommons
+# reference's hyper-parameters): 1024 utterances per step as 8 micro-batches of 128. Needs
+# DATADIR with the manifests and the SentencePiece model of prepare_data.
 NPROC=1
 PRECISION=${PRECISION:-amp-bf16}
 OPTIMISATIONS=(packed-joint compiled-joint compiled-loss triton-lattice flat-params rnn-graphs

@@ -1,10 +1,7 @@
-"""LAMB on one flat buffer of parameters and gradients (``flat-params``), in place of DDP and
-LAMB one tensor at a time (the reference's).
-
-:class:`common.flat_params.FlatParameters` moves the network's parameters and gradients into
-one buffer; :class:`common.lamb.ShardedLamb` updates it with whole-buffer and multi-tensor
-kernels, each rank its shard, after one gradient reduce-scatter across ranks. Selected before
-``build()``: the network's parameters must be views of the buffer before anything wraps them.
+"""LAMB on one flat buffer of parameters and gradients (``flat-params``, :class:`common.lamb.
+ShardedLamb`: whole-buffer and multi-tensor kernels, each rank its shard after one gradient
+reduce-scatter), in place of DDP and LAMB one tensor at a time (the reference's). Selected
+before ``build()``: the parameters must be views of the buffer before anything wraps them.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from common.optimisations import Optimisation
 
 
 def flat_lamb(wl, train_loss: nn.Module, hyper: LambHyper):
-    """``(model, optimizer)`` of ``workload.per_tensor_lamb``'s contract on one flat buffer."""
+    """``workload.per_tensor_lamb``'s ``(model, optimizer)`` on one flat buffer."""
     flat = FlatParameters(wl.net, wl.env.world_size)
     if wl.env.distributed:
         flat.broadcast(0)   # the same initial weights everywhere

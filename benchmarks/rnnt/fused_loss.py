@@ -1,11 +1,8 @@
 """The transducer loss's log-softmax fused into it (``fused-loss``), as NVIDIA's MLPerf RNN-T
-does: :func:`benchmarks.rnnt.loss.reference_log_probs`' contract without an fp32 copy of the
-logits.
-
-The reference's log-probabilities go through an fp32 copy of the whole ``[N, V]`` logits
-(and autograd's fp32 gradient of it). Here the two log-probabilities per row come from a row
-log-sum-exp taken in chunks of rows, and the backward pass writes the softmax gradient chunk by
-chunk in the logits' dtype, with the reference's arithmetic (the same rounding).
+does: :func:`benchmarks.rnnt.loss.reference_log_probs` goes through an fp32 copy of the whole
+``[N, V]`` logits (and its fp32 gradient); here the two log-probabilities per row come from a
+row log-sum-exp taken in chunks of rows, and the backward pass writes the softmax gradient
+chunk by chunk in the logits' dtype, with the reference's arithmetic (the same rounding).
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
-"""The joint and the loss over the valid ``(t, u)`` pairs only (``packed-joint``), as
-NVIDIA's MLPerf RNN-T packs them.
-
-The reference's joint makes the padded grid ``[B, T, U+1, V+1]`` (:meth:`RNNT.joint
-<benchmarks.rnnt.model.RNNT.joint>`), most of it padding when lengths vary. Here the joint's
-rows are the valid pairs, utterance by utterance at offsets ``cumsum(T_b * (U_b + 1))`` like
-NVIDIA's ``batch_offset``, ``t`` major (:func:`packed_index`), with the add, ReLU and dropout in
-one autograd function that keeps only its output; the loss reads the same two
-log-probabilities per cell from those rows (:func:`packed_transducer_loss`). The same logits
-and loss on the valid pairs; the joint's dropout draws its masks over the packed rows.
+"""The joint and the loss over the valid ``(t, u)`` pairs only (``packed-joint``), not the
+reference's padded grid ``[B, T, U+1, V+1]``: rows utterance by utterance at offsets
+``cumsum(T_b * (U_b + 1))`` like NVIDIA's ``batch_offset``, ``t`` major (:func:`packed_index`),
+the add, ReLU and dropout in one autograd function that keeps only its output, and the loss
+read from those rows (:func:`packed_transducer_loss`). The same logits and loss on the valid
+pairs; the joint's dropout draws its masks over the packed rows.
 """
 
 from __future__ import annotations
@@ -136,9 +132,8 @@ def packed_transducer_loss(logits: torch.Tensor, enc_lens: torch.Tensor, labels:
 
 def packed_forward(self, feats: torch.Tensor, feat_lens: torch.Tensor, labels: torch.Tensor,
                    label_lens: torch.Tensor) -> torch.Tensor:
-    """The training forward (``workload.TransducerLoss``'s contract) on the packed pairs; the
-    pair count and the lattice's longest (T, U) are read once, before the encoder's work is
-    queued: a short wait, the step's only one."""
+    """``workload.TransducerLoss.forward`` on the packed pairs; their count and the longest
+    (T, U) read once, before the encoder's work is queued: the step's only wait."""
     m = self.model
     feat_host, label_host = torch.stack((feat_lens, label_lens)).long().tolist()
     enc_host = [stacked_lengths(n, m.encoder.stack_time_factor) for n in feat_host]

@@ -1,19 +1,16 @@
-"""The encoder's and the prediction network's LSTMs replayed as CUDA graphs (``rnn-graphs``),
-one pair of graphs (forward, backward) per padded input length.
+"""The encoder's and the prediction network's LSTMs replayed as CUDA graphs (``rnn-graphs``), one
+pair of graphs (forward, backward) per padded input length.
 
-cuDNN launches several kernels per time step and layer from the host, about 10,000 launches
-in a training step at 206 encoder steps and 100 labels: at batch 64 the host spent 74 ms a
-step in cuDNN's LSTM calls while the GPU was busy 67 ms of a 118 ms step, and the LSTMs'
-forward and backward took 70 ms eager against 27 ms replayed as graphs (docs/performance.md,
-RNN-T). The lengths change with every batch (duration buckets, speed perturbation), so each
-input is padded at its end to a multiple of ``PAD_STEPS`` steps, one graph pair is built per
-padded shape the first time it is met (``torch.cuda.make_graphed_callables``; the encoder's
-graphs share one memory pool, the prediction network's another), and the outputs are cut back
-to the batch's length. The LSTMs are causal: the padding changes no output inside the batch's
-length and gets no gradient. The time stacking's zero frame past an odd length is kept by
-masking the padded frames' pre-stacking outputs. Each LSTM is one cuDNN call, its dropout
-state the graphs' own (:func:`cudnn_lstm`). The plain path, :meth:`RNNT.encode` and
-:meth:`RNNT.predict`, is the reference.
+cuDNN launches several kernels per time step and layer from the host, about 10,000 launches in a
+training step at 206 encoder steps and 100 labels, the GPU waiting on the host (docs/performance.md,
+RNN-T). The lengths change with every batch (duration buckets, speed perturbation), so each input is
+padded at its end to a multiple of ``PAD_STEPS`` steps, one graph pair is built per padded shape the
+first time it is met (``torch.cuda.make_graphed_callables``; the encoder's graphs share one memory
+pool, the prediction network's another), and the outputs are cut back to the batch's length. The
+LSTMs are causal: the padding changes no output inside the batch's length and gets no gradient. The
+time stacking's zero frame past an odd length is kept by masking the padded frames' pre-stacking
+outputs. Each LSTM is one cuDNN call, its dropout state the graphs' own (:func:`cudnn_lstm`). The
+plain path, :meth:`RNNT.encode` and :meth:`RNNT.predict`, is the reference.
 """
 
 from __future__ import annotations

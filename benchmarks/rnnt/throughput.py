@@ -4,28 +4,21 @@ a user would run.
     python -m benchmarks.rnnt.throughput --batch-size 32 --precision amp-bf16 \
         --variants config,torchaudio,plain-compile
 
-Every training variant is the workload's real step (features on the device with speed
-perturbation and SpecAugment, the MLPerf RNN-T at full size, vocabulary 1023, LAMB, the weights'
-moving average) with a set of the registry's optimisations (``--list-optimisations``):
-``plain`` none (the reference path), ``config`` the 1xH100 config's, ``config-minus-<name>``
-the config's without one of them (and what requires it). The tool times one micro-batch per
-step (``--grad-accum 1``; the 1xH100 config runs 8 micro-batches of 128 per step). The
-baselines: ``torchaudio`` is the plain step with ``torchaudio.functional.rnnt_loss`` as its loss
+Every training variant is the workload's real step at full size (features with speed
+perturbation and SpecAugment on the device, vocabulary 1023, LAMB, the weights' average), one
+micro-batch a step, with a set of the registry's optimisations: ``plain`` none (the reference
+path), ``config`` the 1xH100 config's, ``config-minus-<name>`` the config's without one (and
+what requires it). The baselines: ``torchaudio``, the plain step with torchaudio's loss
 (``torchaudio-loss``), as a user trains an RNN-T; ``plain-compile`` that step with the network
-(encoder, prediction network and padded joint) through ``torch.compile``, the loss outside.
-``decode`` and ``decode-graphs`` time evaluation instead: features, encoder and greedy
-decoding of the batch by the full-size model, eagerly or with the decoding steps as CUDA graphs
-(``decode-graphs``); that model's blank bias is raised so that it emits only blanks, each
-utterance taking one decoding step per encoder step (a trained model takes one more per label
-it emits: the cost of a step does not depend on what it picks).
+through ``torch.compile``, the loss outside. ``decode`` and ``decode-graphs`` time evaluation
+instead (features, encoder, greedy decoding, eagerly or replayed as CUDA graphs) by a model
+whose raised blank bias makes it emit only blanks: one decoding step per encoder step.
 
-A variant that fails (out of memory, a kernel's size limit: the padded grids pass
-cuBLAS's at batch 64 with these lengths, a compile error) is reported with its error while the
-others run, and the exit status is 1. Every variant gets the same batch: noise of one length, so
-that the encoder has ``--frames`` steps (60 ms each: 10 ms frames, stacked x3, then x2 in the
-encoder; speed perturbation then varies it by up to 15%), or ``--seconds`` of audio, and
-``--label-len`` labels per utterance. amp-fp16 is refused: the workload runs LAMB without a loss
-scaler.
+A variant that fails (out of memory, a kernel's size limit, a compile error) is reported with
+its error while the others run, and the exit status is 1. Every variant gets the same batch:
+noise of one length, so that the encoder has ``--frames`` steps (60 ms each; speed perturbation
+varies it by up to 15%), or ``--seconds`` of audio, and ``--label-len`` labels per utterance.
+amp-fp16 is refused: the workload runs LAMB without a loss scaler.
 """
 
 from __future__ import annotations
@@ -110,11 +103,10 @@ def compile_network(wl: RNNTWorkload) -> None:
 
 
 def train_step(variant: str, batch_size: int, precision: Precision, device):
+    wl = workload({**STEPS, **COMPILED}[variant], batch_size, precision, device)
     if variant in COMPILED:
-        wl = workload(COMPILED[variant], batch_size, precision, device)
         compile_network(wl)
-        return wl.train_step
-    return workload(STEPS[variant], batch_size, precision, device).train_step
+    return wl.train_step
 
 
 def decode_step(precision: Precision, device, graphs: bool):

@@ -1,6 +1,5 @@
 """The padded grid's loss by ``torchaudio.functional.rnnt_loss`` (``torchaudio-loss``), the
 library a user would call, in place of :func:`benchmarks.rnnt.loss.transducer_loss`.
-
 torchaudio's CUDA kernel (``ComputeBetasCosts``) writes an utterance's cost from its beta
 variables, which it walks over the cells ``t <= T - 2``, ``u <= U - 1`` only: an utterance
 without labels (``U = 0``) or of one encoder step has no such cell, and its cost is left

@@ -11,10 +11,9 @@ epochs. Training utterances over 16.7 s are dropped and batched in 6 duration bu
 
 A training step takes raw audio: speed perturbation, silence trimming, log-mel features and
 SpecAugment run on the workload's device (``features.AudioFeatures``) inside the step. With no
-optimisation named the rest is the reference's: the joint on the padded grid, the transducer
-loss in pure PyTorch (:mod:`benchmarks.rnnt.loss`), DDP and LAMB one tensor at a time, eager
-greedy decoding. The optimisations (``--list-optimisations``) replace parts of the built
-:class:`TransducerLoss`, the optimizer or the decoder, each from its own module.
+optimisation named the rest is the reference's: the joint on the padded grid, the loss in pure
+PyTorch, DDP and LAMB one tensor at a time, eager greedy decoding; each optimisation
+(``--list-optimisations``) replaces a part of them from its own module.
 """
 
 from __future__ import annotations
@@ -78,46 +77,43 @@ SYNTHETIC_WORDS_PER_SECOND = 3
 class HParams:
     """The reference's hyper-parameters (its ``train.py`` and ``baseline_v3-1023sp.yaml``)."""
 
-    vocab_size: int = hparam(VOCAB_SIZE, "SentencePiece pieces (sentencepieces/"
-                             "librispeech<N>.model)", check=positive)
-    batch_size: int = hparam(128, "per-rank utterances per optimizer step", check=positive)
-    grad_accum: int = hparam(8, "micro-batches per step (each of --batch-size / "
-                             "--grad-accum)", check=positive)
-    eval_batch_size: int = hparam(128, "utterances per evaluation batch", check=positive)
-    epochs: int = hparam(100, "epoch cap", check=positive)
-    eval_start: int = hparam(1, "first evaluated epoch", check=positive)
-    eval_every: int = hparam(1, "epochs between evaluations", check=positive)
-    lr: float = hparam(4e-3, "opt_base_learning_rate", check=positive)
-    min_lr: float = hparam(1e-5, "floor of the learning rate", check=non_negative)
-    lr_exp_gamma: float = hparam(0.935, "LR factor per epoch after warm-up and hold",
-                                 check=positive)
-    warmup_epochs: int = hparam(6, "epochs of linear LR warm-up", check=non_negative)
-    hold_epochs: int = hparam(40, "epochs at the base LR after warm-up", check=non_negative)
-    beta1: float = hparam(0.9, "LAMB's first-moment decay", check=open_fraction)
-    beta2: float = hparam(0.999, "LAMB's second-moment decay", check=open_fraction)
-    epsilon: float = hparam(1e-9, "LAMB's epsilon", check=positive)
-    weight_decay: float = hparam(1e-3, "LAMB's weight decay", check=non_negative)
-    clip_norm: float = hparam(1.0, "global gradient norm clipping inside LAMB (inf: none, as "
-                              "the RCP of global batch 1024)", check=positive)
-    ema: float = hparam(0.999, "decay of the moving average of the weights that evaluation "
-                        "uses", check=open_fraction)
-    weights_init_scale: float = hparam(WEIGHTS_INIT_SCALE, "LSTM weights and biases scaled "
-                                       "after initialisation", check=positive)
-    num_buckets: int = hparam(data.NUM_BUCKETS, "duration buckets of the training sampler (the "
-                              "reference's BucketingSampler)", check=positive)
-    max_duration: float = hparam(data.MAX_TRAIN_DURATION, "training utterances longer than "
-                                 "this (seconds) are dropped", check=positive)
-    max_symbols: int = hparam(MAX_SYMBOLS, "greedy decoding's limit of labels per utterance",
-                              check=positive)
-    enc_hidden: int = hparam(ENC_HIDDEN, "encoder LSTM width", check=positive)
-    enc_pre_rnn_layers: int = hparam(ENC_PRE_RNN_LAYERS, "encoder LSTM layers before time "
-                                     "stacking", check=positive)
-    enc_post_rnn_layers: int = hparam(ENC_POST_RNN_LAYERS, "encoder LSTM layers after it",
-                                      check=positive)
-    pred_hidden: int = hparam(PRED_HIDDEN, "prediction network width", check=positive)
-    pred_rnn_layers: int = hparam(PRED_RNN_LAYERS, "prediction network LSTM layers",
-                                  check=positive)
-    joint_hidden: int = hparam(JOINT_HIDDEN, "joint network width", check=positive)
+    vocab_size: int = hparam(VOCAB_SIZE, "SentencePiece pieces (librispeech<N>.model)", positive)
+    batch_size: int = hparam(128, "per-rank utterances per optimizer step", positive)
+    grad_accum: int = hparam(8, "micro-batches per step (of --batch-size in all)", positive)
+    eval_batch_size: int = hparam(128, "utterances per evaluation batch", positive)
+    epochs: int = hparam(100, "epoch cap", positive)
+    eval_start: int = hparam(1, "first evaluated epoch", positive)
+    eval_every: int = hparam(1, "epochs between evaluations", positive)
+    lr: float = hparam(4e-3, "opt_base_learning_rate", positive)
+    min_lr: float = hparam(1e-5, "floor of the learning rate", non_negative)
+    lr_exp_gamma: float = hparam(0.935, "LR factor per epoch after warm-up and hold", positive)
+    warmup_epochs: int = hparam(6, "epochs of linear LR warm-up", non_negative)
+    hold_epochs: int = hparam(40, "epochs at the base LR after warm-up", non_negative)
+    beta1: float = hparam(0.9, "LAMB's first-moment decay", open_fraction)
+    beta2: float = hparam(0.999, "LAMB's second-moment decay", open_fraction)
+    epsilon: float = hparam(1e-9, "LAMB's epsilon", positive)
+    weight_decay: float = hparam(1e-3, "LAMB's weight decay", non_negative)
+    clip_norm: float = hparam(1.0, "LAMB's global gradient norm clipping (inf: none)", positive)
+    ema: float = hparam(0.999, "decay of the weights' average that evaluation uses",
+                        open_fraction)
+    weights_init_scale: float = hparam(WEIGHTS_INIT_SCALE, "LSTM initialisation scale", positive)
+    num_buckets: int = hparam(data.NUM_BUCKETS, "duration buckets of the sampler", positive)
+    max_duration: float = hparam(data.MAX_TRAIN_DURATION, "longest training utterance, s",
+                                 positive)
+    max_symbols: int = hparam(MAX_SYMBOLS, "greedy decoding's labels per utterance", positive)
+    enc_hidden: int = hparam(ENC_HIDDEN, "encoder LSTM width", positive)
+    enc_pre_rnn_layers: int = hparam(ENC_PRE_RNN_LAYERS, "encoder layers before stacking",
+                                     positive)
+    enc_post_rnn_layers: int = hparam(ENC_POST_RNN_LAYERS, "encoder layers after it", positive)
+    pred_hidden: int = hparam(PRED_HIDDEN, "prediction network width", positive)
+    pred_rnn_layers: int = hparam(PRED_RNN_LAYERS, "prediction network layers", positive)
+    joint_hidden: int = hparam(JOINT_HIDDEN, "joint network width", positive)
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    non_negative(value)
+    return value
 
 
 def lr_at(step: torch.Tensor, steps_per_epoch: int, base: float, warmup_epochs: int,
@@ -138,10 +134,9 @@ def lr_at(step: torch.Tensor, steps_per_epoch: int, base: float, warmup_epochs: 
 
 class TransducerLoss(nn.Module):
     """The training forward as one module (what DDP wraps): the reference's network on the
-    padded grid, then the transducer loss. The optimisations replace its parts after
-    ``build()``: ``encode`` and ``predict`` (rnn-graphs), ``forward`` (packed-joint),
-    ``loss`` (torchaudio-loss), ``log_probs`` (fused-loss, compiled-loss) and ``walk``, the
-    loss's lattice recursion (triton-lattice)."""
+    padded grid, then the transducer loss. Optimisations replace its parts after ``build()``:
+    ``encode``, ``predict`` (rnn-graphs), ``forward`` (packed-joint), ``loss`` (torchaudio-loss),
+    ``log_probs`` (fused-loss, compiled-loss), ``walk``, the lattice recursion (triton-lattice)."""
 
     def __init__(self, model: RNNT):
         super().__init__()
@@ -176,13 +171,11 @@ class TransducerLoss(nn.Module):
 def per_tensor_lamb(wl: RNNTWorkload, train_loss: nn.Module, hyper: LambHyper):
     """``(model, optimizer)``, the reference's: DDP averages the gradients, LAMB updates one
     tensor at a time."""
-    return dist.data_parallel(train_loss, wl.env), Lamb(wl.params, [True] * len(wl.params),
-                                                        hyper)
+    return dist.data_parallel(train_loss, wl.env), Lamb(wl.params, [True] * len(wl.params), hyper)
 
 
 class RNNTWorkload(Workload):
     name = constants.RNNT
-    compiles = False
     targets = (Target("wer", 0.058, higher_is_better=False),)
     hparams = HParams
     optimisations = Registry(packed_joint.OPTIMISATION, compiled_joint.OPTIMISATION,
@@ -198,7 +191,7 @@ class RNNTWorkload(Workload):
                             "sentencepieces/ (python -m benchmarks.rnnt.prepare_data)")
         p.add_argument("--train-splits", nargs="+", default=list(data.TRAIN_SPLITS))
         p.add_argument("--eval-split", default=data.EVAL_SPLIT)
-        p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
+        p.add_argument("--workers", type=_count, default=4, help="loader processes per rank")
 
     # -- set-up ---------------------------------------------------------------------------
     def build(self) -> None:

@@ -13,13 +13,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from benchmarks.rnnt.compiled_loss import compiled_log_probs
+from benchmarks.rnnt.compiled_loss import CompiledLogProbs
 from benchmarks.rnnt.fused_loss import _chunk_norm, _FusedLogProbs, fused_log_probs
 from benchmarks.rnnt.loss import lattice, transducer_loss
 from benchmarks.rnnt.packed_joint import packed_index, packed_transducer_loss
 
 FUSED = {"log_probs": fused_log_probs}
-COMPILED = {"log_probs": compiled_log_probs}
+COMPILED = {"log_probs": CompiledLogProbs.apply}
 
 
 def fused(chunk_rows):
