@@ -1,4 +1,4 @@
-"""Greedy decoding replayed as CUDA graphs (``--decode-graphs``) against the eager loop on
+"""Greedy decoding replayed as CUDA graphs (``decode-graphs``) against the eager loop on
 the GPU: the same labels over batches of growing and shrinking shapes (captured again only
 when a batch needs more), under autocast, at the label limits, and after the weights change
 in place as the moving average changes them."""

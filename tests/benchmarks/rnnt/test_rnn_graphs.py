@@ -1,4 +1,4 @@
-"""The LSTMs as CUDA graphs of padded lengths (``--rnn-graphs``) against the plain encoder and
+"""The LSTMs as CUDA graphs of padded lengths (``rnn-graphs``) against the plain encoder and
 prediction network on the GPU: the same outputs and weight gradients without dropout (an odd
 length included, where the time stacking adds a zero frame), one graph per padded length,
 and new dropout masks at every replay, graphs replayed after later captures included."""
