@@ -56,5 +56,5 @@ def apply(wl, _) -> None:
 OPTIMISATION = Optimisation(
     "torchaudio-loss", "the padded grid's loss by torchaudio.functional.rnnt_loss "
     "(benchmarks/rnnt/torchaudio_loss.py)", apply=apply, cuda=True,
-    excludes=("packed-joint", "fused-loss", "compiled-loss", "triton-lattice"), rtol=1e-5,
-    atol=1e-4)
+    excludes=("packed-joint", "fused-loss", "compiled-loss", "triton-lattice"), compare=None,
+    tested_by="tests/benchmarks/rnnt/test_loss.py (the tiny config's joint is packed)")
