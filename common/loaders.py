@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import math
 import os
+import signal
 from typing import NamedTuple
 
 import torch
@@ -15,6 +16,16 @@ from common.errors import UserError
 SHM = "/dev/shm"   # where torch's shared-memory segments live
 
 PREFETCH = 4   # items each loader process of ``persistent`` may have queued
+
+
+def quiet_on_stop(worker_id: int | None = None) -> None:
+    """A loader process's ``worker_init_fn``: SIGINT is ignored (a Ctrl-C reaches the whole
+    process group; the trainer stops its loader processes) and SIGTERM (a scheduler's reaches
+    the whole group too) ends the process at once with status 0. Under torch's own handler
+    it would die of the signal, and the trainer would report a failed loader process ("killed
+    by signal: Terminated") instead of its stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
 
 
 def shut_down(loader: torch.utils.data.DataLoader) -> None:
@@ -57,7 +68,7 @@ def persistent(dataset, keys: Keys, workers: int, pin: bool,
     return torch.utils.data.DataLoader(
         dataset, batch_size=None, sampler=keys, num_workers=workers, pin_memory=pin,
         prefetch_factor=PREFETCH if workers else None, persistent_workers=workers > 0,
-        collate_fn=_as_is if as_is else None)
+        collate_fn=_as_is if as_is else None, worker_init_fn=quiet_on_stop)
 
 
 def _as_is(item):

@@ -10,12 +10,15 @@ The scorer process reads its tasks from one queue and writes results to another;
 trainer never takes a lock that process holds, so a signal that kills it (a scheduler's
 SIGTERM reaches the whole process group) cannot leave the trainer waiting on it. (A
 ``multiprocessing.Pool`` worker waits for tasks holding a lock its pool's ``terminate``
-takes: killed there, it blocked the trainer's shutdown for good.)
+takes: killed there, it blocked the trainer's shutdown for good.) The outputs cross as
+pickled bytes: tensors put on a queue as such would have their memory shared through a
+server thread in the trainer that a killed scorer process leaves failing.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import pickle
 import queue
 import signal
 from collections import deque
@@ -34,7 +37,7 @@ def _serve(scorer: Callable, tasks, results) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while (outputs := tasks.get()) is not None:
         try:
-            results.put(scorer(outputs))
+            results.put(scorer(pickle.loads(outputs)))
         except Exception as exc:  # reported on every rank by the trainer
             results.put(f"{type(exc).__name__}: {exc}")
 
@@ -55,7 +58,8 @@ class BackgroundScorer:
     def submit(self, point: EvalPoint, outputs) -> None:
         self.pending.append(point)
         if self._proc is not None:
-            self._tasks.put(outputs)   # a feeder thread sends it: training goes on
+            # a feeder thread sends them: training goes on
+            self._tasks.put(pickle.dumps(outputs, protocol=pickle.HIGHEST_PROTOCOL))
 
     def _next(self, block: bool):
         """Rank 0: the oldest result not yet taken, None if none has arrived (``block``:

@@ -56,6 +56,7 @@ class NonFiniteLoss(Exception):
 
 _handling_pid = 0   # the process that installed the handlers (not a child forked from it)
 _stopped_by = 0     # the stop signal received, 0 before one
+_chld_at_stop = None   # the SIGCHLD handler the stop set aside
 
 
 @contextlib.contextmanager
@@ -69,17 +70,20 @@ def handling_signals(handler):
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        if _stopped_by:   # the handler the stop set aside (torch's, if a loader had set it)
+            signal.signal(signal.SIGCHLD, _chld_at_stop)
 
 
 def _stop(signum, frame):
     """Raise ``Stopped`` once; later signals are ignored, so that they cannot cut the
-    closing log lines short. Loader processes forked from the trainer inherit this handler:
+    closing log lines short. Processes forked from the trainer inherit this handler (torch's
+    loader processes replace it: ``common.loaders.quiet_on_stop`` does the same there):
     there SIGINT (a Ctrl-C reaches the whole process group) is ignored, as the trainer
     stops them, and SIGTERM (a scheduler's reaches the whole group too) ends them quietly,
     with status 0: raised there, or killed by it, the trainer would see a loader process
     fail instead of its own stop. The signal is also remembered for
     :func:`raise_if_stopped`."""
-    global _stopped_by
+    global _stopped_by, _chld_at_stop
     if os.getpid() != _handling_pid:   # a forked process: Ctrl-C ignored, SIGTERM ends it
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         if signum == signal.SIGTERM:
@@ -87,6 +91,9 @@ def _stop(signum, frame):
         return
     for s in STOP_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
+    # The loader processes the same signal ended are no failure now: torch's SIGCHLD handler
+    # would raise one for each, over the stop or in the middle of the closing lines.
+    _chld_at_stop = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     _stopped_by = signum
     raise Stopped(signum)
 

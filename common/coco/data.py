@@ -49,7 +49,7 @@ import torch
 from PIL import Image
 from pycocotools import mask as mask_utils
 
-from common import fixture_cache
+from common import fixture_cache, loaders
 from common.errors import UserError
 
 SPLITS = ("train", "val")
@@ -449,10 +449,11 @@ def batch_loader(dataset, batches: list[list[int]], collate, num_workers: int,
                  device: torch.device) -> torch.utils.data.DataLoader:
     """The DataLoader of ``dataset``'s ``batches`` (lists of indices) collated by
     ``collate`` in ``num_workers`` processes, 4 batches ahead each, pinned for a CUDA
-    ``device``."""
+    ``device``; a stop signal ends those processes quietly (``loaders.quiet_on_stop``)."""
     return torch.utils.data.DataLoader(
         dataset, batch_sampler=batches, num_workers=num_workers, collate_fn=collate,
-        pin_memory=device.type == "cuda", prefetch_factor=4 if num_workers else None)
+        pin_memory=device.type == "cuda", prefetch_factor=4 if num_workers else None,
+        worker_init_fn=loaders.quiet_on_stop)
 
 
 @dataclass

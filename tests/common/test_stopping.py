@@ -1,0 +1,125 @@
+"""A stop signal ends a toy run within seconds whatever is in flight (background scoring, loader
+processes, torchrun's workers), with run_stop aborted, exit 128 + the signal and no process
+left; bad input under torchrun is one line and exit 2 (``common.training``, ``common.scoring``,
+``common.launch``)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STOP_S = 15   # the bound on a stopped run's exit: run_stop, the scorer and loaders stopped
+START_S = 90  # for a run to reach the state a test signals it in (2 shared cores)
+FLAGS = ["--device", "cpu", "--precision", "fp32", "--seed", "3", "--target", "1.01"]
+
+
+def start(tmp_path: Path, *argv: str) -> subprocess.Popen:
+    """``argv`` (a python module and its flags) in a session of its own, output to files."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr", "w") as err:
+        return subprocess.Popen([sys.executable, "-m", *argv], cwd=REPO, env=env, stdout=out,
+                                stderr=err, start_new_session=True)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_for(proc: subprocess.Popen, tmp_path: Path, ready) -> None:
+    deadline = time.monotonic() + START_S
+    while not ready():
+        assert proc.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
+        assert time.monotonic() < deadline, (tmp_path / "stderr").read_text()[-3000:]
+        time.sleep(0.1)
+
+
+def logged(log: Path, key: str) -> bool:
+    return log.is_file() and f'"key": "{key}"' in log.read_text()
+
+
+def assert_stopped(proc: subprocess.Popen, tmp_path: Path, log: Path, signum: int) -> str:
+    """The run ended within STOP_S with run_stop aborted and 128 + signum, quietly, and
+    nothing of it is left; its stderr."""
+    try:
+        rc = proc.wait(timeout=STOP_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running {STOP_S} s after the signal")
+    finally:
+        deadline = time.monotonic() + 5
+        while group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = group_alive(proc.pid)
+        if left:
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = (tmp_path / "stderr").read_text()
+    assert rc == 128 + signum, err[-3000:]
+    assert not left, "processes of the run outlived it"
+    assert "Traceback" not in err and "run failed" not in err, err[-3000:]
+    assert f"stopped by {signal.Signals(signum).name}" in err
+    lines = [x for x in log.read_text().splitlines() if x.startswith(":::MLLOG ")]
+    last = json.loads(lines[-1][len(":::MLLOG "):])
+    assert last["key"] == "run_stop" and last["metadata"]["status"] == "aborted", last
+    return err
+
+
+@pytest.mark.parametrize("score_seconds", ["0.01", "60"], ids=["scorer-idle", "scorer-busy"])
+def test_sigterm_to_the_group_during_background_scoring(tmp_path, score_seconds):
+    """A scheduler's SIGTERM reaches the scorer process too; killed while idle, a Pool worker
+    held the lock its pool's terminate() waits for: the trainer hung for good."""
+    log = tmp_path / "log.txt"
+    proc = start(tmp_path, "tests.common.toy_program", "BackgroundToy", *FLAGS,
+                 "--log-file", str(log), "--epochs", "1000", "--step-sleep", "0.01",
+                 "--background-scoring", "--score-seconds", score_seconds)
+    # idle: a result has come back, so the scorer process waits for the next evaluation
+    wait_for(proc, tmp_path, lambda: logged(log, "eval_accuracy" if score_seconds == "0.01"
+                                             else "eval_stop"))
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert_stopped(proc, tmp_path, log, signal.SIGTERM)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_to_the_group_with_loader_processes_wins(tmp_path, sig):
+    """The loader processes get the signal too: they end quietly, and the trainer reports
+    its stop, not a loader process that died (a RuntimeError traceback, exit 1)."""
+    log = tmp_path / "log.txt"
+    proc = start(tmp_path, "tests.common.toy_program", "LoaderToy", *FLAGS,
+                 "--log-file", str(log), "--epochs", "1000")
+    wait_for(proc, tmp_path, lambda: logged(log, "epoch_stop"))
+    os.killpg(proc.pid, sig)
+    assert_stopped(proc, tmp_path, log, sig)
+
+
+def test_sigterm_to_torchrun_and_its_workers(tmp_path):
+    log = tmp_path / "log.txt"
+    proc = start(tmp_path, "common.launch", "--standalone", "--nproc_per_node", "2",
+                 "-m", "tests.common.toy_program", "LoaderToy", *FLAGS, "--log-file", str(log),
+                 "--epochs", "1000")
+    wait_for(proc, tmp_path, lambda: logged(log, "epoch_stop"))
+    os.killpg(proc.pid, signal.SIGTERM)
+    err = assert_stopped(proc, tmp_path, log, signal.SIGTERM)
+    assert err.count("stopped by SIGTERM") == 1, err   # rank 0's line only
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--log-every", "0"], "--log-every: must be 1 or more, not 0"),
+    (["--background-scoring"], "has no scorer"),
+], ids=["bad-flag", "bad-input-after-the-log-began"])
+def test_bad_input_under_torchrun_is_one_line_and_exit_2(tmp_path, flags, message):
+    proc = subprocess.run(
+        [sys.executable, "-m", "common.launch", "--standalone", "--nproc_per_node", "2", "-m",
+         "tests.common.toy_program", "ToyWorkload", *FLAGS, "--log-file",
+         str(tmp_path / "log.txt"), *flags], cwd=REPO, capture_output=True, text=True,
+        timeout=START_S, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert len(lines) == 1 and message in lines[0], proc.stderr[-3000:]
