@@ -27,7 +27,7 @@ CASES = [
                     "--roi-batch-size-per-image 64 --lr 0.02"),
     ("rnnt", 2, "--vocab-size 48 --enc-hidden 64 --enc-pre-rnn-layers 1 "
                 "--enc-post-rnn-layers 1 --pred-hidden 32 --pred-rnn-layers 1 "
-                "--joint-hidden 64 --grad-accum 1 --flat-params --lr 0.01"),
+                "--joint-hidden 64 --grad-accum 1 --opt flat-params --lr 0.01"),
     ("unet3d", 1, "--filters 8,16,32,64,80 --input-shape 64,32,32 --lr 0.05"),
     ("bert", 2, "--max-seq-length 16 --max-predictions 3 --flat-params --sharded-optimizer "
                 "--lr 5e-3"),
