@@ -125,7 +125,8 @@ class WorkloadParser(OneLineParser):
 def build_parser(workload_cls: type[Workload]) -> argparse.ArgumentParser:
     registry = workload_cls.optimisations if len(workload_cls.optimisations) else None
     p = WorkloadParser(prog=f"python -m benchmarks.{workload_cls.name}", registry=registry,
-                       description=f"MLPerf {workload_cls.name}: train to the quality target.")
+                       description=f"MLPerf {workload_cls.name}: train to the quality target.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("run")
     g.add_argument("--seed", type=_seed, default=None,
                    help=f"random seed, 0 to {MAX_SEED} (default: fresh)")
