@@ -201,3 +201,81 @@ def test_package_reads_no_log_in_the_folders_aside(tmp_path):
         result_logs(tmp_path)
     (tmp_path / "result_0.txt").write_text("")
     assert result_logs(tmp_path) == [tmp_path / "result_0.txt"]
+
+
+@pytest.mark.parametrize("env_extra, name", [
+    ({"SEED": "1.5"}, "SEED=1.5"), ({"SEED": "abc"}, "SEED=abc"), ({"SEED": "-3"}, "SEED=-3"),
+    ({"SEED": "2147483647", "NEXP": "2"}, "SEED=2147483647"),
+    ({"NNODES": "abc"}, "NNODES=abc"), ({"NNODES": "0"}, "NNODES=0"),
+    ({"NNODES": "2", "MASTER_ADDR": "127.0.0.1"}, "NODE_RANK"),
+    ({"NNODES": "2", "NODE_RANK": "0"}, "MASTER_ADDR"),
+    ({"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "127.0.0.1"}, "NODE_RANK=2"),
+    ({"MASTER_PORT": "70000"}, "MASTER_PORT=70000"),
+    ({"NEXP": "12345678901234567890123"}, "NEXP=12345678901234567890123"),
+    ({"RULESET": "9.9.9"}, "RULESET=9.9.9"), ({"DATADIR": ""}, "DATADIR"),
+    ({"FIXTURE_DIR": ""}, "FIXTURE_DIR"), ({"COLLECTIVE_TIMEOUT_S": "0"}, "COLLECTIVE_TIMEOUT_S"),
+    ({"SLURM_NNODES": "2", "SLURM_NTASKS": "4"}, "SLURM_NTASKS=4"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_every_variable_is_checked_before_anything_runs(tmp_path, env_extra, name):
+    """One line and exit 2 at once: no fixture written, no run, no compliance check (SEED=1.5
+    exited 0 having run nothing; RULESET=9.9.9 was refused only after the run)."""
+    env = {"LOGDIR": str(tmp_path / "logs"), "FIXTURE_DIR": str(tmp_path / "fixture")}
+    env.update(env_extra)
+    proc = run_script("resnet", env, timeout=30)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = error_lines(proc)
+    assert len(lines) == 1 and name in lines[0], proc.stderr
+    assert proc.stdout == "" and not (tmp_path / "fixture").exists()
+
+
+@pytest.mark.parametrize("sig, delay", [(signal.SIGINT, 0.3), (signal.SIGINT, 1.5),
+                                        (signal.SIGINT, 3.0), (signal.SIGTERM, 0.3),
+                                        (signal.SIGTERM, 3.0)])
+def test_a_signal_in_the_first_seconds_of_a_run_ends_it(tmp_path, sig, delay):
+    """``delay`` s after the run's launch (importing, parsing, building): Ctrl-C to the group
+    (bash had started the program with SIGINT ignored: lost) or SIGTERM to the script (no log
+    and no RESULT line). The run ends with a RESULT line, run_stop aborted where a log began,
+    and nothing left."""
+    proc = start(tmp_path, {"CONFIG": "cpu_tiny", "SEED": "7", "LOGDIR": str(tmp_path / "logs")})
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while "== resnet run 1/1" not in (tmp_path / "stdout").read_text():
+            assert proc.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the run did not start"
+            time.sleep(0.05)
+        time.sleep(delay)
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)   # what a terminal's Ctrl-C sends
+        else:
+            os.kill(proc.pid, sig)     # the script alone, as a batch system's stop does
+        rc, out, err = finished(proc, tmp_path)
+        assert rc == 128 + sig, out[-2000:] + err[-3000:]
+        result = [x for x in out.splitlines() if x.startswith("RESULT,")]
+        assert len(result) == 1 and result[0].split(",")[1:3] == ["resnet", "7"], out
+        assert result[0].split(",")[4] == "aborted"
+        log = tmp_path / "logs/result_0.txt"
+        if log.is_file() and log.stat().st_size:
+            stop = last_event(log)
+            assert stop["key"] == "run_stop" and stop["metadata"]["status"] == "aborted"
+        deadline = time.monotonic() + 10
+        while group_alive(proc.pid):
+            assert time.monotonic() < deadline, "processes of the run outlived run_and_time.sh"
+            time.sleep(0.2)
+    finally:
+        if group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def test_bad_input_under_torchrun_is_one_line_and_exit_2(tmp_path):
+    """GPUS=2: each rank printed the error, torchrun its traceback, then a compliance check of
+    a log that never started and RESULT,...,aborted, exit 1."""
+    data = tmp_path / "data"   # not a dataset: every rank stops with a UserError
+    data.mkdir()
+    (data / "README").write_text("")
+    proc = run_script("resnet", {"GPUS": "2", "DATADIR": str(data), "OMP_NUM_THREADS": "1",
+                                 "LOGDIR": str(tmp_path / "logs")}, timeout=120)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    lines = error_lines(proc)
+    assert len(lines) == 1 and str(data) in lines[0], proc.stderr[-3000:]
+    assert "compliance" not in proc.stdout and "RESULT," not in proc.stdout

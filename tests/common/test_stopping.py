@@ -78,11 +78,12 @@ def test_sigterm_to_the_group_during_background_scoring(tmp_path, score_seconds)
     held the lock its pool's terminate() waits for: the trainer hung for good."""
     log = tmp_path / "log.txt"
     proc = start(tmp_path, "tests.common.toy_program", "BackgroundToy", *FLAGS,
-                 "--log-file", str(log), "--epochs", "1000", "--step-sleep", "0.01",
+                 "--log-file", str(log), "--epochs", "1000", "--step-sleep", "0.1",
                  "--background-scoring", "--score-seconds", score_seconds)
-    # idle: a result has come back, so the scorer process waits for the next evaluation
-    wait_for(proc, tmp_path, lambda: logged(log, "eval_accuracy" if score_seconds == "0.01"
-                                             else "eval_stop"))
+    idle = score_seconds == "0.01"
+    wait_for(proc, tmp_path, lambda: logged(log, "eval_accuracy" if idle else "eval_stop"))
+    if idle:   # a result came back: the scorer waits for the next evaluation, 0.8 s apart
+        time.sleep(0.3)
     os.killpg(proc.pid, signal.SIGTERM)
     assert_stopped(proc, tmp_path, log, signal.SIGTERM)
 

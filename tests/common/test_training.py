@@ -275,3 +275,13 @@ def test_a_folder_named_synthetic_is_read_as_a_dataset(tmp_path, capsys, monkeyp
                                  "synthetic", "--log-file", str(tmp_path / "log.txt")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "synthetic" in err[0] and "case_" in err[0]
+
+
+@pytest.mark.parametrize("seed", ["-1", "2147483648", "1.5", "abc"])
+def test_seed_outside_0_to_2_31_is_one_line_error(tmp_path, capsys, seed):
+    """A negative seed ended in a numpy traceback (RNN-T) after the log began."""
+    with pytest.raises(SystemExit) as e:
+        main(ToyWorkload, ["--seed", seed, "--log-file", str(tmp_path / "log.txt")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "--seed" in err[0] and seed in err[0]
+    assert not (tmp_path / "log.txt").exists()
