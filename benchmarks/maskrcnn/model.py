@@ -26,7 +26,8 @@
 A convolution followed by its batch norm, or by a ReLU, is computed through a module's
 ``conv_bn``, ``conv_bn_relu`` or ``conv_relu`` attribute, the plain functions below: the
 optimisations replace them (:mod:`benchmarks.maskrcnn.frozen_bn`,
-:mod:`benchmarks.maskrcnn.conv_relu`).
+:mod:`benchmarks.maskrcnn.conv_relu`), and the stem and the heads' output layers likewise
+(:mod:`benchmarks.maskrcnn.stem`, :mod:`benchmarks.maskrcnn.aligned_outputs`).
 
 Every width is an argument of :class:`MaskRCNN` (the ResNet's base ``width``, the FPN's
 channels, the box head's and the mask head's widths), the reference's sizes by default, so a

@@ -1,4 +1,4 @@
-"""Greedy NMS of padded rows of boxes in one Triton kernel (``--nms triton``): the GPU
+"""Greedy NMS of padded rows of boxes in one Triton kernel (optimisation ``nms-triton``): the GPU
 counterpart of :func:`benchmarks.maskrcnn.boxes.nms_keep`, which stays the reference.
 
 The pure-PyTorch path forms every pair's IoU ([G, W, W], 160 M pairs for the RPN's 40 rows
@@ -55,7 +55,7 @@ def nms_keep(padded: torch.Tensor, valid: torch.Tensor, iou_threshold: float) ->
     rows, width = valid.shape
     if width > MAX_WIDTH:
         raise ValueError(f"Triton NMS holds at most {MAX_WIDTH} boxes per category, got "
-                         f"{width}: lower the RPN's pre-NMS top-N or use --nms reference")
+                         f"{width}: lower the RPN's pre-NMS top-N or drop nms-triton")
     keep = torch.zeros(rows, width, dtype=torch.int8, device=padded.device)
     if keep.numel():
         block = max(16, triton.next_power_of_2(width))

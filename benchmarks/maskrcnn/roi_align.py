@@ -138,7 +138,7 @@ class Pooler:
     """RoIAlign over the FPN levels: each RoI [K, 5] is pooled from the level that
     :class:`LevelMapper` assigns it (``scales`` from finest to coarsest, halving), into
     ``output_size`` (7 for the box head, 14 for the mask head). ``align``: the function that
-    pools, :func:`roi_align_levels` or its GPU counterpart (``--roi-align triton``)."""
+    pools, :func:`roi_align_levels` or its GPU counterpart (``roi-align-triton``)."""
 
     def __init__(self, output_size: int, scales: tuple[float, ...] = POOLER_SCALES,
                  sampling_ratio: int = SAMPLING_RATIO, align=roi_align_levels):

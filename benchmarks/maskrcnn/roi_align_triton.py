@@ -1,6 +1,6 @@
-"""RoIAlign over the FPN levels as a Triton kernel, forward and backward (``--roi-align
-triton``): the GPU counterpart of :func:`benchmarks.maskrcnn.roi_align.roi_align_levels`,
-which stays the reference.
+"""RoIAlign over the FPN levels as a Triton kernel, forward and backward (optimisation
+``roi-align-triton``): the GPU counterpart of
+:func:`benchmarks.maskrcnn.roi_align.roi_align_levels`, which stays the reference.
 
 The reference path copies the levels into one table and gathers the four neighbours of every
 sample from it; autograd's backward of those gathers is a zero-filled table per neighbour, a
@@ -216,8 +216,8 @@ def roi_align_levels(features: list[torch.Tensor], scales: list[float], rois: to
     of a floating dtype: pooled [K, C, out_h, out_w] (a channels-last view), fp32 sums."""
     if sampling_ratio != SAMPLING_RATIO:
         raise ValueError(f"the Triton RoIAlign takes {SAMPLING_RATIO} x {SAMPLING_RATIO} samples "
-                         f"a bin (the reference's), not {sampling_ratio}: use --roi-align "
-                         "reference")
+                         f"a bin (the reference's), not {sampling_ratio}: drop "
+                         "roi-align-triton")
     out = _roi_align_fpn(list(features), rois.detach().float().contiguous(),
                          levels.contiguous(), [float(s) for s in scales], list(output_size))
     return out.permute(0, 3, 1, 2)

@@ -297,7 +297,7 @@ class MaskRCNNWorkload(Workload):
         return data.bucket_shapes(self.buckets) if self.buckets else [None]
 
     def warm_up_eval(self) -> None:
-        """With ``--compile``, the compiled regions in evaluation mode on a synthetic batch of
+        """With ``compile``, the compiled regions in evaluation mode on a synthetic batch of
         each padded shape (the proposal selection on its head outputs, the heads on its
         ground-truth boxes: an untrained model detects nothing), so that their inference
         graphs are built before the clock."""

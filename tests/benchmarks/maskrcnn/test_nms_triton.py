@@ -1,4 +1,4 @@
-"""The Triton NMS (``--nms triton``) against the pure-PyTorch reference path on the GPU: the
+"""The Triton NMS (``nms-triton``) against the pure-PyTorch reference path on the GPU: the
 same kept boxes, in the same order, for ties, categories, strict thresholds, suppressed
 boxes that must not suppress, and the RPN's own rows of 2,000 clustered proposals."""
 
@@ -76,7 +76,7 @@ def test_more_boxes_per_category_than_a_program_holds_is_one_line():
     from benchmarks.maskrcnn.nms_triton import MAX_WIDTH, nms_keep
 
     boxes = torch.zeros(1, MAX_WIDTH + 1, 4, device="cuda")
-    with pytest.raises(ValueError, match="--nms reference"):
+    with pytest.raises(ValueError, match="drop nms-triton"):
         nms_keep(boxes, torch.ones(boxes.shape[:2], dtype=torch.bool, device="cuda"), 0.5)
 
 

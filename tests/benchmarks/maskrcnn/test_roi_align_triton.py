@@ -1,4 +1,4 @@
-"""The Triton RoIAlign (``--roi-align triton``) against the pure-PyTorch reference path on the
+"""The Triton RoIAlign (``roi-align-triton``) against the pure-PyTorch reference path on the
 GPU: pooled features and the levels' gradients, in fp32 and bf16, channels-last and not, for
 RoIs on every level, across the maps' borders, smaller than a pixel, and none; under
 ``torch.compile`` with the RoI count dynamic."""
@@ -95,7 +95,7 @@ def test_only_two_samples_a_bin():
     from benchmarks.maskrcnn.roi_align_triton import roi_align_levels as triton_align
 
     maps, rois, levels = levels_and_rois(4)
-    with pytest.raises(ValueError, match="--roi-align reference"):
+    with pytest.raises(ValueError, match="drop roi-align-triton"):
         triton_align(maps, POOLER_SCALES, rois, levels, (7, 7), 3)
 
 
