@@ -12,6 +12,7 @@ import gc
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -85,6 +86,22 @@ def _env_from_launcher() -> tuple[int, int, int, int]:
         local_rank = int(os.environ.get("SLURM_LOCALID", 0))
         return rank, world, local_rank, _local_count("SLURM_NTASKS_PER_NODE", local_rank)
     return 0, 1, 0, 1
+
+
+def follow_launcher() -> None:
+    """Under torchrun, have the kernel send this worker SIGTERM when its agent dies (Linux's
+    parent-death signal): torchrun starts each worker in a session of its own, so a node's
+    agent killed (a lost node, ``kill -9``) would leave its workers training on with the
+    other nodes. Stopped so, the worker logs run_stop aborted and its peers' collectives
+    fail at once."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:   # the agent died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def launcher_rank() -> int:

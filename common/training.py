@@ -485,6 +485,7 @@ def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
     rank = dist.launcher_rank()
     with handling_signals(_stop):
         try:
+            dist.follow_launcher()
             args = _parse_args(workload_cls, argv, rank)
             env = dist.init_distributed(args.device, bind_cpus=args.bind_cpus)
         except (UserError, Stopped) as exc:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.common.test_multinode import wait_gone
+
 REPO = Path(__file__).resolve().parents[2]
 STOP_S = 15   # the bound on a stopped run's exit: run_stop, the scorer and loaders stopped
 START_S = 90  # for a run to reach the state a test signals it in (2 shared cores)
@@ -58,7 +60,8 @@ def assert_stopped(proc: subprocess.Popen, tmp_path: Path, log: Path, signum: in
         deadline = time.monotonic() + 5
         while group_alive(proc.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        left = group_alive(proc.pid)
+        # torchrun's workers run in sessions of their own: found by their command line
+        left = group_alive(proc.pid) or not wait_gone(str(log), 5)
         if left:
             os.killpg(proc.pid, signal.SIGKILL)
     err = (tmp_path / "stderr").read_text()
