@@ -19,6 +19,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from common.collectives import summed_over_group  # noqa: F401 (unet3d/spatial.py imports it here)
+
 TIMEOUT_VARIABLE = "COLLECTIVE_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 300   # above the longest wait of a sound run: rank 0 scoring COCO
 
@@ -290,27 +292,6 @@ def data_parallel(model: torch.nn.Module, env: DistEnv) -> torch.nn.Module:
         ddp = build()
     torch.cuda.current_stream().wait_stream(stream)
     return ddp
-
-
-class _AllReduceSum(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, t, group):
-        ctx.group = group
-        out = t.clone()
-        dist.all_reduce(out, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.clone()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
-
-
-def summed_over_group(t: torch.Tensor, group=None) -> torch.Tensor:
-    """The sum of ``t`` over ``group``'s ranks, differentiable for consumers that differ per
-    rank: the backward sums every rank's output gradient into each rank's input gradient."""
-    return _AllReduceSum.apply(t, group)
 
 
 def group_norm_layers(model: torch.nn.Module, env: DistEnv, group_size: int) -> torch.nn.Module:

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from common.dist import summed_over_group
+from common.collectives import summed_over_group
 
 
 class GroupBatchNorm2d(nn.BatchNorm2d):

@@ -3,11 +3,14 @@ results (tensors or picklable objects) gather on rank 0."""
 
 import os
 import socket
+from datetime import timedelta
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
 from common import dist
+from common.errors import UserError
 
 
 def _free_port() -> int:
@@ -142,3 +145,26 @@ def test_local_world_size_from_the_launcher(monkeypatch):
     assert dist._env_from_launcher() == (5, 8, 1, 4)
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4(x2)")
     assert dist._env_from_launcher() == (5, 8, 1, 2)
+
+
+def test_collective_timeout_is_5_minutes_unless_set(monkeypatch):
+    """torch's gloo default (30 minutes) held a rank whose peer was gone that long."""
+    monkeypatch.delenv(dist.TIMEOUT_VARIABLE, raising=False)
+    assert dist.collective_timeout() == timedelta(seconds=300)
+    monkeypatch.setenv(dist.TIMEOUT_VARIABLE, "20")
+    assert dist.collective_timeout() == timedelta(seconds=20)
+    for bad in ("0", "-5", "1.5", "abc"):
+        monkeypatch.setenv(dist.TIMEOUT_VARIABLE, bad)
+        with pytest.raises(UserError, match=f"COLLECTIVE_TIMEOUT_S={bad} is not a positive"):
+            dist.collective_timeout()
+
+
+def test_launcher_rank_reads_torchrun_then_slurm_and_changes_nothing(monkeypatch):
+    for key in ("RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(key, raising=False)
+    assert dist.launcher_rank() == 0
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    assert dist.launcher_rank() == 3
+    monkeypatch.setenv("RANK", "5")
+    before = dict(os.environ)
+    assert dist.launcher_rank() == 5 and dict(os.environ) == before
