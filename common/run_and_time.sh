@@ -201,7 +201,7 @@ note_stop() {
     if [[ -z $stop_name ]] && ((child_rc == 130 || child_rc == 143)); then
         stop_name=$([[ $child_rc -eq 130 ]] && echo INT || echo TERM)
         stop_signal=$((child_rc - 128))
-        echo "run_and_time.sh ($BENCHMARK): stopped by SIG$stop_name: no further runs" >&2
+        echo "run_and_time.sh ($BENCHMARK): the run was stopped by SIG$stop_name: no further runs" >&2
     fi
 }
 

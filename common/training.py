@@ -293,8 +293,8 @@ class _LossWindow:
         for i, v in enumerate(losses):
             if not math.isfinite(v):
                 raise NonFiniteLoss(f"the training loss became non-finite ({v}) at step "
-                                    f"{self.first_step + i} (epoch {self.epochs[i]}): lower the learning "
-                                    f"rate or check the data")
+                                    f"{self.first_step + i} (epoch {self.epochs[i]}): lower "
+                                    f"the learning rate or check the data")
         self.total += sum(losses)
         self.read += self.count
         self.count = 0
