@@ -19,7 +19,7 @@
 #            SLURM job of several nodes (one task per node) they default to SLURM's
 #            (SLURM_NNODES, SLURM_NODEID, the first host of SLURM_JOB_NODELIST): docs/multinode.md
 #   COLLECTIVE_TIMEOUT_S  seconds a collective waits for its peers (default 300, common/dist.py)
-#   EXTRA_ARGS  more flags for the training program
+#   EXTRA_ARGS  more flags for the training program (started as python -m common.entry)
 # A variable set but empty is refused where it names a path (DATADIR, FIXTURE_DIR, LOGDIR) and
 # taken as unset otherwise.
 # SIGINT/SIGTERM, at any moment, stop the current run (its log, if it began one, ends with
@@ -183,11 +183,11 @@ wait_child() {
 }
 
 # Runs "$@" to its end, its status in child_rc. In the background, so that the traps run while
-# it works (a foreground child delays them), with SIGINT as this script received it: bash
-# starts a background job with SIGINT ignored, where a Ctrl-C before the program has installed
-# its own handler would be lost.
+# it works (a foreground child delays them), with SIGINT's default action: bash starts a
+# background job with SIGINT ignored (and cannot undo it where this script started so), where
+# a Ctrl-C before the program has installed its own handler would be lost.
 run_child() {
-    ( trap - INT; exec "$@" ) &
+    env --default-signal=INT "$@" &
     child=$!
     # a signal between the launch and the line above found no child to forward to
     [[ -z $stop_name ]] || kill -s "$stop_name" "$child" 2>/dev/null
@@ -238,8 +238,10 @@ for ((i = 0; i < NEXP; i++)); do
     seed=$((base_seed + i))
     log=$LOGDIR/result_$i.txt
     echo "== $BENCHMARK run $((i + 1))/$NEXP: CONFIG=$CONFIG seed=$seed log=$log"
-    run_child "${launch[@]}" -m "benchmarks.$BENCHMARK" --data-dir "$DATADIR" --seed "$seed" \
-        --log-file "$log" "${OPTIMISE[@]}" "${TRAIN_ARGS[@]}" "${extra[@]}"
+    # common.entry: SIGINT ends the program until its handler is installed (Python's own would
+    # raise KeyboardInterrupt inside whatever library it is importing)
+    run_child "${launch[@]}" -m common.entry "benchmarks.$BENCHMARK" --data-dir "$DATADIR" \
+        --seed "$seed" --log-file "$log" "${OPTIMISE[@]}" "${TRAIN_ARGS[@]}" "${extra[@]}"
     note_stop
     # 2: bad input, already reported in one line; no run to check (a stop signal wins).
     [[ -z $stop_name ]] && ((child_rc == 2)) && exit 2
