@@ -228,15 +228,19 @@ def test_every_variable_is_checked_before_anything_runs(tmp_path, env_extra, nam
     assert proc.stdout == "" and not (tmp_path / "fixture").exists()
 
 
-@pytest.mark.parametrize("sig, delay", [(signal.SIGINT, 0.3), (signal.SIGINT, 1.5),
-                                        (signal.SIGINT, 3.0), (signal.SIGTERM, 0.3),
-                                        (signal.SIGTERM, 3.0)])
-def test_a_signal_in_the_first_seconds_of_a_run_ends_it(tmp_path, sig, delay):
+@pytest.mark.parametrize("sig, delay, sigint", [
+    (signal.SIGINT, 0.3, signal.SIG_DFL), (signal.SIGINT, 1.5, signal.SIG_DFL),
+    (signal.SIGINT, 3.0, signal.SIG_DFL), (signal.SIGINT, 0.5, signal.SIG_IGN),
+    (signal.SIGTERM, 0.3, signal.SIG_DFL), (signal.SIGTERM, 3.0, signal.SIG_DFL)],
+    ids=["int-0.3", "int-1.5", "int-3", "int-0.5-script-ignoring-it", "term-0.3", "term-3"])
+def test_a_signal_in_the_first_seconds_of_a_run_ends_it(tmp_path, sig, delay, sigint):
     """``delay`` s after the run's launch (importing, parsing, building): Ctrl-C to the group
-    (bash had started the program with SIGINT ignored: lost) or SIGTERM to the script (no log
-    and no RESULT line). The run ends with a RESULT line, run_stop aborted where a log began,
-    and nothing left."""
-    proc = start(tmp_path, {"CONFIG": "cpu_tiny", "SEED": "7", "LOGDIR": str(tmp_path / "logs")})
+    (bash had started the program with SIGINT ignored: lost; Python's KeyboardInterrupt inside
+    an import was swallowed) or SIGTERM to the script (no log and no RESULT line). The run ends
+    with a RESULT line, run_stop aborted where a log began, and nothing left; also where the
+    script itself started with SIGINT ignored (``sigint``)."""
+    proc = start(tmp_path, {"CONFIG": "cpu_tiny", "SEED": "7", "LOGDIR": str(tmp_path / "logs")},
+                 sigint)
     try:
         deadline = time.monotonic() + WAIT_S
         while "== resnet run 1/1" not in (tmp_path / "stdout").read_text():
