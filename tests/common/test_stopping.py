@@ -127,3 +127,31 @@ def test_bad_input_under_torchrun_is_one_line_and_exit_2(tmp_path, flags, messag
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert len(lines) == 1 and message in lines[0], proc.stderr[-3000:]
+
+
+def _coco_loader(dataset):
+    import torch
+
+    from common.coco.data import batch_loader
+    return batch_loader(dataset, [[0, 1], [2, 3]] * 50, lambda items: items, 1,
+                        torch.device("cpu"))
+
+
+def _persistent_loader(dataset):
+    from common import loaders
+    return loaders.persistent(dataset, loaders.Keys(list(range(100))), 1, pin=False)
+
+
+@pytest.mark.parametrize("make", [_coco_loader, _persistent_loader], ids=["coco", "persistent"])
+def test_a_loader_process_ends_quietly_on_sigterm(make):
+    """Sent by another process than the trainer (a scheduler's, to the whole group), torch's
+    handler ended it killed by the signal: the trainer then raised 'DataLoader worker is killed
+    by signal: Terminated' over its own stop."""
+    loader = make(list(range(4)))
+    it = iter(loader)
+    next(it)
+    (worker,) = it._workers
+    subprocess.run(["kill", "-TERM", str(worker.pid)], check=True)
+    worker.join(10)
+    assert worker.exitcode == 0
+    del it
