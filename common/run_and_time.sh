@@ -214,7 +214,9 @@ if [[ -z ${DATADIR:-} ]]; then
     ((child_rc == 0)) || exit $child_rc
 elif [[ ! -d $DATADIR ]]; then
     die "DATADIR=$DATADIR is not a directory: point it at the dataset (see docs/data.md#$BENCHMARK), or unset it to use the fixture"
-elif [[ -z $(ls -A "$DATADIR") ]]; then
+elif ! entries=$(ls -A "$DATADIR" 2>/dev/null); then
+    die "DATADIR=$DATADIR cannot be read: make it readable (chmod u+rx $DATADIR) or point DATADIR at the dataset"
+elif [[ -z $entries ]]; then
     die "DATADIR=$DATADIR is empty: point it at the prepared dataset (see docs/data.md#$BENCHMARK)"
 fi
 

@@ -283,3 +283,27 @@ def test_bad_input_under_torchrun_is_one_line_and_exit_2(tmp_path):
     lines = error_lines(proc)
     assert len(lines) == 1 and str(data) in lines[0], proc.stderr[-3000:]
     assert "compliance" not in proc.stdout and "RESULT," not in proc.stdout
+
+
+def test_an_unreadable_datadir_is_one_line_naming_the_fix(tmp_path):
+    """Not called empty. Root reads through any mode bits: there an ``ls`` that is refused
+    that folder stands in for the kernel's refusal."""
+    data = tmp_path / "data"
+    data.mkdir(mode=0o000)
+    env = {"DATADIR": str(data), "LOGDIR": str(tmp_path / "logs")}
+    if os.geteuid() == 0:
+        stub = tmp_path / "bin"
+        stub.mkdir()
+        (stub / "ls").write_text(
+            '#!/bin/sh\nfor a; do [ "$a" = "$UNREADABLE" ] && { echo "ls: cannot open '
+            'directory $a: Permission denied" >&2; exit 2; }; done\nexec /bin/ls "$@"\n')
+        (stub / "ls").chmod(0o755)
+        env.update(UNREADABLE=str(data), PATH=f"{stub}{os.pathsep}{Path(sys.executable).parent}"
+                   f"{os.pathsep}{os.environ['PATH']}")
+    try:
+        proc = run_script("resnet", env, timeout=60)
+    finally:
+        data.chmod(0o755)
+    lines = error_lines(proc)
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "cannot be read" in lines[0] and "chmod u+rx" in lines[0] and "empty" not in lines[0]
