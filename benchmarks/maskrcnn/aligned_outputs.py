@@ -97,7 +97,3 @@ def align(net: MaskRCNN) -> None:
     for module, aligned in ((net.rpn, AlignedRPNHead), (net.box_predictor, AlignedBoxPredictor),
                             (net.mask_predictor, AlignedMaskPredictor)):
         module.__class__ = aligned
-
-
-def apply(wl, _value) -> None:
-    align(wl.net)

@@ -108,7 +108,3 @@ def fuse(net: MaskRCNN) -> None:
         if isinstance(m, (ResNet50, Bottleneck)):
             m.conv_bn_relu = conv_bn_relu
     net.rpn.conv_relu = net.mask_features.conv_relu = conv_relu
-
-
-def apply(wl, _value) -> None:
-    fuse(wl.net)

@@ -42,7 +42,3 @@ def fold(backbone: ResNet50) -> None:
     for m in backbone.modules():
         if isinstance(m, (ResNet50, Bottleneck)):
             m.conv_bn, m.conv_bn_relu = folded_conv_bn, folded_conv_bn_relu
-
-
-def apply(wl, _value) -> None:
-    fold(wl.net.backbone)

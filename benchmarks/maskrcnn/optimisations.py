@@ -26,10 +26,6 @@ def _count(text: str) -> int:
     return n
 
 
-def _channels_last(wl, _value) -> None:
-    wl.impl.memory_format = torch.channels_last
-
-
 def _triton_nms(wl, _value) -> None:
     from benchmarks.maskrcnn import nms_triton  # Triton: GPU machines only
 
@@ -43,14 +39,6 @@ def _triton_roi_align(wl, _value) -> None:
         pooler.align = roi_align_triton.roi_align_levels
 
 
-def _fused_sgd(wl, _value) -> None:
-    wl.optimizer.fused = True
-
-
-def _loss_streams(wl, _value) -> None:
-    wl.detector.streams = SideStreams(wl.env.device, 3)
-
-
 def _roi_multiple(head: int):
     def apply(wl, multiple: int) -> None:
         wl.detector.roi_multiples[head] = multiple
@@ -62,27 +50,33 @@ REGISTRY = Registry(
                  "(NVIDIA's split top-K, 4; topk.py)", apply=topk.apply, value_type=_count,
                  default=topk.SPLIT_TOPK_CHUNKS),
     Optimisation("channels-last", "images and networks in channels-last memory (cuDNN's NHWC "
-                 "kernels without layout conversions)", select=_channels_last),
+                 "kernels without layout conversions)",
+                 select=lambda wl, _: setattr(wl.impl, "memory_format", torch.channels_last)),
     Optimisation("fold-frozen-bn", "each backbone convolution and its frozen batch norm as one "
-                 "convolution, in the autocast dtype (frozen_bn.py)", apply=frozen_bn.apply),
+                 "convolution, in the autocast dtype (frozen_bn.py)",
+                 apply=lambda wl, _: frozen_bn.fold(wl.net.backbone)),
     Optimisation("fused-conv-relu", "each convolution followed by a ReLU (backbone, RPN head, "
                  "mask head) as one cuDNN kernel, the adds and ReLU in its epilogue "
-                 "(conv_relu.py)", apply=conv_relu.apply, requires=("fold-frozen-bn",),
-                 cuda=True, rtol=1e-4),
+                 "(conv_relu.py)", apply=lambda wl, _: conv_relu.fuse(wl.net),
+                 requires=("fold-frozen-bn",), cuda=True, rtol=1e-4),
     Optimisation("space-to-depth", "the stem's 7x7 stride-2 convolution as a 4x4 one over 2x2 "
-                 "pixel blocks (stem.py)", apply=stem.apply, requires=("fold-frozen-bn",)),
+                 "pixel blocks (stem.py)", requires=("fold-frozen-bn",),
+                 apply=lambda wl, _: stem.over_blocks(wl.net.backbone,
+                                                      "fused-conv-relu" in wl.opts)),
     Optimisation("aligned-outputs", "the RPN's, box predictor's and mask predictor's output "
                  "counts padded to multiples of 8, each head's as one GEMM "
-                 "(aligned_outputs.py)", apply=aligned_outputs.apply, rtol=5e-5),
+                 "(aligned_outputs.py)", apply=lambda wl, _: aligned_outputs.align(wl.net),
+                 rtol=5e-5),
     Optimisation("nms-triton", "NMS's greedy step as one Triton kernel without host syncs "
                  "(nms_triton.py)", apply=_triton_nms, cuda=True),
     Optimisation("roi-align-triton", "the box and mask heads' RoIAlign as a Triton kernel whose "
                  "backward adds into one fp32 table per level (roi_align_triton.py)",
                  apply=_triton_roi_align, cuda=True, rtol=1e-3),
     Optimisation("fused-sgd", "the SGD update as PyTorch's fused kernel (common/sgd.py)",
-                 apply=_fused_sgd),
+                 apply=lambda wl, _: setattr(wl.optimizer, "fused", True)),
     Optimisation("loss-streams", "the RPN, box and mask losses each on a CUDA stream of its own "
-                 "beside the rest of the forward", apply=_loss_streams, cuda=True),
+                 "beside the rest of the forward", cuda=True, apply=lambda wl, _: setattr(
+                     wl.detector, "streams", SideStreams(wl.env.device, 3))),
     Optimisation("box-roi-multiple", "the box head on its RoI count rounded up to a multiple "
                  "of N (copies of the last RoI, dropped after)", apply=_roi_multiple(0),
                  value_type=_count, default=512),

@@ -28,7 +28,3 @@ def over_blocks(backbone: ResNet50, fused: bool) -> None:
     """The folded ``backbone``'s stem over pixel blocks, as one kernel if ``fused``."""
     backbone.stem = functools.partial(stem, backbone,
                                       conv_bias_relu if fused else plain_conv_bias_relu)
-
-
-def apply(wl, _value) -> None:
-    over_blocks(wl.net.backbone, "fused-conv-relu" in wl.opts)
