@@ -84,7 +84,8 @@ REGISTRY = Registry(
                  "of N (padding RoIs, left out of the loss): few convolution shapes, so "
                  "cuDNN's plans are reused", apply=_roi_multiple(1), value_type=_count,
                  default=128),
-    shared(COMPILE, apply=compiled.apply, rtol=1e-5, description="torch.compile the backbone "
+    # three steps' losses: 1.3e-7 apart on the CPU, 2.2e-5 on an H200 in strict fp32
+    shared(COMPILE, apply=compiled.apply, rtol=1e-4, description="torch.compile the backbone "
            "+ FPN + RPN head, the box head and the mask head, each a region (=MODE; "
            "compiled.py)"),
     Optimisation("compile-losses", "also compile the RPN's targets, sampling and loss, the box "
