@@ -7,8 +7,8 @@ PY := $(VENV)/bin/python
 TORCH_PIN := torch==2.13.0
 TORCH_SPEC ?= $(TORCH_PIN)
 # Where nvidia-smi runs, .venv also gets the extra "gpu" (pyproject.toml), what the GPU configs
-# need: the cuDNN frontend for ResNet's --cudnn-fusion and torchvision 0.28.0, the build for
-# torch 2.13.0, for ResNet's --data-backend gpu (nvJPEG). A TORCH_SPEC other than TORCH_PIN
+# need: the cuDNN frontend for ResNet's cudnn-fusion optimisation and torchvision 0.28.0, the build for
+# torch 2.13.0, for ResNet's nvjpeg optimisation (nvJPEG). A TORCH_SPEC other than TORCH_PIN
 # gets the extra "cudnn" only: torchvision==0.28.0 would replace that torch with 2.13.0.
 # CPU machines get no torchvision: its wheels cannot import next to the CPU torch wheel.
 CONFIG ?= cpu_tiny
@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	extras=test; if command -v nvidia-smi > /dev/null; then extras=test,gpu; \
 	  if [ "$(TORCH_SPEC)" != "$(TORCH_PIN)" ]; then extras=test,cudnn; \
-	    echo "make venv: TORCH_SPEC=$(TORCH_SPEC) is not $(TORCH_PIN): no torchvision installed; install the build for that torch by hand (--data-backend gpu needs it)"; \
+	    echo "make venv: TORCH_SPEC=$(TORCH_SPEC) is not $(TORCH_PIN): no torchvision installed; install the build for that torch by hand (the nvjpeg optimisation needs it)"; \
 	  fi; \
 	fi; \
 	$(PY) -m pip install -q -e ".[$$extras]"
@@ -39,7 +39,7 @@ $(MXNET_VENV)/.installed: Makefile
 	$(MXNET_VENV)/bin/python -m pip install -q "mxnet==1.9.1" "numpy<1.24"
 	touch $@
 
-# libturbojpeg 3 (ResNet's --region-decode, benchmarks/resnet/region_decode.py), built from the
+# libturbojpeg 3 (ResNet's region-decode optimisation, benchmarks/resnet/region_decode.py), built from the
 # libjpeg-turbo sources in simplejpeg's sdist (PyPI; no wheel exposes the TurboJPEG 3 API) into
 # $(VENV)/lib. With nasm (apt-get install nasm) it has libjpeg-turbo's SIMD code: its region
 # decode took 0.69 ms an image against 1.03 ms in plain C (docs/performance.md). Without nasm
@@ -73,7 +73,7 @@ run: venv turbojpeg
 test: venv turbojpeg
 	$(PY) -m pytest -q
 
-# The DALI reader (--data-backend dali) in DALI's CPU mode against the Pillow reader; not part
+# The DALI reader (the dali optimisation) in DALI's CPU mode against the Pillow reader; not part
 # of `make test`: it installs nvidia-dali-cuda120 (the extra "dali", about 790 MB) into .venv.
 # REQUIRE_DALI=1 turns the tests' skip without DALI into a failure.
 test-dali: $(VENV)/.dali-installed

@@ -2,7 +2,7 @@
 ``run_and_time.sh``, one line per run and the success rate.
 
     python -m compliance.seeds unet3d [-n 10] [--seed 1000] [--config cpu_tiny] [--logdir DIR] \
-        [--extra-args "--device cuda --channels-last"]
+        [--extra-args "--device cuda --opt channels-last"]
 
 The runs are ``NEXP=N SEED=S`` (seeds S, S+1, ...), as a submission's are; each log is read
 back for its status, the epoch of its last evaluation, the time to train and the last
