@@ -34,6 +34,14 @@ def run_program(benchmark: str, *flags: str, timeout: int = 600) -> subprocess.C
                           text=True, timeout=timeout)
 
 
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def error_lines(proc: subprocess.CompletedProcess) -> list[str]:
     """The non-empty stderr lines, Python warnings left out."""
     return [line for line in proc.stderr.splitlines()

@@ -17,7 +17,7 @@ import pytest
 
 from common.errors import UserError
 from compliance.package import result_logs
-from tests.entry_points import REPO, error_lines, run_script
+from tests.entry_points import REPO, error_lines, group_alive, run_script
 
 SCRIPT = REPO / "benchmarks/resnet/run_and_time.sh"
 WAIT_S = 45   # for run_start, and again for the script's exit after the signal
@@ -34,14 +34,6 @@ def start(tmp_path: Path, env_extra: dict, sigint=signal.SIG_DFL) -> subprocess.
         return subprocess.Popen(["bash", str(SCRIPT)], cwd=REPO, env=env, stdout=out,
                                 stderr=err, start_new_session=True,
                                 preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 @pytest.fixture(params=[signal.SIG_DFL], ids=["sigint-default"])

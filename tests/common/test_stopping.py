@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.common.test_multinode import wait_gone
+from tests.entry_points import group_alive
 
 REPO = Path(__file__).resolve().parents[2]
 STOP_S = 15   # the bound on a stopped run's exit: run_stop, the scorer and loaders stopped
@@ -27,14 +28,6 @@ def start(tmp_path: Path, *argv: str) -> subprocess.Popen:
     with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr", "w") as err:
         return subprocess.Popen([sys.executable, "-m", *argv], cwd=REPO, env=env, stdout=out,
                                 stderr=err, start_new_session=True)
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def wait_for(proc: subprocess.Popen, tmp_path: Path, ready) -> None:
