@@ -59,7 +59,9 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _scalar(kind: type, check) -> Callable[[str], Any]:
+def checked(kind: type, check: Callable[[Any], None] | None = None) -> Callable[[str], Any]:
+    """An argparse ``type``: ``kind(text)`` passed through ``check``; a bad value is the
+    parser's one-line error."""
     def parse(text: str):
         try:
             value = kind(text)
@@ -75,7 +77,7 @@ def _scalar(kind: type, check) -> Callable[[str], Any]:
 
 
 def _list(kind: type, check) -> Callable[[str], list]:
-    one = _scalar(kind, check)
+    one = checked(kind, check)
 
     def parse(text: str) -> list:
         return [one(v) for v in text.split(",") if v.strip()]
@@ -99,7 +101,7 @@ def _argument(f: dataclasses.Field, hint) -> dict:
         (item,) = typing.get_args(hint)
         kw["type"], kw["metavar"] = _list(item, check), f"{item.__name__.upper()},.."
     elif hint in (int, float):
-        kw["type"] = _scalar(hint, check)
+        kw["type"] = checked(hint, check)
     elif hint is Path:
         kw["type"] = Path
     elif hint is str:

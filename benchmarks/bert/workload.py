@@ -33,6 +33,7 @@ from benchmarks.bert.schedule import bert_lr, eval_interval_samples, eval_steps
 from common import dist
 from common.errors import UserError
 from common.flat_params import FlatParameters
+from common.hparams import checked, positive
 from common.lamb import Lamb, LambHyper, ShardedLamb
 from common.mllog import constants
 from common.workload import (
@@ -63,13 +64,15 @@ class BertWorkload(Workload):
         p.add_argument("--init-checkpoint", type=Path,
                        help="phase-1 checkpoint in the reference's PyTorch format (default: "
                             "random init)")
-        p.add_argument("--max-seq-length", type=int, default=512)
-        p.add_argument("--max-predictions", type=int, default=76)
-        p.add_argument("--batch-size", type=int, default=56, help="per-rank batch per step")
-        p.add_argument("--grad-accum", type=int, default=1,
+        p.add_argument("--max-seq-length", type=checked(int, positive), default=512)
+        p.add_argument("--max-predictions", type=checked(int, positive), default=76)
+        p.add_argument("--batch-size", type=checked(int, positive),
+                       default=56, help="per-rank batch per step")
+        p.add_argument("--grad-accum", type=checked(int, positive), default=1,
                        help="micro-batches per step (each of --batch-size / --grad-accum)")
-        p.add_argument("--eval-batch-size", type=int, default=128)
-        p.add_argument("--lr", type=float, default=3.5e-4, help="opt_base_learning_rate")
+        p.add_argument("--eval-batch-size", type=checked(int, positive), default=128)
+        p.add_argument("--lr", type=checked(float, positive),
+                       default=3.5e-4, help="opt_base_learning_rate")
         p.add_argument("--epsilon", type=float, default=1e-6)
         p.add_argument("--beta1", type=float, default=0.9)
         p.add_argument("--beta2", type=float, default=0.999)

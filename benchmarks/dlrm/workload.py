@@ -26,6 +26,7 @@ from benchmarks.dlrm.model import DenseArch, PlainEmbeddings, mllog_tensor_names
 from benchmarks.dlrm.split_linear import wait_for_weight_grads
 from common import dist
 from common.errors import UserError
+from common.hparams import checked, positive
 from common.mllog import constants
 from common.progress import say
 from common.workload import CapturePolicy, EvalPoint, Target, Workload, interval_points
@@ -110,10 +111,12 @@ class DLRMWorkload(Workload):
         p.add_argument("--data-dir", type=Path,
                        help=f"folder with {data.TRAIN_FILE}, {data.EVAL_FILE}, {data.COUNTS_FILE} "
                             f"(--synthetic-data: Criteo Terabyte's table sizes, power-law ids)")
-        p.add_argument("--batch-size", type=int, default=55296, help="global batch per step")
-        p.add_argument("--eval-batch-size", type=int, default=1769472, help="global eval batch")
-        p.add_argument("--epochs", type=int, default=1, help="epoch cap")
-        p.add_argument("--eval-every", type=float, default=0.05,
+        p.add_argument("--batch-size", type=checked(int, positive),
+                       default=55296, help="global batch per step")
+        p.add_argument("--eval-batch-size", type=checked(int, positive),
+                       default=1769472, help="global eval batch")
+        p.add_argument("--epochs", type=checked(int, positive), default=1, help="epoch cap")
+        p.add_argument("--eval-every", type=checked(float, positive), default=0.05,
                        help="fraction of an epoch between evaluations")
         p.add_argument("--lr", type=float, default=24.0, help="base learning rate")
         p.add_argument("--warmup-steps", type=int, default=2750)

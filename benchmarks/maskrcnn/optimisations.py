@@ -15,15 +15,9 @@ from benchmarks.maskrcnn import (
     stem,
     topk,
 )
+from common.hparams import checked, positive
 from common.optimisations import COMPILE, Optimisation, Registry, shared
 from common.streams import SideStreams
-
-
-def _count(text: str) -> int:
-    n = int(text)
-    if n < 1:
-        raise ValueError(f"must be 1 or more, not {n}")
-    return n
 
 
 def _triton_nms(wl, _value) -> None:
@@ -47,8 +41,8 @@ def _roi_multiple(head: int):
 
 REGISTRY = Registry(
     Optimisation("topk-chunks", "the RPN's pre-NMS top-K in two stages over N chunks "
-                 "(NVIDIA's split top-K, 4; topk.py)", apply=topk.apply, value_type=_count,
-                 default=topk.SPLIT_TOPK_CHUNKS),
+                 "(NVIDIA's split top-K, 4; topk.py)", apply=topk.apply,
+                 value_type=checked(int, positive), default=topk.SPLIT_TOPK_CHUNKS),
     Optimisation("channels-last", "images and networks in channels-last memory (cuDNN's NHWC "
                  "kernels without layout conversions)",
                  select=lambda wl, _: setattr(wl.impl, "memory_format", torch.channels_last)),
@@ -79,11 +73,11 @@ REGISTRY = Registry(
                      wl.detector, "streams", SideStreams(wl.env.device, 3))),
     Optimisation("box-roi-multiple", "the box head on its RoI count rounded up to a multiple "
                  "of N (copies of the last RoI, dropped after)", apply=_roi_multiple(0),
-                 value_type=_count, default=512),
+                 value_type=checked(int, positive), default=512),
     Optimisation("mask-roi-multiple", "the mask head on its RoI count rounded up to a multiple "
                  "of N (padding RoIs, left out of the loss): few convolution shapes, so "
-                 "cuDNN's plans are reused", apply=_roi_multiple(1), value_type=_count,
-                 default=128),
+                 "cuDNN's plans are reused", apply=_roi_multiple(1),
+                 value_type=checked(int, positive), default=128),
     # three steps' losses: 1.3e-7 apart on the CPU, 2.2e-5 on an H200 in strict fp32
     shared(COMPILE, apply=compiled.apply, rtol=1e-4, description="torch.compile the backbone "
            "+ FPN + RPN head, the box head and the mask head, each a region (=MODE; "

@@ -47,7 +47,7 @@ from common.coco import cli, evaluation
 from common.coco import data as coco
 from common.coco.evaluation import Detections, ScoreRequest, encode_masks
 from common.errors import UserError
-from common.hparams import fraction, hparam, non_negative, open_fraction, positive
+from common.hparams import checked, fraction, hparam, non_negative, open_fraction, positive
 from common.kernel_profile import region
 from common.mllog import constants
 from common.precision import grad_scaler_state
@@ -133,12 +133,14 @@ class MaskRCNNWorkload(Workload):
         p.add_argument("--data-dir", type=Path,
                        help="COCO 2017: annotations/instances_{train,val}2017.json, "
                             "{train,val}2017/*.jpg")
-        p.add_argument("--eval-batch-size", type=int, default=8, help="per-rank images")
+        p.add_argument("--eval-batch-size", type=checked(int, positive),
+                       default=8, help="per-rank images")
         # widths: the reference's by default, smaller for CPU fixtures
-        p.add_argument("--width", type=int, default=WIDTH, help="ResNet-50 base width")
-        p.add_argument("--fpn-channels", type=int, default=FPN_CHANNELS)
-        p.add_argument("--box-head-dim", type=int, default=MLP_HEAD_DIM)
-        p.add_argument("--mask-head-dim", type=int, default=MASK_CONV_LAYERS[-1])
+        p.add_argument("--width", type=checked(int, positive),
+                       default=WIDTH, help="ResNet-50 base width")
+        p.add_argument("--fpn-channels", type=checked(int, positive), default=FPN_CHANNELS)
+        p.add_argument("--box-head-dim", type=checked(int, positive), default=MLP_HEAD_DIM)
+        p.add_argument("--mask-head-dim", type=checked(int, positive), default=MASK_CONV_LAYERS[-1])
         cli.add_args(p, "resnet50")
 
     # -- set-up ---------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from benchmarks.resnet.model import ResNet50, mllog_tensor_names
 from benchmarks.resnet.schedule import poly_warmup_lr
 from common import dist
 from common.errors import UserError
-from common.hparams import hparam, non_negative, open_fraction, positive
+from common.hparams import checked, hparam, non_negative, open_fraction, positive
 from common.mllog import constants
 from common.optimisations import COMPILE, CUDA_GRAPH, Optimisation, Registry, shared
 from common.throughput import meta_train_flops
@@ -68,14 +68,6 @@ class HParams:
     eval_period: int = hparam(4, "epochs between evaluations", check=positive)
     eval_offset: int = hparam(2, "first evaluation after epoch offset+1 (0-3)", check=non_negative)
     bn_group: int = hparam(1, "ranks sharing batch-norm statistics", check=positive)
-
-
-def _checked(check):
-    def parse(text: str) -> int:
-        check(value := int(text))
-        return value
-    parse.__name__ = "int"   # argparse names the type in its "invalid" message
-    return parse
 
 
 def _channels_last(wl, _) -> None:
@@ -150,9 +142,9 @@ class ResNetWorkload(Workload):
     def add_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--data-dir", type=Path,
                        help="ImageNet folder with train/<wnid>/*.JPEG and val/<wnid>/*.JPEG")
-        p.add_argument("--workers", type=_checked(non_negative), default=4,
+        p.add_argument("--workers", type=checked(int, non_negative), default=4,
                        help="loader processes per rank")
-        p.add_argument("--image-size", type=_checked(positive), default=224,
+        p.add_argument("--image-size", type=checked(int, positive), default=224,
                        help="training crop size in pixels")
 
     # -- set-up ---------------------------------------------------------------------------
@@ -196,6 +188,9 @@ class ResNetWorkload(Workload):
                             f"one global batch ({self.global_batch_size}); lower --batch-size")
         self.warmup_steps = round(hp.warmup_epochs * self.steps_per_epoch)
         self.decay_steps = hp.epochs * self.steps_per_epoch
+        if self.decay_steps <= self.warmup_steps:
+            raise UserError(f"--epochs {hp.epochs} ends within the --warmup-epochs "
+                            f"{hp.warmup_epochs} warm-up: raise --epochs or lower the warm-up")
 
     @property
     def dataset(self) -> str:

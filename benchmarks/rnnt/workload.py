@@ -60,7 +60,7 @@ from benchmarks.rnnt.wer import error_counts
 from common import dist, loaders
 from common.errors import UserError
 from common.fixture_cache import MARKER as FIXTURE_MARKER
-from common.hparams import hparam, non_negative, open_fraction, positive
+from common.hparams import checked, hparam, non_negative, open_fraction, positive
 from common.kernel_profile import region
 from common.lamb import Lamb, LambHyper
 from common.mllog import constants
@@ -108,12 +108,6 @@ class HParams:
     pred_hidden: int = hparam(PRED_HIDDEN, "prediction network width", positive)
     pred_rnn_layers: int = hparam(PRED_RNN_LAYERS, "prediction network layers", positive)
     joint_hidden: int = hparam(JOINT_HIDDEN, "joint network width", positive)
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    non_negative(value)
-    return value
 
 
 def lr_at(step: torch.Tensor, steps_per_epoch: int, base: float, warmup_epochs: int,
@@ -191,7 +185,8 @@ class RNNTWorkload(Workload):
                             "sentencepieces/ (python -m benchmarks.rnnt.prepare_data)")
         p.add_argument("--train-splits", nargs="+", default=list(data.TRAIN_SPLITS))
         p.add_argument("--eval-split", default=data.EVAL_SPLIT)
-        p.add_argument("--workers", type=_count, default=4, help="loader processes per rank")
+        p.add_argument("--workers", type=checked(int, non_negative), default=4,
+                       help="loader processes per rank")
 
     # -- set-up ---------------------------------------------------------------------------
     def build(self) -> None:

@@ -27,6 +27,7 @@ from common.coco import cli
 from common.coco import data as coco
 from common.coco.evaluation import Detections, ScoreRequest, score
 from common.errors import UserError, require_cuda
+from common.hparams import checked, non_negative, positive
 from common.mllog import constants
 from common.precision import grad_scaler_state
 from common.sgd import DeviceLRSGD
@@ -71,12 +72,13 @@ class SSDWorkload(Workload):
         p.add_argument("--data-dir", type=Path,
                        help="COCO 2017: annotations/instances_{train,val}2017.json, "
                             "{train,val}2017/*.jpg")
-        p.add_argument("--batch-size", type=int, default=32, help="per-rank images per step")
-        p.add_argument("--eval-batch-size", type=int, default=64)
-        p.add_argument("--epochs", type=int, default=80, help="epoch cap")
-        p.add_argument("--lr", type=float, default=2.5e-3,
+        p.add_argument("--batch-size", type=checked(int, positive),
+                       default=32, help="per-rank images per step")
+        p.add_argument("--eval-batch-size", type=checked(int, positive), default=64)
+        p.add_argument("--epochs", type=checked(int, positive), default=80, help="epoch cap")
+        p.add_argument("--lr", type=checked(float, positive), default=2.5e-3,
                        help="learning rate per 32 images of global batch")
-        p.add_argument("--warmup-epochs", type=float, default=1.0,
+        p.add_argument("--warmup-epochs", type=checked(float, non_negative), default=1.0,
                        help="linear warm-up length in epochs (the reference's --warmup)")
         p.add_argument("--warmup-factor", type=int, default=0)
         p.add_argument("--lr-decay-epochs", type=_ints, default=[40, 50],
@@ -87,12 +89,13 @@ class SSDWorkload(Workload):
         p.add_argument("--weight-decay", type=float, default=5e-4)
         p.add_argument("--max-samples", type=int, default=1, choices=(1, 50),
                        help="tries of the IoU-constrained crop")
-        p.add_argument("--max-boxes", type=int, default=data.MAX_BOXES,
+        p.add_argument("--max-boxes", type=checked(int, positive), default=data.MAX_BOXES,
                        help="ground-truth boxes per image, padded (static step shapes)")
-        p.add_argument("--width", type=int, default=WIDTH,
+        p.add_argument("--width", type=checked(int, positive), default=WIDTH,
                        help="ResNet-34 stem width; every channel count scales with it "
                             "(64: the reference; smaller only for CPU fixtures)")
-        p.add_argument("--bn-group", type=int, default=1, help="ranks sharing BN statistics")
+        p.add_argument("--bn-group", type=checked(int, positive),
+                       default=1, help="ranks sharing BN statistics")
         p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=False)
         p.add_argument("--space-to-depth", action=argparse.BooleanOptionalAction, default=False,
                        help="the stem convolution over 2x2 pixel blocks (same result; cuDNN "

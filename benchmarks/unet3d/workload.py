@@ -25,6 +25,7 @@ from benchmarks.unet3d.loss import dice_ce_loss, dice_score
 from benchmarks.unet3d.model import FILTERS, NUM_CLASSES, Unet3D, as_channels_last_3d
 from common import dist
 from common.errors import UserError
+from common.hparams import checked, non_negative, positive
 from common.mllog import constants
 from common.precision import grad_scaler_state
 from common.progress import say
@@ -71,11 +72,13 @@ class Unet3DWorkload(Workload):
     def add_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--data-dir", type=Path,
                        help="folder of case_XXXXX_x.npy / case_XXXXX_y.npy (prepare_data.py)")
-        p.add_argument("--batch-size", type=int, default=2, help="samples per step per replica")
-        p.add_argument("--epochs", type=int, default=4000, help="epoch cap")
-        p.add_argument("--lr", type=float, default=0.8, help="base learning rate")
+        p.add_argument("--batch-size", type=checked(int, positive),
+                       default=2, help="samples per step per replica")
+        p.add_argument("--epochs", type=checked(int, positive), default=4000, help="epoch cap")
+        p.add_argument("--lr", type=checked(float, positive),
+                       default=0.8, help="base learning rate")
         p.add_argument("--init-lr", type=float, default=1e-4, help="learning rate of epoch 0")
-        p.add_argument("--lr-warmup-epochs", type=int, default=200)
+        p.add_argument("--lr-warmup-epochs", type=checked(int, non_negative), default=200)
         p.add_argument("--lr-decay-epochs", type=int, nargs="*", default=[])
         p.add_argument("--lr-decay-factor", type=float, default=1.0)
         p.add_argument("--momentum", type=float, default=0.9)
@@ -86,19 +89,21 @@ class Unet3DWorkload(Workload):
         p.add_argument("--val-input-shape", type=_ints, default=(128, 128, 128),
                        help="sliding window D,H,W")
         p.add_argument("--overlap", type=float, default=0.5, help="sliding-window overlap")
-        p.add_argument("--start-eval-at", type=int, default=1000)
-        p.add_argument("--evaluate-every", type=int, default=20)
-        p.add_argument("--eval-batch-size", type=int, default=1, help="windows per forward")
+        p.add_argument("--start-eval-at", type=checked(int, positive), default=1000)
+        p.add_argument("--evaluate-every", type=checked(int, positive), default=20)
+        p.add_argument("--eval-batch-size", type=checked(int, positive),
+                       default=1, help="windows per forward")
         p.add_argument("--filters", type=_ints, default=FILTERS,
                        help="channels of the five levels; smaller only for the CPU fixture")
-        p.add_argument("--spatial-group", type=int, default=1,
+        p.add_argument("--spatial-group", type=checked(int, positive), default=1,
                        help="ranks sharing one sample, split along depth")
         p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=False,
                        help="channels_last_3d activations")
         p.add_argument("--fused-norm", action=argparse.BooleanOptionalAction, default=False,
                        help="instance norm + ReLU as compiled kernels that read channels_last_3d "
                             "in place")
-        p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
+        p.add_argument("--workers", type=checked(int, non_negative), default=4,
+                       help="loader processes per rank")
 
     # -- set-up ---------------------------------------------------------------------------
     def build(self) -> None:

@@ -11,12 +11,14 @@ import torch
 
 from common.coco.evaluation import BACKENDS
 from common.errors import UserError, one_line
+from common.hparams import checked, non_negative
 
 
 def add_args(p: argparse.ArgumentParser, backbone: str) -> None:
     """``--workers``, ``--scoring`` and ``--backbone-checkpoint`` (weights of torchvision's
     ``backbone``, e.g. ``resnet34``)."""
-    p.add_argument("--workers", type=int, default=4, help="loader processes per rank")
+    p.add_argument("--workers", type=checked(int, non_negative),
+                   default=4, help="loader processes per rank")
     p.add_argument("--scoring", default="pycocotools", choices=BACKENDS,
                    help="COCO evaluator (faster-coco-eval: the same statistics, faster)")
     p.add_argument("--backbone-checkpoint", type=Path,

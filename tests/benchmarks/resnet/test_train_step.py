@@ -76,3 +76,9 @@ def test_init_steps_leave_training_as_it_would_have_been():
     (losses0, state0), (losses3, state3) = runs
     assert all(torch.equal(a, b) for a, b in zip(losses0, losses3))
     assert all(torch.equal(a, b) for a, b in zip(state0, state3))
+
+
+def test_a_schedule_that_ends_within_its_warm_up_is_one_line():
+    with pytest.raises(UserError, match=r"--epochs 1 ends within the --warmup-epochs 1.0 "
+                                        r"warm-up: raise --epochs"):
+        _workload("--epochs", "1", "--warmup-epochs", "1")
