@@ -309,7 +309,7 @@ def test_fused_sgd_takes_the_plain_updates():
 
 @pytest.mark.parametrize("opt", ["box-roi-multiple", "mask-roi-multiple"])
 def test_negative_roi_multiple_is_one_line(opt, capsys):
-    assert f"optimisation {opt}=-1: must be 1 or more" in parse_error(
+    assert f"optimisation {opt}=-1: must be more than 0, not -1" in parse_error(
         [*TINY, "--opt", f"{opt}=-1"], capsys)
 
 
