@@ -103,7 +103,7 @@ def test_corrupt_jpeg_names_the_file(tmp_path, small_fixture):
 
 
 def test_epoch_cap_without_target_aborts(tmp_path, small_fixture):
-    flags = " ".join(SMALL_FLAGS + ["--epochs", "1", "--lr", "0"])
+    flags = " ".join(SMALL_FLAGS + ["--epochs", "1", "--warmup-epochs", "0", "--lr", "0"])
     proc = run({"DATADIR": str(small_fixture), "LOGDIR": str(tmp_path), "SEED": "3",
                 "EXTRA_ARGS": flags})
     assert proc.returncode != 0
