@@ -5,7 +5,7 @@ the box predictor's two linears as one, and the mask logits).
 A layer whose output count is not a multiple of 8 (81 classes, 3 anchors, 81 x 4 deltas in
 bf16) sends cuBLAS and cuDNN to their unaligned tensor-core kernels, which on an H100 took
 0.2-0.3 ms for the forward or backward of a 1x1 convolution that needs a few microseconds of
-arithmetic (docs/performance.md, Mask R-CNN, session 29). Here the layers' weight rows go one
+arithmetic (docs/performance.md, Mask R-CNN). Here the layers' weight rows go one
 after another, each layer's rows followed by zero rows up to a multiple of 8, into one weight
 (and bias); one call computes every output, and each layer's output is a view of it that
 starts at a multiple of 8. Zero rows add nothing to any output and get no use in the

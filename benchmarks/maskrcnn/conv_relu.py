@@ -9,7 +9,7 @@ forward is a custom operator calling aten's ``cudnn_convolution_relu`` and
 ``cudnn_convolution_add_relu``; its backward is plain aten (the ReLU's mask from the output,
 ``convolution_backward``), which AOTAutograd traces and Inductor fuses as it does the plain
 form's. On the H100 (bf16, channels-last) the fused kernel took 0.44-0.74 of the pair's time
-for ResNet-50's convolutions (docs/performance.md, Mask R-CNN, session 32). Off CUDA the
+for ResNet-50's convolutions (docs/performance.md, Mask R-CNN). Off CUDA the
 operator runs the plain form: the reference the CUDA path is tested against."""
 
 from __future__ import annotations
