@@ -91,26 +91,28 @@ def test_fused_norm_matches_instance_norm_and_relu(channels_last):
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_fused_norm_model_matches_plain_model(channels_last):
     """Outputs and every parameter's gradient (the dense transposed-convolution gradients
-    included), the gradients within 0.1% of their largest entry: the fused norm computes in
-    fp32 from sums of squares, which the near-degenerate deep levels amplify."""
+    included) against the plain model in float64, the gradients within 0.1% of their largest
+    entry: the fused norm computes in fp32 from sums of squares, which the near-degenerate
+    deep levels amplify. Float64 is the reference because PyTorch's own fp32 instance norm
+    backward on the CPU is off by up to 0.75% in the shallow levels on some CPUs, while the
+    fused norm stays within 0.03%."""
     torch.manual_seed(0)
-    plain = Unet3D((4, 8, 16, 32, 40))
+    plain = Unet3D((4, 8, 16, 32, 40)).double()
     fused = Unet3D((4, 8, 16, 32, 40), fused_norm=True)
     fused.load_state_dict(plain.state_dict())
     x = torch.randn(1, 1, 32, 32, 64)
+    weights = torch.randn(1, 3, 32, 32, 64)
+    out = plain(x.double())
+    (out * weights.double()).sum().backward()
     if channels_last:
         fused = fused.to(memory_format=torch.channels_last_3d)
         x = as_channels_last_3d(x)
-    weights = torch.randn(1, 3, 32, 32, 64)
-    outs = []
-    for model in (plain, fused):
-        out = model(x)
-        (out * weights).sum().backward()
-        outs.append(out)
-    torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+    fused_out = fused(x)
+    (fused_out * weights).sum().backward()
+    torch.testing.assert_close(fused_out.double(), out, rtol=1e-4, atol=1e-4)
     for (name, p), q in zip(plain.named_parameters(), fused.parameters()):
         scale = p.grad.abs().max().item()
-        torch.testing.assert_close(q.grad, p.grad, rtol=0, atol=1e-3 * scale, msg=name)
+        torch.testing.assert_close(q.grad.double(), p.grad, rtol=0, atol=1e-3 * scale, msg=name)
 
 
 @pytest.mark.parametrize("channels", [1, 3])
