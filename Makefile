@@ -40,12 +40,15 @@ $(MXNET_VENV)/.installed: Makefile
 	touch $@
 
 # libturbojpeg 3 (ResNet's region-decode optimisation, benchmarks/resnet/region_decode.py), built from the
-# libjpeg-turbo sources in simplejpeg's sdist (PyPI; no wheel exposes the TurboJPEG 3 API) into
-# $(VENV)/lib. With nasm (apt-get install nasm) it has libjpeg-turbo's SIMD code: its region
-# decode took 0.69 ms an image against 1.03 ms in plain C (docs/performance.md). Without nasm
-# it builds in plain C and says so, fine for the tests; where nvidia-smi runs (a machine that
-# trains) that is an error naming the fix, as a GPU's loader processes would be 1.5x slower.
-TURBOJPEG_SDIST := https://files.pythonhosted.org/packages/90/64/da60f0ba80570f9a36c9b6e055f4364bda2c547715296d5773d2ea6d5a60/simplejpeg-1.9.0.tar.gz
+# libjpeg-turbo sources in simplejpeg's sdist (no wheel exposes the TurboJPEG 3 API) into $(VENV)/lib.
+# pip finds the sdist by name and version on the configured package index; `pip download` itself
+# cannot finish (simplejpeg's setup.py fetches libjpeg-turbo from elsewhere to write its metadata),
+# so the address pip found is read from its log, and the file is fetched and its sha256 checked.
+# With nasm (apt-get install nasm) it has libjpeg-turbo's SIMD code: its region decode took
+# 0.69 ms an image against 1.03 ms in plain C (docs/performance.md). Without nasm it builds in
+# plain C and says so, fine for the tests; where nvidia-smi runs (a machine that trains) that is
+# an error naming the fix, as a GPU's loader processes would be 1.5x slower.
+TURBOJPEG_SDIST := simplejpeg==1.9.0
 TURBOJPEG_SHA256 := 5ac7d9489eeb812c2e7ea5c283994a29d9fefdfe5ed7b86c09d485e0dd366689
 TURBOJPEG := $(VENV)/lib/libturbojpeg.so.0
 turbojpeg: $(TURBOJPEG)
@@ -58,7 +61,11 @@ $(TURBOJPEG): $(VENV)/.installed
 	  echo "WARNING: nasm not found: libturbojpeg without SIMD, about 1.5x slower decodes; apt-get install nasm, then rm $@ && make turbojpeg" >&2; \
 	fi
 	rm -rf $(VENV)/build-turbojpeg && mkdir -p $(VENV)/build-turbojpeg
-	cd $(VENV)/build-turbojpeg && curl -fsSL -o sdist.tar.gz $(TURBOJPEG_SDIST) \
+	cd $(VENV)/build-turbojpeg && url=$$($(abspath $(PY)) -m pip download --no-cache-dir --no-deps \
+	    --no-binary simplejpeg -d dl -vvv $(TURBOJPEG_SDIST) 2>&1 \
+	    | sed -n 's/^ *Found link \([^ ]*\/simplejpeg-1\.9\.0\.tar\.gz\)[ #].*/\1/p' | head -1) \
+	  && { [ -n "$$url" ] || { echo "error: pip found no sdist of $(TURBOJPEG_SDIST) on its package index" >&2; exit 1; }; } \
+	  && curl -fsSL -o sdist.tar.gz "$$url" \
 	  && echo "$(TURBOJPEG_SHA256)  sdist.tar.gz" | sha256sum -c --quiet \
 	  && tar xzf sdist.tar.gz --strip-components=3 simplejpeg-1.9.0/lib/libjpeg-turbo-3.1.2 \
 	  && { cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DENABLE_STATIC=0 > build.log 2>&1 \
