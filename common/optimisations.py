@@ -11,7 +11,9 @@ optimisation's requirements come before it. The shared ones (the whole-step CUDA
 the workloads that take them, each with the workload's own ``apply``.
 
 On the command line: ``--optimisations NAME[=VALUE],...`` (repeatable); ``--list-optimisations``
-prints the registry. Impossible combinations are refused in one line before anything is built.
+prints the registry (``--list-optimisations markdown``: as the table of the workload's README,
+:func:`markdown_table`). Impossible combinations are refused in one line before anything is
+built.
 """
 
 from __future__ import annotations
@@ -213,6 +215,52 @@ class Registry:
                 self.opts[name].apply(wl, value)
 
 
+GAIN_COLUMN = "measured gain"
+TABLE_HEADER = ("name", "what it does", GAIN_COLUMN, "requirements")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").strip()
+
+
+def requirements_cell(opt: Optimisation) -> str:
+    """What ``opt`` needs, as one table cell: the optimisations it requires and excludes,
+    CUDA, its precisions, one process, and its value; ``-`` for none."""
+    parts = []
+    if opt.requires:
+        parts.append("needs " + ", ".join(f"`{r}`" for r in opt.requires))
+    if opt.excludes:
+        parts.append("not with " + ", ".join(f"`{e}`" for e in opt.excludes))
+    if opt.cuda:
+        parts.append("CUDA")
+    if opt.precisions:
+        parts.append(" or ".join(opt.precisions) + " only")
+    if opt.single_process:
+        parts.append("one process")
+    if opt.value_type is not None:
+        parts.append("`=VALUE`" + (f", default `{opt.default}`" if opt.default is not None
+                                    else ""))
+    return _cell("; ".join(parts)) or "-"
+
+
+def markdown_table(registry: Registry, gains: Mapping[str, str] | None = None) -> str:
+    """The registry as a markdown table, one row per optimisation in the order of application:
+    name, what it does (the description), the measured gain (``gains[name]``; empty when not
+    given: measured figures are written by hand, with where they were measured) and
+    requirements (:func:`requirements_cell`). ``python -m benchmarks.<name>
+    --list-optimisations markdown`` prints it for the workload's README."""
+    gains = gains or {}
+    rows = ["| " + " | ".join(TABLE_HEADER) + " |", "|---|---|---|---|"]
+    for o in registry:
+        cells = (f"`{o.name}`", _cell(o.description), _cell(gains.get(o.name, "")),
+                 requirements_cell(o))
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+LIST_FORMATS = ("text", "markdown")
+
+
 def add_args(parser: argparse.ArgumentParser, registry: Registry) -> None:
     """The optimisations group of ``--help``: ``--optimisations`` and ``--list-optimisations``,
     the registry listed in the group's description."""
@@ -223,16 +271,21 @@ def add_args(parser: argparse.ArgumentParser, registry: Registry) -> None:
                    help="optimisations to apply, in the registry's order whatever the order "
                         "given")
     g.add_argument("--list-optimisations", action=_ListAction, registry=registry,
-                   help="print the registry and exit")
+                   help="print the registry and exit; FORMAT: text (the default) or markdown "
+                        "(the table of the workload's README, its measured gains left empty)")
 
 
 class _ListAction(argparse.Action):
     def __init__(self, option_strings, dest, registry: Registry, **kwargs):
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+        super().__init__(option_strings, dest, nargs="?", const="text", choices=LIST_FORMATS,
+                         metavar="FORMAT", default=argparse.SUPPRESS, **kwargs)
         self.registry = registry
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(self.registry.describe() or "no optimisations registered")
+        if values == "markdown":
+            print(markdown_table(self.registry))
+        else:
+            print(self.registry.describe() or "no optimisations registered")
         parser.exit(0)
 
 

@@ -7,7 +7,13 @@ import pytest
 
 from common.dist import DistEnv
 from common.errors import UserError
-from common.optimisations import Optimisation, Registry, ablation_variants, config_optimisations
+from common.optimisations import (
+    Optimisation,
+    Registry,
+    ablation_variants,
+    config_optimisations,
+    markdown_table,
+)
 from common.precision import Precision
 from common.training import build_parser
 from tests.common.toy_workload import OptimisedToy, ToyWorkload
@@ -89,6 +95,30 @@ def test_help_groups_and_the_listing(capsys):
         parse(["--list-optimisations"])
     out = capsys.readouterr().out
     assert exc.value.code == 0 and out.splitlines()[1].startswith("halve-lr")
+
+
+def test_markdown_table_has_a_row_per_optimisation_with_its_requirements(capsys):
+    table = markdown_table(OptimisedToy.optimisations, gains={"double-lr": "2x (a | b)"})
+    lines = table.splitlines()
+    assert lines[0] == "| name | what it does | measured gain | requirements |"
+    assert len(lines) == 2 + len(OptimisedToy.optimisations)
+    rows = {line.split(" | ")[0]: line for line in lines[2:]}
+    assert rows["| `double-lr`"] == "| `double-lr` | twice the LR | 2x (a \\| b) | - |"
+    assert rows["| `halve-lr`"] == "| `halve-lr` | half the LR |  | needs `double-lr` |"
+    assert rows["| `scale-lr`"].endswith("|  | `=VALUE`, default `1.0` |")
+    assert rows["| `no-bias`"].endswith("| not with `gpu-thing` |")
+    assert rows["| `gpu-thing`"].endswith("| CUDA |")
+    reg = Registry(Optimisation("one", "x", apply=lambda wl, v: None, single_process=True,
+                                precisions=("amp-bf16", "amp-fp16")))
+    assert markdown_table(reg).splitlines()[2] == \
+        "| `one` | x |  | amp-bf16 or amp-fp16 only; one process |"
+    with pytest.raises(SystemExit) as exc:
+        parse(["--list-optimisations", "markdown"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == markdown_table(
+        OptimisedToy.optimisations)
+    with pytest.raises(SystemExit) as exc:
+        parse(["--list-optimisations", "json"])
+    assert exc.value.code == 2
 
 
 def test_registry_refuses_a_requirement_registered_after_its_dependant():
