@@ -1,7 +1,7 @@
 """How many seeds of a workload's config reach the target: N runs through its
 ``run_and_time.sh``, one line per run and the success rate.
 
-    python -m compliance.seeds unet3d [-n 10] [--seed 1000] [--config cpu_tiny] [--logdir DIR] \
+    python -m compliance.seeds resnet [-n 10] [--seed 1000] [--config cpu_tiny] [--logdir DIR] \
         [--extra-args "--device cuda --opt channels-last"]
 
 The runs are ``NEXP=N SEED=S`` (seeds S, S+1, ...), as a submission's are; each log is read
