@@ -15,6 +15,8 @@
 # --fused-match: the matching's IoU maxima in one Triton kernel instead of a [batch, 200,
 # 8732] IoU matrix; with it the step at batch 1024 ran 1.56x plain compiled (3930.2 against
 # 2525.8 img/s, 45.3 GiB) and the fixture succeeded in 7.6 s after 323.8 s of initialization.
+# The backbone starts from torchvision's ImageNet ResNet-34, as the reference's does
+# (BACKBONE_CHECKPOINT).
 NPROC=8
 PRECISION=${PRECISION:-amp-bf16}
 TRAIN_ARGS=(
@@ -25,4 +27,5 @@ TRAIN_ARGS=(
     --batch-size 128 --eval-batch-size 64 --max-samples 50 --bn-group 1
     --lr 0.025 --warmup-epochs 2.62 --warmup-factor 0 --lr-decay-epochs 40,50
     --weight-decay 5e-4 --epochs 80 --scoring faster-coco-eval --background-scoring
+    --backbone-checkpoint "${BACKBONE_CHECKPOINT:?set BACKBONE_CHECKPOINT to a torchvision resnet34 state dict (docs/data.md#ssd)}"
 )

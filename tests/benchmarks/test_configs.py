@@ -37,3 +37,17 @@ def test_config_flags_parse(path):
     assert nproc >= 1
     parser = build_parser(workload_class(path.parent.name))
     parser.parse_args(["--data-dir", "/data", *args])   # exits on an unknown flag or bad value
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIGS if p.parent.name in ("ssd", "maskrcnn")
+                                  and p.stem != "config_cpu_tiny"],
+                         ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_detection_gpu_configs_start_from_an_imagenet_backbone(path):
+    """The references start SSD's ResNet-34 and Mask R-CNN's ResNet-50 from ImageNet weights:
+    their GPU configs pass BACKBONE_CHECKPOINT, and without it stop in one line naming it."""
+    _, args = config_args(path)
+    assert args[args.index("--backbone-checkpoint") + 1] == ENV["BACKBONE_CHECKPOINT"]
+    proc = subprocess.run(["bash", "-c", f'source "{path}"'], env={"PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "set BACKBONE_CHECKPOINT to a torchvision resnet" in proc.stderr
