@@ -1,4 +1,4 @@
-# A 2-layer, 128-wide BERT (the fixture's bert_config.json) on the CPU fixture:
+# A 2-layer, 64-wide BERT (the fixture's bert_config.json) on the CPU fixture:
 # sequences of 64 tokens, 10 predictions, global batch 32, evaluation every
 # 1600 samples. For CI and first contact, not an MLPerf result. The model is not
 # BERT-large, so the run is logged as an open-division run: closed_bert.yaml requires
