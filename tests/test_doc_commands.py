@@ -461,6 +461,21 @@ def module_file(module: str) -> str | None:
     return spec.origin
 
 
+# Throughput tools: run past the parse to their check of --variants (common.throughput's
+# gpu_variants, minus its CUDA check), so that a variant name no tool has fails too.
+THROUGHPUT_TOOL = re.compile(r"benchmarks\.\w+\.throughput")
+
+
+def variants_only(where: str):
+    def check(parser, text: str, known):
+        unknown = sorted(v for v in set(text.split(",")) - set(known) if not is_placeholder(v))
+        if unknown:
+            pytest.fail(f"{where}: {parser.prog}: unknown variant(s) {unknown}; it has "
+                        f"{', '.join(known)}", pytrace=False)
+        raise Parsed(None)
+    return check
+
+
 def run_parse(module: str, args: list[str], partial: bool, where: str, monkeypatch,
               what: str = ""):
     """``python -m module args`` run up to its parse of ``args``: the namespace (None after
@@ -473,7 +488,11 @@ def run_parse(module: str, args: list[str], partial: bool, where: str, monkeypat
     monkeypatch.setattr(sys, "argv", [path, *args])
     out, err = io.StringIO(), io.StringIO()
     failure = skip = None
-    with parse_only(args) as state, warnings.catch_warnings():
+    variants = bool(THROUGHPUT_TOOL.fullmatch(module))
+    if variants:
+        import common.throughput
+        monkeypatch.setattr(common.throughput, "gpu_variants", variants_only(where))
+    with parse_only(None if variants else args) as state, warnings.catch_warnings():
         # runpy's note on a module already imported, torchrun's on faulthandler and stderr
         warnings.simplefilter("ignore")
         try:
