@@ -802,9 +802,11 @@ def planted(markdown: str) -> Command:
     ("```\npython -m compliance.check\n```\n", "the following arguments are required"),
     ("Then `make bench`.\n", "make bench: no such target"),
     ("```\nmake run CONFIG=9xB300\n```\n", "config_9xB300.sh"),
+    ("```\npython -m benchmarks.resnet.throughput --variants config,ours-fused-max\n```\n",
+     "unknown variant(s) ['ours-fused-max']"),
 ], ids=["flag", "value", "config", "variable", "config-needs", "extra-args", "workload-args",
         "torchrun-module", "torchrun-own", "abbreviation", "module", "missing-argument",
-        "make-target", "make-run-config"])
+        "make-target", "make-run-config", "variant"])
 def test_a_stale_command_fails(markdown, reason, monkeypatch):
     with pytest.raises(pytest.fail.Exception, match=re.escape(reason)):
         check(planted(markdown), monkeypatch)
@@ -820,8 +822,9 @@ def test_a_stale_command_fails(markdown, reason, monkeypatch):
     "```\nexport CONFIG=8xH200 DATADIR=/data/imagenet\nbenchmarks/resnet/run_and_time.sh\n```\n",
     "```\nSEED=1 EXTRA_ARGS=\"--epochs 2 ARGS\" benchmarks/resnet/run_and_time.sh\n```\n",
     "```\npython -m common.bench bert -b 8 --workload-args \"--attention unpad\"\n```\n",
+    "```\npython -m benchmarks.maskrcnn.throughput --variants config-minus-<name>,config\n```\n",
 ], ids=["placeholders", "inline-optional-parts", "mention", "ellipsis", "continued",
-        "exported", "extra-args", "workload-args"])
+        "exported", "extra-args", "workload-args", "variants"])
 def test_a_current_command_passes(markdown, monkeypatch):
     check(planted(markdown), monkeypatch)
 
