@@ -1,6 +1,6 @@
 """What `make venv` installs: the Makefile run with python faked (it records the pip
 commands), with or without an ``nvidia-smi`` on PATH. Where one runs, the GPU configs'
-``--data-backend nvjpeg`` needs the torchvision built for the torch pin; on a CPU machine
+``nvjpeg`` optimisation needs the torchvision built for the torch pin; on a CPU machine
 torchvision must stay out (its wheels cannot import next to the CPU torch wheel).
 """
 
