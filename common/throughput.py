@@ -16,6 +16,7 @@ import torch
 
 from common.cli import OneLineParser
 from common.metering import Throughput, peak_memory_bytes, reset_peak_memory
+from common.mfu import MFU
 from common.precision import PRECISIONS
 
 
@@ -50,10 +51,12 @@ def time_steps(name: str, step: Callable[..., torch.Tensor], batch: tuple[torch.
 
 
 def measure_variant(name: str, step: Callable[..., torch.Tensor], batch: tuple, device,
-                    warmup: int, iters: int, unit: str, profile: bool = False, **row) -> dict:
-    """One variant's row for a comparison tool: ``row`` plus samples/s and peak GiB, printed;
-    or, where the variant fails (out of memory, a kernel's size limit, a compile error), the
-    error's first line as ``row["error"]``, printed, so the other variants still run."""
+                    warmup: int, iters: int, unit: str, mfu: MFU, profile: bool = False,
+                    **row) -> dict:
+    """One variant's row for a comparison tool: ``row`` plus samples/s, ``mfu``'s fields and
+    peak GiB, printed; or, where the variant fails (out of memory, a kernel's size limit, a
+    compile error), the error's first line as ``row["error"]``, printed, so the other variants
+    still run."""
     from common.kernel_profile import kernel_breakdown
 
     try:
@@ -65,11 +68,11 @@ def measure_variant(name: str, step: Callable[..., torch.Tensor], batch: tuple, 
         return {"variant": name, **row, "error": error}
     gib = m.peak_memory_bytes / 2**30
     print(f"{name:22s} batch {m.batch_size}: {m.samples_per_second:8.1f} {unit}, "
-          f"peak {gib:.1f} GiB", flush=True)
+          f"{mfu.text(m.samples_per_second)}, peak {gib:.1f} GiB", flush=True)
     if profile:
         print(kernel_breakdown(step, batch), flush=True)
     return {"variant": name, **row, "samples_per_second": m.samples_per_second,
-            "peak_memory_gib": gib}
+            **mfu.row(m.samples_per_second), "peak_memory_gib": gib}
 
 
 def report_variants(rows: list[dict], references, json_path: str | None) -> int:

@@ -17,7 +17,9 @@ master in LAMB); ``ours-unpad-bf16w-fused-ln``: both;
 ``hf-sdpa``: ``transformers.BertForPreTraining`` with SDPA attention and
 ``torch.optim.AdamW``, the step a user would otherwise run, on the same padded batch.
 Each variant builds its own step and batch, so ``--variants`` may come in any order.
-``--profile`` adds each variant's GPU kernel time by kernel family.
+``--profile`` adds each variant's GPU kernel time by kernel family. MFU (``common.mfu``) takes
+the workload's FLOPs of a sequence's real tokens for every variant, ``hf-sdpa`` included (the
+same network on the same tokens).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from benchmarks.bert.workload import BertWorkload
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
 from common.kernel_profile import kernel_breakdown
+from common.mfu import MFU
 from common.precision import Precision
 from common.throughput import gpu_variants, time_steps, tool_parser
 from common.training import build_parser
@@ -50,6 +53,7 @@ VARIANTS = (*OURS, "hf-sdpa")
 
 
 def ours(variant: str, a, precision: Precision, device):
+    """The workload built for ``variant``, and its synthetic batch."""
     attention, graph, extra = OURS[variant]
     args = build_parser(BertWorkload).parse_args(
         ["--synthetic-data", "--precision", precision.name, "--seed", "0",
@@ -58,7 +62,7 @@ def ours(variant: str, a, precision: Precision, device):
          "--cuda-graph" if graph else "--no-cuda-graph", *extra])
     wl = BertWorkload(args, DistEnv(device=device), precision)
     wl.setup()
-    return GraphedStep(wl.train_step, enabled=graph), wl.synthetic_batch(a.batch_size)
+    return wl, wl.synthetic_batch(a.batch_size)
 
 
 def padded_batch(a, device) -> tuple[torch.Tensor, ...]:
@@ -97,7 +101,8 @@ def setup(variant: str, a, precision: Precision, device):
     left behind."""
     if variant == "hf-sdpa":
         return hf(a, precision, device)
-    return ours(variant, a, precision, device)
+    wl, batch = ours(variant, a, precision, device)
+    return GraphedStep(wl.train_step, enabled=OURS[variant][1]), batch
 
 
 def main(argv=None) -> int:
@@ -111,6 +116,8 @@ def main(argv=None) -> int:
     device = torch.device("cuda")
     precision = Precision(a.precision, "cuda")
     precision.apply_backend_flags()
+    mfu = MFU.measure(lambda: ours("ours-plain", a, precision, device), device)
+    print(mfu, flush=True)
     results = {}
     for variant in variants:
         try:
@@ -122,8 +129,11 @@ def main(argv=None) -> int:
             continue
         m = time_steps(variant, step, batch, device, a.warmup, a.iters)
         results[variant] = dict(seq_per_s=round(m.samples_per_second, 1),
-                                peak_gib=round(m.peak_memory_bytes / 2**30, 2))
-        print(f"{variant}: {results[variant]}", flush=True)
+                                peak_gib=round(m.peak_memory_bytes / 2**30, 2),
+                                **mfu.row(m.samples_per_second))
+        print(f"{variant}: {results[variant]['seq_per_s']} seq/s, "
+              f"{mfu.text(m.samples_per_second)}, peak {results[variant]['peak_gib']} GiB",
+              flush=True)
         if a.profile:
             print(kernel_breakdown(step, batch, top=25), flush=True)
         del step, batch

@@ -25,7 +25,8 @@ rows x 128 = 96 GB in fp32 (plus a 48 GB bf16 copy for ``ours``): more than
 one 80 GB H100. The default caps tables at 10M rows (54.1M rows, as
 config_1xH100.sh). A variant whose embedding tables would not fit the free
 device memory is skipped with one line. ``--profile`` adds each variant's GPU
-kernel time by kernel family.
+kernel time by kernel family. MFU (``common.mfu``) takes the workload's FLOPs per
+sample (MLPs and interaction) for every variant, over the peak of all the GPUs.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from benchmarks.dlrm.workload import DLRMWorkload
 from common import dist
 from common.cli import one_line_errors
 from common.kernel_profile import kernel_breakdown
+from common.mfu import MFU
 from common.precision import Precision
 from common.progress import say
 from common.throughput import gpu_variants, time_steps, tool_parser
@@ -113,6 +115,10 @@ def _run(p, a, variants: list[str], env: dist.DistEnv) -> int:
     precision = Precision(a.precision, "cuda")
     precision.apply_backend_flags()
     lp = precision.autocast_dtype
+    # the formula reads only the flags: the workload is not built (no tables)
+    mfu = MFU.measure(lambda: (DLRMWorkload(workload_args(variants[0], a), env, precision),
+                               None), env.device, env.world_size)
+    say(str(mfu), env.is_main)
     rows = []
     for v in variants:
         args = workload_args(v, a)
@@ -126,12 +132,12 @@ def _run(p, a, variants: list[str], env: dist.DistEnv) -> int:
         batch = wl.synthetic_batch(a.batch_size)
         m = time_steps(v, wl.train_step, batch, env.device, a.warmup, a.iters)
         rate = a.batch_size * m.iters / m.seconds
-        rows.append({"variant": v, "samples_per_second": rate,
+        rows.append({"variant": v, "samples_per_second": rate, **mfu.row(rate),
                      "peak_memory_gib": m.peak_memory_bytes / 2**30,
                      "table_gib_per_gpu": need / 2**30})
         say(f"{v:20s} batch {a.batch_size} on {env.world_size} GPU(s) {a.precision}: "
-            f"{rate:10.0f} samples/s  peak {m.peak_memory_bytes / 2**30:5.1f} GiB (rank 0)",
-            env.is_main)
+            f"{rate:10.0f} samples/s  {mfu.text(rate)}  peak "
+            f"{m.peak_memory_bytes / 2**30:5.1f} GiB (rank 0)", env.is_main)
         if a.profile:
             say(kernel_breakdown(wl.train_step, batch, top=25), env.is_main)
         del wl, batch

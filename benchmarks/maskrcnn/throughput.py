@@ -18,7 +18,9 @@ torchvision's reference trains it: without weights, that builder would train bat
 every layer. A variant that fails is reported with its error while the others run, and the
 exit status is 1. Every variant gets the same
 images (at the training size of a 640 x 480 image, which torchvision's own resize keeps) and
-the same boxes, labels and masks; ``--profile`` adds kernel time by family.
+the same boxes, labels and masks; ``--profile`` adds kernel time by family. MFU (``common.mfu``)
+counts the FLOPs of one plain step on that batch (proposals and RoIs depend on the data), for
+every variant, torchvision's included.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from benchmarks.maskrcnn.detector import ground_truth
 from benchmarks.maskrcnn.model import NUM_CLASSES
 from benchmarks.maskrcnn.workload import MaskRCNNWorkload
 from common.dist import DistEnv
+from common.mfu import MFU
 from common.optimisations import ablation_variants, config_optimisations
 from common.precision import Precision
 from common.throughput import gpu_variants, measure_variant, report_variants, tool_parser
@@ -55,6 +58,7 @@ def ours_variants() -> dict[str, list[str]]:
 
 
 def ours(optimisations: list[str], batch_size: int, precision: Precision, device):
+    """The workload built with these optimisations, and its synthetic batch."""
     opts = ["--optimisations", ",".join(optimisations)] if optimisations else []
     args = MaskRCNNWorkload.parse_bench_args(
         build_parser(MaskRCNNWorkload),
@@ -62,7 +66,7 @@ def ours(optimisations: list[str], batch_size: int, precision: Precision, device
         batch_size)
     wl = MaskRCNNWorkload(args, DistEnv(device=device), precision)
     wl.setup()
-    return wl.train_step, wl.synthetic_batch(batch_size)
+    return wl, wl.synthetic_batch(batch_size)
 
 
 def torchvision_inputs(batch: data.TrainBatch) -> tuple[list[torch.Tensor], list[dict]]:
@@ -118,17 +122,20 @@ def main(argv=None) -> int:
     # cudnn.benchmark stays off, as in the workload: the RoI heads' batch changes every step
     precision = Precision(a.precision, "cuda")
     precision.apply_backend_flags()
+    mfu = MFU.measure(lambda: ours([], a.batch_size, precision, device), device)
+    print(mfu, flush=True)
     rows = []
     for v in variants:
         if v in known:
-            step, batch = ours(known[v], a.batch_size, precision, device)
+            wl, batch = ours(known[v], a.batch_size, precision, device)
+            step = wl.train_step
         else:   # the same batch as ours' (the same seed)
             batch = data.synthetic_batch(a.batch_size, NUM_CLASSES, device=device)
-            step = torchvision_step(batch, precision, device, TORCHVISION[v])
-        rows.append(measure_variant(v, step, batch, device, a.warmup, a.iters, "img/s",
+            wl, step = None, torchvision_step(batch, precision, device, TORCHVISION[v])
+        rows.append(measure_variant(v, step, batch, device, a.warmup, a.iters, "img/s", mfu,
                                     a.profile, batch_size=a.batch_size,
                                     precision=a.precision))
-        del step, batch
+        del wl, step, batch
         gc.collect()
         torch.cuda.empty_cache()
     return report_variants(rows, TORCHVISION, a.json)

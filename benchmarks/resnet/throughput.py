@@ -9,7 +9,8 @@ Ours are the suite's training step with the registry's optimisations: ``plain`` 
 input pipeline's tool ``benchmarks.resnet.pipeline`` times) and ``config-minus-<name>``. The
 baselines: torchvision's resnet50 with momentum SGD, eager or ``torch.compile``-d (``-max``:
 autotuned). ``VARIANT@PRECISION`` runs a variant at its own precision; ``--profile`` adds
-each variant's kernel time by family.
+each variant's kernel time by family. MFU (``common.mfu``) takes the workload's FLOPs per image
+for every variant, torchvision's included (the same network).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from common.bench.external import ExternalWorker
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
 from common.kernel_profile import kernel_breakdown
+from common.mfu import MFU
 from common.optimisations import ablation_variants, config_optimisations
 from common.precision import PRECISIONS, Precision
 from common.throughput import gpu_variants, time_steps, tool_parser
@@ -44,14 +46,14 @@ TORCHVISION = {"torchvision-eager": None, "torchvision-compile": "default",
 
 
 def ours(batch_size: int, precision: Precision, device, items: list[str]):
+    """The workload built with these ``--optimisations`` items, and its synthetic batch."""
     argv = ["--precision", precision.name, "--seed", "0"] + (["--opt", ",".join(items)]
                                                               if items else [])
     args = ResNetWorkload.parse_bench_args(build_parser(ResNetWorkload), argv, "synthetic",
                                            batch_size)
     wl = ResNetWorkload(args, DistEnv(device=device), precision)
     wl.setup()
-    step = GraphedStep(wl.train_step, enabled=args.cuda_graph)
-    return step, wl.synthetic_batch(batch_size)
+    return wl, wl.synthetic_batch(batch_size)
 
 
 def torchvision_step(batch_size: int, precision: Precision, device, compile_mode: str | None,
@@ -130,23 +132,29 @@ def main(argv=None) -> int:
     runs = variant_precisions(p, args.variants, args.precision, [*variants, *TORCHVISION])
     device = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
+    mfu = MFU.measure(lambda: ours(args.batch_size, Precision(args.precision, "cuda"), device,
+                                   []), device)
+    print(mfu, flush=True)
     results: list[dict] = []
     for v, precision_name in runs:
         precision = Precision(precision_name, "cuda")
         precision.apply_backend_flags()
         if v in variants:
-            step, batch = ours(args.batch_size, precision, device, variants[v])
+            wl, batch = ours(args.batch_size, precision, device, variants[v])
+            step = GraphedStep(wl.train_step, enabled=wl.args.cuda_graph)
         else:
+            wl = None
             step, batch = torchvision_step(args.batch_size, precision, device, TORCHVISION[v])
         m = time_steps(v, step, batch, device, args.warmup, args.iters)
         results.append(dict(m.__dict__, precision=precision_name,
-                            samples_per_second=m.samples_per_second))
+                            samples_per_second=m.samples_per_second,
+                            **mfu.row(m.samples_per_second)))
         print(f"{v:22s} batch {m.batch_size:4d} {precision_name:9s} "
-              f"{m.samples_per_second:9.1f} img/s  peak {m.peak_memory_bytes / 2**30:5.1f} GiB",
-              flush=True)
+              f"{m.samples_per_second:9.1f} img/s  {mfu.text(m.samples_per_second)}  "
+              f"peak {m.peak_memory_bytes / 2**30:5.1f} GiB", flush=True)
         if args.profile:
             print(kernel_breakdown(step, batch), flush=True)
-        del step, batch
+        del wl, step, batch
         # ours' workload sits in reference cycles: unless collected, its ~0.3 GiB of weights
         # and optimizer state would count in the next variant's peak memory
         gc.collect()

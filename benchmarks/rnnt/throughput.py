@@ -18,7 +18,9 @@ A variant that fails (out of memory, a kernel's size limit, a compile error) is 
 its error while the others run, and the exit status is 1. Every variant gets the same batch:
 noise of one length, so that the encoder has ``--frames`` steps (60 ms each; speed perturbation
 varies it by up to 15%), or ``--seconds`` of audio, and ``--label-len`` labels per utterance.
-amp-fp16 is refused: the workload runs LAMB without a loss scaler.
+amp-fp16 is refused: the workload runs LAMB without a loss scaler. MFU (``common.mfu``) counts
+the FLOPs of one plain training step on that batch (they grow with the lengths) for the
+training variants, baselines included, and of one eager ``decode`` call for both decodings.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from benchmarks.rnnt.decoding import greedy_decode
 from benchmarks.rnnt.model import ENC_STACK_TIME_FACTOR, RNNT
 from benchmarks.rnnt.workload import RNNTWorkload
 from common.dist import DistEnv
+from common.mfu import MFU
 from common.optimisations import ablation_variants, config_optimisations
 from common.precision import Precision
 from common.throughput import gpu_variants, measure_variant, report_variants, tool_parser
@@ -151,16 +154,22 @@ def main(argv=None) -> int:
                  encoder_frames=encoder_frames(samples), label_len=a.label_len)
     print(f"batch {a.batch_size}: {shape['audio_seconds']:.2f} s of audio "
           f"({shape['encoder_frames']} encoder steps), {a.label_len} labels", flush=True)
+    def batch():
+        return synthetic_batch(a.batch_size, samples, a.label_len, VOCAB_SIZE, device)
+    mfu = {"train": MFU.measure(lambda: (workload([], a.batch_size, precision, device), batch()),
+                                device)}
+    print(mfu["train"], flush=True)
+    if DECODE.keys() & set(variants):
+        mfu["decode"] = mfu["train"].counted(decode_step(precision, device, False), batch())
+        print(f"decode: {mfu['decode']}", flush=True)
     rows = []
     for v in variants:
-        batch = synthetic_batch(a.batch_size, samples, a.label_len, VOCAB_SIZE, device)
-        if v in DECODE:
-            step = decode_step(precision, device, DECODE[v])
-        else:
-            step = train_step(v, a.batch_size, precision, device)
-        rows.append(measure_variant(v, step, batch, device, a.warmup, a.iters, "utt/s",
-                                    a.profile, **shape))
-        del step, batch
+        step = (decode_step(precision, device, DECODE[v]) if v in DECODE
+                else train_step(v, a.batch_size, precision, device))
+        rows.append(measure_variant(v, step, batch(), device, a.warmup, a.iters, "utt/s",
+                                    mfu["decode" if v in DECODE else "train"], a.profile,
+                                    **shape))
+        del step
         gc.collect()
         torch.cuda.empty_cache()
     return report_variants(rows, ("torchaudio", "plain", "decode"), a.json)

@@ -20,7 +20,9 @@ eagerly and ``torch.optim.SGD`` (``plain-compile-tuned``: compiled with the same
 ``ours-tuned-*``); ``torchvision-vgg16`` is torchvision's ``ssd300_vgg16``
 (its own matching and loss, eager, at ``--vgg-batch-size`` where a large batch would not
 fit). Every variant gets the same images and boxes (4 per image, padded to
-``--max-boxes``); ``--profile`` adds kernel time by family.
+``--max-boxes``); ``--profile`` adds kernel time by family. MFU (``common.mfu``) counts the
+FLOPs of one plain training step on that batch, for every variant but ``torchvision-vgg16``,
+another network, counted on its own step.
 
 With ``--coco-dir DIR`` (a COCO 2017 layout, such as the fixture at a real image size) the
 training input pipeline is timed too: the CPU path (decode and augment in ``--workers``
@@ -48,6 +50,7 @@ from common.coco.data import load_split
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
 from common.kernel_profile import kernel_breakdown
+from common.mfu import MFU
 from common.precision import Precision
 from common.throughput import gpu_variants, time_steps, tool_parser
 from common.training import build_parser
@@ -69,16 +72,22 @@ NUM_CLASSES = 81
 LR = 2.5e-3 * 4   # any small LR: throughput only
 
 
-def ours(variant: str, batch_size: int, max_boxes: int, precision: Precision, device):
-    graph, compile_mode, flags = OURS[variant]
+def workload(batch_size: int, max_boxes: int, precision: Precision, device, *flags: str):
+    """The workload built with these flags (none: the plain model), and its synthetic batch."""
     args = SSDWorkload.parse_bench_args(
         build_parser(SSDWorkload), ["--precision", precision.name, "--seed", "0",
-                                    "--channels-last", "--compile", compile_mode,
                                     "--max-boxes", str(max_boxes), *flags],
         "synthetic", batch_size)
     wl = SSDWorkload(args, DistEnv(device=device), precision)
     wl.setup()
-    return GraphedStep(wl.train_step, enabled=graph), wl.synthetic_batch(batch_size)
+    return wl, wl.synthetic_batch(batch_size)
+
+
+def ours(variant: str, batch_size: int, max_boxes: int, precision: Precision, device):
+    graph, compile_mode, flags = OURS[variant]
+    wl, batch = workload(batch_size, max_boxes, precision, device, "--channels-last",
+                         "--compile", compile_mode, *flags)
+    return GraphedStep(wl.train_step, enabled=graph), batch
 
 
 def plain_compile(precision: Precision, device, mode: str = "default"):
@@ -198,6 +207,8 @@ def main(argv=None) -> int:
     torch.backends.cudnn.benchmark = True
     precision = Precision(a.precision, "cuda")
     precision.apply_backend_flags()
+    mfu = MFU.measure(lambda: workload(a.batch_size, a.max_boxes, precision, device), device)
+    print(mfu, flush=True)
     rows = []
     for v in variants:
         size = a.vgg_batch_size if v == "torchvision-vgg16" and a.vgg_batch_size else a.batch_size
@@ -208,12 +219,18 @@ def main(argv=None) -> int:
             mode = "tuned" if v.endswith("-tuned") else "default"
             step = torchvision_vgg16(precision, device) if v == "torchvision-vgg16" \
                 else plain_compile(precision, device, mode)
+        own = mfu
+        if v == "torchvision-vgg16":
+            own = mfu.counted(step, batch)
+            print(f"{v}: {own}", flush=True)
         m = time_steps(v, step, batch, device, a.warmup, a.iters)
         rows.append({"variant": v, "batch_size": size, "precision": a.precision,
                      "samples_per_second": m.samples_per_second,
+                     **own.row(m.samples_per_second),
                      "peak_memory_gib": m.peak_memory_bytes / 2**30})
         print(f"{v:18s} batch {size} {a.precision}: {m.samples_per_second:8.1f} img/s, "
-              f"peak {m.peak_memory_bytes / 2**30:.1f} GiB", flush=True)
+              f"{own.text(m.samples_per_second)}, peak {m.peak_memory_bytes / 2**30:.1f} GiB",
+              flush=True)
         if a.profile:
             print(kernel_breakdown(step, batch), flush=True)
         del step, batch

@@ -12,8 +12,8 @@ NCDHW, eager; ``amp`` autocasts to bf16; ``amp-cl`` also keeps activations
 channels_last_3d; ``-graph`` captures the whole step as one CUDA graph; ``-fused`` runs
 instance norm + ReLU as compiled kernels (``--fused-norm``) that read channels_last_3d in
 place; ``-compiled`` compiles the forward and the loss as one graph (``--compile
-default``). MFU is the model's FLOPs per sample (forward and backward) times samples/s over
-the measured bf16 matmul peak (``common.bench.probe``).
+default``). MFU (``common.mfu``) takes the workload's FLOPs per sample (forward and backward
+of the model on one patch) for every variant.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import sys
 import torch
 
 from benchmarks.unet3d.workload import Unet3DWorkload
-from common.bench.probe import peak_tflops
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
 from common.kernel_profile import kernel_breakdown
+from common.mfu import MFU
 from common.precision import Precision
 from common.throughput import gpu_variants, time_steps, tool_parser
 from common.training import build_parser
@@ -51,8 +51,8 @@ VARIANTS = {BASELINE: ("amp-bf16", True, False, False, "model"),
 
 
 def build(variant: str, batch_size: int, shape: str, device):
-    """(step, batch, workload) of one variant."""
-    precision_name, channels_last, graph, fused, compiled = VARIANTS[variant]
+    """(workload, batch) of one variant."""
+    precision_name, channels_last, _, fused, compiled = VARIANTS[variant]
     precision = Precision(precision_name, device.type)
     precision.apply_backend_flags()
     flags = ["--precision", precision_name, "--seed", "0", "--input-shape", shape,
@@ -66,7 +66,7 @@ def build(variant: str, batch_size: int, shape: str, device):
     if compiled == "model":
         wl.model = torch.compile(wl.model)
     wl.lr.fill_(1e-4)
-    return GraphedStep(wl.train_step, enabled=graph), wl.synthetic_batch(batch_size), wl
+    return wl, wl.synthetic_batch(batch_size)
 
 
 def main(argv=None) -> int:
@@ -85,17 +85,20 @@ def main(argv=None) -> int:
     variants = [BASELINE] + sorted(rest, key=lambda v: VARIANTS[v][3] and VARIANTS[v][4] == "step")
     device = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
-    peak = peak_tflops("amp-bf16", device)
+    mfu = MFU.measure(lambda: build("plain", a.batch_size, a.shape, device), device)
+    print(mfu, flush=True)
     rows = []
     for v in variants:
-        step, batch, wl = build(v, a.batch_size, a.shape, device)
+        wl, batch = build(v, a.batch_size, a.shape, device)
+        step = GraphedStep(wl.train_step, enabled=VARIANTS[v][2])
         m = time_steps(v, step, batch, device, a.warmup, a.iters)
-        mfu = wl.flops_per_sample * m.samples_per_second / (peak * 1e12)
         rows.append({"variant": v, "batch_size": a.batch_size, "shape": a.shape,
-                     "samples_per_second": m.samples_per_second, "mfu": mfu,
+                     "samples_per_second": m.samples_per_second,
+                     **mfu.row(m.samples_per_second),
                      "peak_memory_gib": m.peak_memory_bytes / 2**30})
         print(f"{v:22s} batch {a.batch_size} {a.shape}: {m.samples_per_second:7.2f} samples/s, "
-              f"MFU {100 * mfu:4.1f}%, peak {m.peak_memory_bytes / 2**30:.1f} GiB", flush=True)
+              f"{mfu.text(m.samples_per_second)}, peak {m.peak_memory_bytes / 2**30:.1f} GiB",
+              flush=True)
         if a.profile:
             print(kernel_breakdown(step, batch), flush=True)
         del step, batch, wl
@@ -107,7 +110,7 @@ def main(argv=None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "bf16_peak_tflops": peak, "results": rows}, f, indent=1)
+                       "results": rows}, f, indent=1)
     return 0
 
 

@@ -27,7 +27,9 @@ DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "amp-bf16": torch.bfloat
 
 
 def peak_tflops(precision: str, device: torch.device, seconds: float = 1.0) -> float:
+    """The best matmul rate in ``precision`` on ``device``; the TF32 flag is left as it was."""
     n = 8192 if device.type == "cuda" else 1024
+    tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
     a = torch.randn(n, n, device=device, dtype=DTYPES[precision])
     b = torch.randn(n, n, device=device, dtype=DTYPES[precision])
@@ -41,6 +43,7 @@ def peak_tflops(precision: str, device: torch.device, seconds: float = 1.0) -> f
             a @ b
         sync()
         best = min(best, (time.perf_counter() - t0) / 5)
+    torch.backends.cuda.matmul.allow_tf32 = tf32
     return 2 * n**3 / best / 1e12
 
 

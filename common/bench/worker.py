@@ -35,6 +35,7 @@ from common.cuda_graph import graphed_step
 from common.errors import UserError, one_line
 from common.kernel_profile import profile_overlap
 from common.metering import AllocatorCalls, peak_memory_bytes, reset_peak_memory
+from common.mfu import count_flops
 from common.precision import PRECISIONS, Precision
 from common.stalls import StallWatch
 from common.streams import work_stream
@@ -91,17 +92,6 @@ class Clock:
             torch.cuda.synchronize()
             return [a.elapsed_time(b) / 1000 for a, b in self.spans]
         return list(self.spans)
-
-
-def count_flops(fn, batch, samples: int) -> float:
-    """FLOPs per sample of one eager call on a batch of ``samples`` (``torch.compile``-d code
-    runs eagerly here, so the count sees every op and the counting mode never reaches
-    Dynamo's first compilation)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with torch.compiler.set_stance("force_eager"), FlopCounterMode(display=False) as counter:
-        fn(*batch)
-    return counter.get_total_flops() / samples
 
 
 def build_point(a, env: dist.DistEnv, precision: Precision):

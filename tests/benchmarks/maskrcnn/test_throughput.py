@@ -1,6 +1,6 @@
 """The Mask R-CNN throughput tool on the CPU: its errors, a failing variant that does not stop
-it, ours' variants (the registry's ablation of the 1xH100 config) and the batch as
-torchvision takes it."""
+it, ours' variants (the registry's ablation of the 1xH100 config), the batch as torchvision
+takes it and the FLOPs counted on the plain step."""
 
 import json
 
@@ -11,9 +11,11 @@ from benchmarks.maskrcnn import data, throughput
 from benchmarks.maskrcnn.frozen_bn import folded_conv_bn
 from benchmarks.maskrcnn.topk import ordered_topk
 from common import throughput as common_throughput
+from common.mfu import COUNTED, MFU
 from common.optimisations import config_optimisations
 from common.precision import Precision
 from common.throughput import Measurement
+from tests.benchmarks.maskrcnn.test_workload import TINY, build
 from tests.benchmarks.test_configs import REPO, config_args
 from tests.entry_points import assert_needs_cuda
 
@@ -48,18 +50,22 @@ def test_a_failing_variant_is_reported_and_the_others_still_run(monkeypatch, cap
           torch.ones(1, 32, 32, dtype=torch.uint8))] * n))
     monkeypatch.setattr(throughput, "torchvision_step", torchvision_step)
     monkeypatch.setattr(common_throughput, "time_steps", time_steps)
+    monkeypatch.setattr(MFU, "measure", classmethod(lambda cls, plain, device: cls(
+        1e9, COUNTED, 100.0)))
     report = tmp_path / "report.json"
     assert throughput.main(["--variants", "torchvision-compile,torchvision-eager",
                             "--batch-size", "2", "--iters", "10", "--json", str(report)]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split() == ["torchvision-compile", "failed:", "RuntimeError:", "Dynamo",
+    assert out[0].startswith("MFU: 1.00 GFLOP per sample (counted at this batch)")
+    assert out[1].split() == ["torchvision-compile", "failed:", "RuntimeError:", "Dynamo",
                               "failed", "to", "run", "FX", "node"]
-    assert out[1].startswith("torchvision-eager") and "img/s" in out[1]
+    assert out[2].startswith("torchvision-eager") and "img/s, MFU  0.0%" in out[2]
     rows = json.loads(report.read_text())["results"]
     assert rows[0] == {"variant": "torchvision-compile", "batch_size": 2,
                        "precision": "amp-bf16",
                        "error": "RuntimeError: Dynamo failed to run FX node"}
     assert rows[1]["variant"] == "torchvision-eager" and rows[1]["samples_per_second"] == 10
+    assert rows[1]["mfu"] == pytest.approx(1e-4) and rows[1]["flops_from"] == COUNTED
 
 
 def test_the_variants_are_the_configs_ablation_and_config_is_its_step():
@@ -83,9 +89,7 @@ def test_the_variants_are_the_configs_ablation_and_config_is_its_step():
 @pytest.mark.parametrize("optimisations", [[], ["topk-chunks", "channels-last",
                                                 "fold-frozen-bn"]])
 def test_ours_builds_the_workload_with_its_optimisations_at_the_training_size(optimisations):
-    step, batch = throughput.ours(optimisations, 1, Precision("fp32", "cpu"),
-                                  torch.device("cpu"))
-    wl = step.__self__
+    wl, batch = throughput.ours(optimisations, 1, Precision("fp32", "cpu"), torch.device("cpu"))
     assert wl.args.synthetic_data and wl.hp.batch_size == 1
     assert list(wl.opts) == optimisations
     assert (wl.detector.rpn.topk is not ordered_topk) == bool(optimisations)
@@ -114,3 +118,14 @@ def test_torchvision_inputs_are_each_image_at_its_size_with_its_own_targets():
         assert torch.equal(t["labels"], labels) and t["labels"].dtype == torch.int64
         assert torch.equal(t["masks"], masks) and t["masks"].dtype == torch.uint8
         assert t["boxes"].dtype == torch.float32
+
+
+def test_plain_steps_flops_are_counted_and_an_image_twice_is_twice_the_work():
+    """Proposals and RoIs depend on the data: the (tiny) plain step counts them, per image the
+    same with the image once or twice in the batch."""
+    one = build(TINY).synthetic_batch(1)
+    two = data.TrainBatch(*(torch.cat([t, t]) for t in one))
+    once, twice = (MFU.measure(lambda b=b: (build(TINY), b), torch.device("cpu"))
+                   for b in (one, two))
+    assert once.flops_from == COUNTED and once.flops_per_sample > 0
+    assert twice.flops_per_sample == once.flops_per_sample

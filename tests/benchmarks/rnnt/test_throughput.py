@@ -12,6 +12,7 @@ from benchmarks.rnnt.loss import transducer_loss
 from benchmarks.rnnt.model import RNNT
 from benchmarks.rnnt.torchaudio_loss import torchaudio_loss
 from benchmarks.rnnt.workload import RNNTWorkload
+from common import mfu
 from common.dist import DistEnv
 from common.optimisations import config_optimisations
 from common.precision import Precision
@@ -135,3 +136,22 @@ def test_decode_step_runs_evaluation_with_a_model_that_emits_only_blanks():
     step = throughput.decode_step(Precision("fp32", "cpu"), torch.device("cpu"), graphs=False)
     batch = throughput.synthetic_batch(2, throughput.samples_for_frames(5), 3, 1023, "cpu")
     assert step(*batch) == [[], []]
+
+
+def test_plain_steps_flops_are_counted_per_utterance_lstms_included(monkeypatch):
+    """The (tiny) plain step, speed perturbation fixed at 1: the same per utterance at any
+    batch, more with longer labels, and its LSTMs counted (FlopCounterMode alone has no
+    formula for their fused kernel)."""
+    wl = _tiny_workload()
+    wl.features.speed_range = (1.0, 1.0)
+    samples = throughput.samples_for_frames(5)
+
+    def counted(batch_size, label_len):
+        batch = throughput.synthetic_batch(batch_size, samples, label_len, 29, "cpu")
+        return mfu.MFU.measure(lambda: (wl, batch), torch.device("cpu"))
+    one = counted(1, 3)
+    assert one.flops_from == mfu.COUNTED and one.flops_per_sample > 0
+    assert counted(2, 3).flops_per_sample == one.flops_per_sample
+    assert counted(1, 6).flops_per_sample > one.flops_per_sample
+    monkeypatch.setattr(mfu, "RNN_FLOPS", {})
+    assert counted(1, 3).flops_per_sample < one.flops_per_sample
