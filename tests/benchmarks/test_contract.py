@@ -10,7 +10,6 @@ evaluate to metrics its target predicate judges, and train bit for bit the same 
 from __future__ import annotations
 
 import ast
-import inspect
 import re
 import subprocess
 import sys
