@@ -1,5 +1,6 @@
-"""Mask R-CNN training throughput at 800 x 1333 on device-resident batches: ours against
-torchvision's Mask R-CNN as a user would train it.
+"""Mask R-CNN training throughput on device-resident batches of 800 x 1066 images (a 640 x
+480 image at the training size) padded to 800 x 1088: ours against torchvision's Mask R-CNN
+as a user would train it.
 
     python -m benchmarks.maskrcnn.throughput --batch-size 48 --precision amp-bf16 \
         --variants config,torchvision-eager
