@@ -183,6 +183,8 @@ class Workload(abc.ABC):
     hparams: type | None = None
     # the optimisations over the reference path (empty: the run flags --compile, --cuda-graph)
     optimisations = Registry()
+    # the ruleset's names of the initialised tensors, in order (set by build())
+    tensor_names: Sequence[str] = ()
 
     def __init__(self, args: argparse.Namespace, env: DistEnv, precision: Precision):
         mode = getattr(args, "compile", "none")
@@ -227,8 +229,10 @@ class Workload(abc.ABC):
         """What the run trains on, e.g. ``imagenet`` or ``fixture (...)``; logged and printed."""
 
     @property
-    @abc.abstractmethod
-    def global_batch_size(self) -> int: ...
+    def global_batch_size(self) -> int:
+        """Samples in one step over all ranks: the per-rank ``batch_size`` hyper-parameter times
+        the world size (a workload whose batch flag is global overrides this)."""
+        return self.hp.batch_size * self.env.world_size
 
     @property
     def rank_batch_size(self) -> int:
@@ -247,9 +251,10 @@ class Workload(abc.ABC):
     def hyperparameters(self) -> dict:
         """mllog key -> value for every hyper-parameter the ruleset requires."""
 
-    @abc.abstractmethod
     def initialized_tensors(self) -> Sequence[str]:
-        """Tensor names for the ``weights_initialization`` events, as the ruleset lists them."""
+        """Tensor names for the ``weights_initialization`` events, as the ruleset lists them:
+        ``tensor_names``, which ``build()`` sets."""
+        return self.tensor_names
 
     # -- the schedule ---------------------------------------------------------------------
     @property

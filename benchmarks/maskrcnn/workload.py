@@ -211,10 +211,6 @@ class MaskRCNNWorkload(Workload):
         return coco.describe(self.args.data_dir, self.train_samples, self.eval_samples)
 
     @property
-    def global_batch_size(self) -> int:
-        return self.hp.batch_size * self.env.world_size
-
-    @property
     def train_samples(self) -> int:
         return coco.COCO_TRAIN_IMAGES if self.synthetic else len(self.train_loader.dataset)
 
@@ -232,9 +228,6 @@ class MaskRCNNWorkload(Workload):
             c.MIN_IMAGE_SIZE: h.min_size, c.MAX_IMAGE_SIZE: h.max_size,
             c.NUM_IMAGE_CANDIDATES: h.rpn_fpn_post_nms_top_n_train,
         }
-
-    def initialized_tensors(self) -> list[str]:
-        return self.tensor_names
 
     # -- schedule -------------------------------------------------------------------------
     @property

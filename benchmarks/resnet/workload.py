@@ -210,10 +210,6 @@ class ResNetWorkload(Workload):
         return self._steps_per_epoch
 
     @property
-    def global_batch_size(self) -> int:
-        return self.hp.batch_size * self.env.world_size
-
-    @property
     def train_samples(self) -> int:
         return len(self.index.train) if self.index else IMAGENET_TRAIN_IMAGES
 
@@ -248,9 +244,6 @@ class ResNetWorkload(Workload):
                 c.OPT_LR_WARMUP_EPOCHS: a.warmup_epochs,
             })
         return hp
-
-    def initialized_tensors(self) -> list[str]:
-        return self.tensor_names
 
     def eval_points(self) -> list[EvalPoint]:
         a = self.hp

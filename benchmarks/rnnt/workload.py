@@ -248,10 +248,6 @@ class RNNTWorkload(Workload):
         return f"LibriSpeech-format folder {self.args.data_dir} ({sizes})"
 
     @property
-    def global_batch_size(self) -> int:
-        return self.hp.batch_size * self.env.world_size
-
-    @property
     def train_samples(self) -> int:
         return LIBRISPEECH_TRAIN if self.synthetic else len(self.train_set)
 
@@ -280,9 +276,6 @@ class RNNTWorkload(Workload):
             c.DATA_SPEC_AUGMENT_TIME_MIN: f.MIN_TIME, c.DATA_SPEC_AUGMENT_TIME_MAX: f.MAX_TIME,
             VOCAB_SIZE_KEY: a.vocab_size,
         }
-
-    def initialized_tensors(self) -> list[str]:
-        return self.tensor_names
 
     # -- schedule -------------------------------------------------------------------------
     @property
