@@ -31,19 +31,21 @@ def peak_tflops(precision: str, device: torch.device, seconds: float = 1.0) -> f
     n = 8192 if device.type == "cuda" else 1024
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-    a = torch.randn(n, n, device=device, dtype=DTYPES[precision])
-    b = torch.randn(n, n, device=device, dtype=DTYPES[precision])
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    a @ b
-    sync()
-    best, deadline = float("inf"), time.perf_counter() + seconds
-    while time.perf_counter() < deadline:
-        t0 = time.perf_counter()
-        for _ in range(5):
-            a @ b
+    try:
+        a = torch.randn(n, n, device=device, dtype=DTYPES[precision])
+        b = torch.randn(n, n, device=device, dtype=DTYPES[precision])
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        a @ b
         sync()
-        best = min(best, (time.perf_counter() - t0) / 5)
-    torch.backends.cuda.matmul.allow_tf32 = tf32
+        best, deadline = float("inf"), time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            for _ in range(5):
+                a @ b
+            sync()
+            best = min(best, (time.perf_counter() - t0) / 5)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     return 2 * n**3 / best / 1e12
 
 

@@ -67,3 +67,16 @@ def test_mfu_is_flops_times_rate_over_every_gpus_peak_and_na_on_the_cpu():
     cpu = MFU(1e9, COUNTED, None)
     assert cpu(300.0) is None and cpu.text(300.0) == "MFU n/a on CPU"
     assert "n/a" in str(cpu) and "(counted at this batch)" in str(cpu)
+
+
+def test_the_peak_probe_leaves_the_tf32_flag_as_it_was_when_it_fails():
+    from common.bench.probe import peak_tflops
+
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        with pytest.raises(KeyError):
+            peak_tflops("no-such-precision", torch.device("cpu"))
+        assert torch.backends.cuda.matmul.allow_tf32 is True
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
