@@ -88,7 +88,7 @@ class Unet3DWorkload(Workload):
     name = constants.UNET3D
     targets = (Target("mean_dice", 0.908),)
     hparams = HParams
-    # fp32 on the CPU, three steps of the tiny config: within rtol of the plain path (measured)
+    # fp32 on the CPU, the tiny config's three steps: channels-last equal, fused-norm 6.6e-8 off
     optimisations = Registry(
         Optimisation("spatial-group", "=G: each sample's depth split over G ranks (G divides "
                      "the ranks, 32 G the patch depth), halo exchanges overlapped with the "
@@ -159,7 +159,7 @@ class Unet3DWorkload(Workload):
         self.train_net = spatial.spatial_parallel(self.net, self.sg) if self.sg else self.net
         self.model = dist.data_parallel(self.train_net, env)
         self.forward_loss = self._forward_loss
-        self.lr = torch.zeros((), device=env.device)
+        self.lr = torch.full((), lr_at(1, hp), device=env.device)   # epoch_batches sets it
         self.optimizer = DeviceLRSGD(self.net.parameters(), lr=self.lr, momentum=hp.momentum,
                                      weight_decay=hp.weight_decay, nesterov=True)
         self.scaler = self.precision.grad_scaler()
