@@ -72,8 +72,8 @@ def lr_at(epoch: int, hp: HParams) -> float:
 def _spatial_group(wl: Unet3DWorkload, g: int) -> None:
     world, depth = wl.env.world_size, wl.hp.input_shape[0]
     if g < 2 or world % g or depth % (32 * g):
-        raise UserError(f"spatial-group={g} must be 2 or more and divide the {world} ranks, and "
-                        f"32 x {g} the patch depth {depth}")
+        raise UserError(f"spatial-group={g} needs G >= 2 dividing the {world} ranks and 32 G "
+                        f"dividing the patch depth {depth}")
     wl.impl.sg = spatial.new_spatial_group(g)
 
 

@@ -1,6 +1,7 @@
 """The 3D U-Net's layers are the ruleset's, and its output keeps the input's size."""
 
 import ast
+import inspect
 from pathlib import Path
 
 import mlperf_logging
@@ -10,7 +11,7 @@ import yaml
 
 from benchmarks.unet3d import fused_norm
 from benchmarks.unet3d.data import as_channels_last_3d
-from benchmarks.unet3d.model import FILTERS, InstanceNormReLU, Unet3D
+from benchmarks.unet3d.model import FILTERS, InstanceNormReLU, Unet3D, UpBlock
 
 RULES = (Path(mlperf_logging.__file__).parent
          / "compliance_checker/training_1.1.0/closed_unet3d.yaml")
@@ -54,6 +55,16 @@ def test_reference_channels_and_parameter_count():
 def test_output_has_input_size_and_three_classes(shape):
     model = Unet3D((4, 8, 16, 32, 40))
     assert model(torch.randn(2, 1, *shape)).shape == (2, 3, *shape)
+
+
+@pytest.mark.parametrize("cls", [Unet3D, UpBlock, InstanceNormReLU])
+def test_the_model_takes_no_optimisation_switch(cls):
+    """The reference network alone: optimisations transform the built model (fused_norm.py,
+    spatial.py)."""
+    allowed = {"filters", "in_channels", "num_classes", "cin", "cout", "name", "channels", "x",
+               "skip", "self"}
+    for fn in (cls.__init__, cls.forward):
+        assert set(inspect.signature(fn).parameters) <= allowed, fn
 
 
 def test_tiny_filters_keep_the_structure():

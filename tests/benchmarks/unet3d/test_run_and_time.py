@@ -105,7 +105,7 @@ def test_spatial_group_must_divide_the_ranks(tmp_path, kits_fixture):
     proc = run_module(kits_fixture, tmp_path, "--opt", "spatial-group=2")
     assert proc.returncode == 2
     lines = error_lines(proc)
-    assert len(lines) == 1 and "spatial-group=2 must divide the 1 ranks" in lines[0]
+    assert len(lines) == 1 and "spatial-group=2 needs G >= 2 dividing the 1 ranks" in lines[0]
 
 
 @pytest.mark.slow

@@ -50,3 +50,13 @@ def test_device_lr_sgd_is_torch_nesterov_sgd():
             opt.step()
     for p, q in zip(a.parameters(), b.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-5)
+
+
+def test_throughput_variants_come_from_the_registry():
+    from benchmarks.unet3d.throughput import ours_variants
+
+    variants = ours_variants()
+    assert variants["plain"] == [] and variants["compiled"] == ["channels-last"]
+    assert variants["config"] == ["channels-last", "fused-norm", "compile=default", "cuda-graph"]
+    assert variants["config-minus-fused-norm"] == ["channels-last", "compile=default", "cuda-graph"]
+    assert not any("sharded-eval" in items for items in variants.values())   # not the step's
