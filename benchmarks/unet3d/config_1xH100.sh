@@ -2,13 +2,8 @@
 # reference convergence point for global batch 2 (a factor of the 168 training cases):
 # SGD (Nesterov) momentum 0.9, LR 0.8 after a 200-epoch warm-up from 1e-4, no decay,
 # weight decay 0, oversampling 0.4, 128^3 patches and windows, overlap 0.5, evaluation every
-# 20 epochs from epoch 1000, at most 4000 epochs.
+# 20 epochs from epoch 1000, at most 4000 epochs: the hyper-parameters' defaults.
 NPROC=1
 PRECISION=${PRECISION:-amp-bf16}
-TRAIN_ARGS=(
-    --precision "$PRECISION" --workers 8 --channels-last --fused-norm --compile default
-    --batch-size 2 --eval-batch-size 4 --lr 0.8 --init-lr 1e-4 --lr-warmup-epochs 200
-    --momentum 0.9 --weight-decay 0 --oversampling 0.4
-    --input-shape 128,128,128 --val-input-shape 128,128,128 --overlap 0.5
-    --epochs 4000 --start-eval-at 1000 --evaluate-every 20
-)
+OPTIMISATIONS=(channels-last fused-norm compile=default cuda-graph sharded-eval)
+TRAIN_ARGS=(--precision "$PRECISION" --workers 8 --eval-batch-size 4)

@@ -5,10 +5,10 @@
 # batch BATCH_SIZE x 4; the ruleset has no reference convergence point for batch 28).
 NPROC=8
 PRECISION=${PRECISION:-amp-bf16}
+# not compiled: that path has not run on several GPUs
+OPTIMISATIONS=(channels-last fused-norm cuda-graph sharded-eval)
+((${SPATIAL_GROUP:-1} > 1)) && OPTIMISATIONS+=("spatial-group=$SPATIAL_GROUP")
 TRAIN_ARGS=(
-    --precision "$PRECISION" --workers 8 --channels-last --fused-norm --spatial-group "${SPATIAL_GROUP:-1}"
-    --batch-size "${BATCH_SIZE:-7}" --eval-batch-size 4 --lr 2.0 --init-lr 1e-4
-    --lr-warmup-epochs 1000 --momentum 0.9 --weight-decay 0 --oversampling 0.4
-    --input-shape 128,128,128 --val-input-shape 128,128,128 --overlap 0.5
-    --epochs 4000 --start-eval-at 1000 --evaluate-every 20
+    --precision "$PRECISION" --workers 8 --batch-size "${BATCH_SIZE:-7}" --eval-batch-size 4
+    --lr 2.0 --lr-warmup-epochs 1000
 )

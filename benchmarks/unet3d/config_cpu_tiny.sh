@@ -7,10 +7,10 @@
 NPROC=1
 PRECISION=${PRECISION:-fp32}
 FIXTURE_ARGS=()
+OPTIMISATIONS=(sharded-eval)   # with GPUS=N
 TRAIN_ARGS=(
     --device cpu --precision "$PRECISION" --workers 0
     --filters 8,16,32,64,80 --input-shape 64,32,32 --val-input-shape 64,32,32
-    --batch-size 4 --eval-batch-size 4 --lr 0.05 --init-lr 1e-4 --lr-warmup-epochs 1
-    --momentum 0.9 --weight-decay 0 --oversampling 0.4 --overlap 0.5
+    --batch-size 4 --eval-batch-size 4 --lr 0.05 --lr-warmup-epochs 1
     --epochs 20 --start-eval-at 3 --evaluate-every 1
 )

@@ -30,8 +30,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.unet3d import fused_norm
 from benchmarks.unet3d import loss as losses
-from benchmarks.unet3d.model import InstanceNormReLU, norm_relu, norm_sums, plain_views
+from benchmarks.unet3d.fused_norm import norm_relu, norm_sums, plain_views
+from benchmarks.unet3d.model import InstanceNormReLU
 from common.dist import summed_over_group
 from common.fusion import compiled
 
@@ -223,16 +225,23 @@ class SpatialInstanceNormReLU(nn.Module):
     """``InstanceNormReLU`` whose statistics cover the whole volume (equal slabs on every
     rank): one all-reduce of the per-channel sums and sums of squares."""
 
+    kernel = staticmethod(lambda fn: fn)   # fused-norm's variant (FUSED): compiled
+
     def __init__(self, norm: InstanceNormReLU, sg: SpatialGroup):
         super().__init__()
         self.weight, self.bias, self.eps, self.sg = norm.weight, norm.bias, norm.eps, sg
-        self.fused = norm.fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        sums, apply = ((compiled(norm_sums), compiled(norm_relu)) if self.fused
-                       else (norm_sums, norm_relu))
-        moments = summed_over_group(sums(x), self.sg.group) / (x[0, 0].numel() * self.sg.size)
-        return apply(x, moments, *plain_views(self.weight, self.bias), self.eps)
+        n = x[0, 0].numel() * self.sg.size
+        moments = summed_over_group(self.kernel(norm_sums)(x), self.sg.group) / n
+        return self.kernel(norm_relu)(x, moments, *plain_views(self.weight, self.bias), self.eps)
+
+
+class FusedSpatialInstanceNormReLU(SpatialInstanceNormReLU):
+    kernel = staticmethod(compiled)
+
+
+FUSED = {**fused_norm.FUSED, SpatialInstanceNormReLU: FusedSpatialInstanceNormReLU}
 
 
 def spatial_parallel(module: nn.Module, sg: SpatialGroup) -> nn.Module:

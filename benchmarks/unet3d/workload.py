@@ -1,120 +1,148 @@
 """MLPerf Training ``unet3d``: the 3D U-Net on KiTS19 to a mean Dice of 0.908.
 
-Defaults are the reference's (``image_segmentation/pytorch/run_and_time.sh``
-and the ruleset's batch-2 reference convergence point): batch 2, SGD with
-Nesterov momentum 0.9, base LR 0.8 reached by a linear warm-up from 1e-4 over
-200 epochs, no decay, weight decay 0, foreground oversampling 0.4, 128^3
-training and validation windows with overlap 0.5, evaluation every 20 epochs
-from epoch 1000, at most 4000 epochs.
-
-``--spatial-group G`` splits every sample's depth over G consecutive ranks
-(``spatial.py``); the ranks of a group train on the same samples, so the
-global batch is ``batch-size * world / G``. Evaluation deals every case's
-sliding windows over all ranks.
+The hyper-parameters' defaults (``HParams``) are the reference's
+(``image_segmentation/pytorch/run_and_time.sh``), the ruleset's batch-2 reference convergence
+point. With no optimisation named the network runs as the reference runs it: NCDHW memory,
+``F.instance_norm``, eagerly, one process per sample, every rank evaluating every window;
+each optimisation (``--list-optimisations``) changes one of these from its own module.
+``spatial-group=G`` splits every sample's depth over G consecutive ranks (``spatial.py``); the
+ranks of a group train on the same samples, so the global batch is ``batch-size * world / G``.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from benchmarks.unet3d import data, inference, spatial
+from benchmarks.unet3d import data, fused_norm, inference, spatial
 from benchmarks.unet3d.loss import dice_ce_loss, dice_score
-from benchmarks.unet3d.model import FILTERS, NUM_CLASSES, Unet3D, as_channels_last_3d
+from benchmarks.unet3d.model import FILTERS, NUM_CLASSES, Unet3D
 from common import dist
 from common.errors import UserError
-from common.hparams import checked, non_negative, positive
+from common.hparams import checked, fraction, hparam, non_negative, open_fraction, positive
 from common.mllog import constants
+from common.optimisations import COMPILE, CUDA_GRAPH, Optimisation, Registry, shared
 from common.precision import grad_scaler_state
 from common.progress import say
 from common.sgd import DeviceLRSGD
 from common.throughput import meta_train_flops
-from common.workload import (
-    CapturePolicy,
-    EvalPoint,
-    Target,
-    Workload,
-    epoch_points,
-    maybe_compile,
-)
+from common.workload import CapturePolicy, EvalPoint, Target, Workload, epoch_points, maybe_compile
 
 FIXTURE_MARKER = "FIXTURE_COMPLETE"
 KITS19_TRAIN, KITS19_EVAL = 168, 42
 
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(v) for v in text.replace("x", ",").split(",") if v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected integers like 128,128,128, got {text!r}") from None
+@dataclass
+class HParams:
+    """The reference's hyper-parameters (its ``run_and_time.sh`` and the RCP of batch 2)."""
+
+    batch_size: int = hparam(2, "samples per step per replica", positive)
+    eval_batch_size: int = hparam(1, "windows per evaluation forward", positive)
+    epochs: int = hparam(4000, "epoch cap", positive)
+    lr: float = hparam(0.8, "base learning rate", positive)
+    init_lr: float = hparam(1e-4, "learning rate of epoch 0", non_negative)
+    lr_warmup_epochs: int = hparam(200, "epochs of linear warm-up from --init-lr", non_negative)
+    lr_decay_epochs: list[int] = hparam([], "epochs after which the LR decays", positive)
+    lr_decay_factor: float = hparam(1.0, "LR factor of each decay", positive)
+    momentum: float = hparam(0.9, "Nesterov momentum", open_fraction)
+    weight_decay: float = hparam(0.0, "weight decay", non_negative)
+    oversampling: float = hparam(0.4, "share of crops around a foreground object", fraction)
+    input_shape: list[int] = hparam([128, 128, 128], "training patch D,H,W", positive)
+    val_input_shape: list[int] = hparam([128, 128, 128], "sliding window D,H,W", positive)
+    overlap: float = hparam(0.5, "sliding-window overlap", open_fraction)
+    start_eval_at: int = hparam(1000, "first evaluated epoch", positive)
+    evaluate_every: int = hparam(20, "epochs between evaluations", positive)
+    filters: list[int] = hparam(list(FILTERS), "channels of the five levels (fewer: fixtures)",
+                                positive)
 
 
-def lr_at(epoch: int, a: argparse.Namespace) -> float:
-    """The reference's per-epoch LR: linear warm-up from ``init_lr``, then step decays.
+def lr_at(epoch: int, hp: HParams) -> float:
+    """The reference's per-epoch LR: linear warm-up from ``init_lr``, then step decays; a decay
+    at boundary b applies from epoch b + 1 (the reference steps its MultiStepLR after each
+    epoch)."""
+    if epoch <= hp.lr_warmup_epochs:
+        return hp.init_lr + (hp.lr - hp.init_lr) * epoch / hp.lr_warmup_epochs
+    decays = sum(1 for b in hp.lr_decay_epochs if b < epoch)
+    return hp.lr * hp.lr_decay_factor ** decays
 
-    A decay at boundary b applies from epoch b + 1 (the reference steps its
-    MultiStepLR after each epoch).
-    """
-    if epoch <= a.lr_warmup_epochs:
-        return a.init_lr + (a.lr - a.init_lr) * epoch / a.lr_warmup_epochs
-    decays = sum(1 for b in a.lr_decay_epochs if b < epoch)
-    return a.lr * a.lr_decay_factor ** decays
+
+def _spatial_group(wl: Unet3DWorkload, g: int) -> None:
+    world, depth = wl.env.world_size, wl.hp.input_shape[0]
+    if g < 2 or world % g or depth % (32 * g):
+        raise UserError(f"spatial-group={g} needs G >= 2 dividing the {world} ranks and 32 G "
+                        f"dividing the patch depth {depth}")
+    wl.impl.sg = spatial.new_spatial_group(g)
+
+
+def _compile(wl: Unet3DWorkload, mode: str) -> None:
+    if wl.sg:   # split by spatial-group, the model alone: the loss's collectives stay outside
+        wl.model = maybe_compile(wl.model, mode)
+    else:   # the forward and the loss as one graph
+        wl.forward_loss = maybe_compile(wl._forward_loss, mode)
 
 
 class Unet3DWorkload(Workload):
     name = constants.UNET3D
     targets = (Target("mean_dice", 0.908),)
+    hparams = HParams
+    # fp32 on the CPU, the tiny config's three steps: channels-last equal, fused-norm 6.6e-8 off
+    optimisations = Registry(
+        Optimisation("spatial-group", "=G: each sample's depth split over G ranks (G divides "
+                     "the ranks, 32 G the patch depth), halo exchanges overlapped with the "
+                     "interior convolutions, norm statistics and loss reduced over the group "
+                     "(spatial.py)", select=_spatial_group, value_type=int, default=2,
+                     compare=None, tested_by="tests/benchmarks/unet3d/test_spatial.py"),
+        Optimisation("channels-last", "weights, activations and batches in channels_last_3d "
+                     "memory", rtol=1e-6, select=lambda wl, _: setattr(
+                         wl.impl, "memory_format", torch.channels_last_3d)),
+        Optimisation("fused-norm", "instance norm + ReLU as two compiled kernels that read "
+                     "either layout in place; the transposed convolutions' output gradients "
+                     "dense (fused_norm.py)", rtol=1e-5, apply=lambda wl, _: fused_norm.fuse(
+                         wl.net, wl.train_net, swaps=spatial.FUSED)),
+        shared(COMPILE, apply=_compile, description="torch.compile the forward and the loss "
+               "as one graph, under spatial-group the model alone (=MODE: default, tuned, "
+               "max-autotune-no-cudagraphs)"),
+        # GradScaler reads its overflow flag on the host: amp-fp16 cannot be captured
+        shared(CUDA_GRAPH, precisions=("fp32", "tf32", "amp-bf16")),
+        Optimisation("sharded-eval", "each case's sliding windows dealt over all ranks, one "
+                     "all-reduce of the weighted logits a case (inference.py)",
+                     compare=None, tested_by="tests/benchmarks/unet3d/test_spatial.py",
+                     apply=lambda wl, _: setattr(
+                         wl, "eval_shard", (wl.env.rank, wl.env.world_size))))
+
+    def __init__(self, args: argparse.Namespace, env, precision):
+        super().__init__(args, env, precision)
+        hp = self.hp
+        for flag, shape in (("--input-shape", hp.input_shape),
+                            ("--val-input-shape", hp.val_input_shape)):
+            if len(shape) != 3 or any(s % 2 ** 5 for s in shape):
+                raise UserError(f"{flag} {shape}: need three sizes, each a multiple of 32 "
+                                f"(the U-Net halves them five times)")
+        if min(int(s * (1 - hp.overlap)) for s in hp.val_input_shape) < 1:
+            raise UserError(f"--overlap {hp.overlap}: the window must step by a voxel or more")
+        # the reference's until an optimisation's select() changes them
+        self.impl.memory_format, self.impl.sg = torch.contiguous_format, None
+        self.eval_shard = (0, 1)   # (rank, ranks) dealing the windows: each rank does all
 
     @staticmethod
     def add_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--data-dir", type=Path,
                        help="folder of case_XXXXX_x.npy / case_XXXXX_y.npy (prepare_data.py)")
-        p.add_argument("--batch-size", type=checked(int, positive),
-                       default=2, help="samples per step per replica")
-        p.add_argument("--epochs", type=checked(int, positive), default=4000, help="epoch cap")
-        p.add_argument("--lr", type=checked(float, positive),
-                       default=0.8, help="base learning rate")
-        p.add_argument("--init-lr", type=float, default=1e-4, help="learning rate of epoch 0")
-        p.add_argument("--lr-warmup-epochs", type=checked(int, non_negative), default=200)
-        p.add_argument("--lr-decay-epochs", type=int, nargs="*", default=[])
-        p.add_argument("--lr-decay-factor", type=float, default=1.0)
-        p.add_argument("--momentum", type=float, default=0.9)
-        p.add_argument("--weight-decay", type=float, default=0.0)
-        p.add_argument("--oversampling", type=float, default=0.4)
-        p.add_argument("--input-shape", type=_ints, default=(128, 128, 128),
-                       help="training patch D,H,W")
-        p.add_argument("--val-input-shape", type=_ints, default=(128, 128, 128),
-                       help="sliding window D,H,W")
-        p.add_argument("--overlap", type=float, default=0.5, help="sliding-window overlap")
-        p.add_argument("--start-eval-at", type=checked(int, positive), default=1000)
-        p.add_argument("--evaluate-every", type=checked(int, positive), default=20)
-        p.add_argument("--eval-batch-size", type=checked(int, positive),
-                       default=1, help="windows per forward")
-        p.add_argument("--filters", type=_ints, default=FILTERS,
-                       help="channels of the five levels; smaller only for the CPU fixture")
-        p.add_argument("--spatial-group", type=checked(int, positive), default=1,
-                       help="ranks sharing one sample, split along depth")
-        p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=False,
-                       help="channels_last_3d activations")
-        p.add_argument("--fused-norm", action=argparse.BooleanOptionalAction, default=False,
-                       help="instance norm + ReLU as compiled kernels that read channels_last_3d "
-                            "in place")
         p.add_argument("--workers", type=checked(int, non_negative), default=4,
                        help="loader processes per rank")
 
     # -- set-up ---------------------------------------------------------------------------
     def build(self) -> None:
-        a, env = self.args, self.env
-        self._check_args()
+        a, hp, env = self.args, self.hp, self.env
         self.train_cases, self.val_cases = ([], []) if self.synthetic else data.scan(a.data_dir)
         self.fixture = not self.synthetic and (a.data_dir / FIXTURE_MARKER).is_file()
-        self.sg = spatial.new_spatial_group(a.spatial_group) if a.spatial_group > 1 else None
-        self.replicas = env.world_size // a.spatial_group
-        self.replica = env.rank // a.spatial_group
-        self.train_set = data.TrainSet(self.train_cases, a.input_shape, a.oversampling, a.seed)
+        self.sg = self.impl.sg
+        group = self.sg.size if self.sg else 1
+        self.replicas, self.replica = env.world_size // group, env.rank // group
+        self.train_set = data.TrainSet(self.train_cases, hp.input_shape, hp.oversampling, a.seed)
         if self.train_samples < self.global_batch_size:
             raise UserError(f"{a.data_dir}: {self.train_samples} training cases are fewer "
                             f"than one global batch ({self.global_batch_size})")
@@ -125,40 +153,16 @@ class Unet3DWorkload(Workload):
         self.eval_set: list | None = None  # read at the first evaluation, inside the timed run
 
         torch.manual_seed(a.seed)   # the same initial weights on every rank
-        self.net = Unet3D(a.filters, 1, NUM_CLASSES, a.fused_norm).to(env.device)
-        if a.channels_last:
-            self.net = self.net.to(memory_format=torch.channels_last_3d)
-        train_net = spatial.spatial_parallel(self.net, self.sg) if self.sg else self.net
-        self.model = dist.data_parallel(train_net, env)
-        # --compile: the forward and the loss as one graph (the spatial loss's collectives stay
-        # outside it, so there only the model is compiled)
-        if self.sg:
-            self.model = maybe_compile(self.model, a.compile)
-        self.forward_loss = self._forward_loss if self.sg else maybe_compile(self._forward_loss,
-                                                                             a.compile)
-        self.lr = torch.zeros((), device=env.device)
-        self.optimizer = DeviceLRSGD(self.net.parameters(), lr=self.lr, momentum=a.momentum,
-                                     weight_decay=a.weight_decay, nesterov=True)
+        self.net = Unet3D(hp.filters).to(env.device, memory_format=self.impl.memory_format)
+        cl = self.impl.memory_format == torch.channels_last_3d   # the batches' layout too
+        self.layout = data.as_channels_last_3d if cl else (lambda images: images)
+        self.train_net = spatial.spatial_parallel(self.net, self.sg) if self.sg else self.net
+        self.model = dist.data_parallel(self.train_net, env)
+        self.forward_loss = self._forward_loss
+        self.lr = torch.full((), lr_at(1, hp), device=env.device)   # epoch_batches sets it
+        self.optimizer = DeviceLRSGD(self.net.parameters(), lr=self.lr, momentum=hp.momentum,
+                                     weight_decay=hp.weight_decay, nesterov=True)
         self.scaler = self.precision.grad_scaler()
-
-    def _check_args(self) -> None:
-        a, env = self.args, self.env
-        for flag, shape in (("--input-shape", a.input_shape),
-                            ("--val-input-shape", a.val_input_shape)):
-            if len(shape) != 3 or any(s % 2 ** 5 for s in shape):
-                raise UserError(f"{flag} {shape}: need three sizes, each a multiple of 32 "
-                                f"(the U-Net halves them five times)")
-        steps = [int(s * (1 - a.overlap)) for s in a.val_input_shape]
-        if not 0 <= a.overlap < 1 or min(steps) < 1 or a.lr_warmup_epochs < 0 \
-                or a.batch_size < 1:
-            raise UserError("need 0 <= --overlap < 1 with a window step of at least one voxel, "
-                            "--lr-warmup-epochs >= 0, --batch-size >= 1")
-        g = a.spatial_group
-        if g < 1 or env.world_size % g:
-            raise UserError(f"--spatial-group {g} must divide the {env.world_size} ranks")
-        if g > 1 and a.input_shape[0] % (32 * g):
-            raise UserError(f"--spatial-group {g}: the patch depth {a.input_shape[0]} must be a "
-                            f"multiple of {32 * g}")
 
     def _eval_case(self, case: data.Case) -> tuple[torch.Tensor, torch.Tensor]:
         image, label = data.load(case)
@@ -179,7 +183,7 @@ class Unet3DWorkload(Workload):
 
     @property
     def global_batch_size(self) -> int:
-        return self.args.batch_size * self.env.world_size // self.args.spatial_group
+        return self.hp.batch_size * self.replicas
 
     @property
     def train_samples(self) -> int:
@@ -190,7 +194,7 @@ class Unet3DWorkload(Workload):
         return KITS19_EVAL if self.synthetic else len(self.val_cases)
 
     def hyperparameters(self) -> dict:
-        a, c = self.args, constants
+        a, c = self.hp, constants
         return {
             c.OPT_NAME: "sgd",
             c.OPT_BASE_LR: a.lr,
@@ -213,7 +217,7 @@ class Unet3DWorkload(Workload):
 
     @property
     def rank_batch_size(self) -> int:
-        return self.args.batch_size   # a spatial group's ranks each hold a slab of every sample
+        return self.hp.batch_size   # a spatial group's ranks each hold a slab of every sample
 
     @property
     def steps_per_epoch(self) -> int:
@@ -222,7 +226,7 @@ class Unet3DWorkload(Workload):
     def eval_points(self) -> list[EvalPoint]:
         """The reference's schedule: evaluate at ``start_eval_at``, then every ``evaluate_every``
         epochs, and at the cap."""
-        a = self.args
+        a = self.hp
         epochs = list(range(min(a.start_eval_at, a.epochs), a.epochs + 1, a.evaluate_every))
         if epochs[-1] != a.epochs:
             epochs.append(a.epochs)
@@ -231,8 +235,7 @@ class Unet3DWorkload(Workload):
     @property
     def flops_per_sample(self) -> float:
         """Training FLOPs per sample (forward + backward) of the model on one patch."""
-        return meta_train_flops(lambda: Unet3D(self.args.filters, 1, NUM_CLASSES),
-                                (1, *self.args.input_shape))
+        return meta_train_flops(lambda: Unet3D(self.hp.filters), (1, *self.hp.input_shape))
 
     def capture_policy(self) -> CapturePolicy:
         return CapturePolicy("static", fp16=False)  # GradScaler reads its overflow flag on the host
@@ -244,16 +247,14 @@ class Unet3DWorkload(Workload):
 
     # -- steps ----------------------------------------------------------------------------
     def epoch_batches(self, epoch: int):
-        self.lr.fill_(lr_at(epoch, self.args))
+        self.lr.fill_(lr_at(epoch, self.hp))
         return _Batches(self, epoch)
 
     def synthetic_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        image, label = data.synthetic_batch(batch_size, self.args.input_shape, self.env.device)
+        image, label = data.synthetic_batch(batch_size, self.hp.input_shape, self.env.device)
         if self.sg:
             image, label = self.sg.slab(image).contiguous(), self.sg.slab(label).contiguous()
-        if self.args.channels_last:
-            image = as_channels_last_3d(image)
-        return image, label
+        return self.layout(image), label
 
     def infer_step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), self.precision.autocast():
@@ -277,7 +278,7 @@ class Unet3DWorkload(Workload):
         return loss.detach()
 
     def evaluate(self) -> dict[str, float]:
-        a, env = self.args, self.env
+        a, env = self.hp, self.env
         self.net.eval()
         scores = torch.zeros(NUM_CLASSES - 1, dtype=torch.float64, device=env.device)
         if self.eval_set is None:  # MLPerf: no data is touched before run_start; kept after
@@ -286,7 +287,7 @@ class Unet3DWorkload(Workload):
             with self.precision.autocast():
                 logits, crops = inference.sliding_window(
                     self.net, image, a.val_input_shape, a.overlap, NUM_CLASSES,
-                    a.eval_batch_size, env.rank, env.world_size)
+                    a.eval_batch_size, *self.eval_shard)
             scores += dice_score(logits, inference.crop(label, crops)).double()
         self.net.train()
         scores = scores / len(self.eval_set)
@@ -314,7 +315,5 @@ class _Batches:
         for image, label in self.loader:
             if sg:
                 image, label = sg.slab(image), sg.slab(label)
-            image = image.to(dev, non_blocking=True).contiguous()
-            if self.wl.args.channels_last:
-                image = as_channels_last_3d(image)
+            image = self.wl.layout(image.to(dev, non_blocking=True).contiguous())
             yield image, label.to(dev, non_blocking=True).contiguous()

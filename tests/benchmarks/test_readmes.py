@@ -3,7 +3,7 @@ the registry are the registry's (issue #62).
 
 Each ``benchmarks/<name>/README.md`` has the same sections in the same order, links its
 dataset's section of ``docs/data.md`` and its workload's section of ``docs/performance.md``,
-stays within 60-150 lines and numbers no sessions. For ResNet-50, Mask R-CNN and RNN-T the
+stays within 60-150 lines and numbers no sessions. For the workloads with a registry the
 optimisations table between the marker comments is ``python -m benchmarks.<name>
 --list-optimisations markdown`` (``common.optimisations.markdown_table``) with the measured
 gains filled in by hand: its names, descriptions and requirements must equal the registry's,
@@ -24,7 +24,7 @@ from common.optimisations import GAIN_COLUMN, TABLE_HEADER, Registry, markdown_t
 
 REPO = Path(__file__).resolve().parents[2]
 WORKLOADS = ("resnet", "ssd", "maskrcnn", "rnnt", "bert", "dlrm", "unet3d")
-ON_THE_REGISTRY = ("resnet", "maskrcnn", "rnnt")
+ON_THE_REGISTRY = tuple(n for n in WORKLOADS if len(workload_class(n).optimisations))
 SECTIONS = ("## Model and dataset", "## Quality target and evaluation", "## Configs",
             "## Optimisations", "## Real data", "## Fixture", "## Measured speed")
 PERFORMANCE_ANCHORS = {"resnet": "resnet-50", "ssd": "ssd", "maskrcnn": "mask-r-cnn",

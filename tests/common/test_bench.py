@@ -177,7 +177,8 @@ def test_spatial_group_counts_each_shared_sample_once(tmp_path):
         proc = subprocess.run(
             [sys.executable, "-m", "common.bench", "unet3d", "-n", str(n), "-b", "1",
              "--precision", "fp32", "--mode", "train", "--iters", "2", "--warmup", "1",
-             "--device", "cpu", "--workload-args", f"{args} --spatial-group {group}",
+             "--device", "cpu", "--workload-args",
+             args + (f" --opt spatial-group={group}" if group > 1 else ""),
              "-o", str(out)],
             cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
             timeout=600)

@@ -1,6 +1,7 @@
 """The 3D U-Net's layers are the ruleset's, and its output keeps the input's size."""
 
 import ast
+import inspect
 from pathlib import Path
 
 import mlperf_logging
@@ -8,7 +9,9 @@ import pytest
 import torch
 import yaml
 
-from benchmarks.unet3d.model import FILTERS, InstanceNormReLU, Unet3D, as_channels_last_3d
+from benchmarks.unet3d import fused_norm
+from benchmarks.unet3d.data import as_channels_last_3d
+from benchmarks.unet3d.model import FILTERS, InstanceNormReLU, Unet3D, UpBlock
 
 RULES = (Path(mlperf_logging.__file__).parent
          / "compliance_checker/training_1.1.0/closed_unet3d.yaml")
@@ -54,6 +57,16 @@ def test_output_has_input_size_and_three_classes(shape):
     assert model(torch.randn(2, 1, *shape)).shape == (2, 3, *shape)
 
 
+@pytest.mark.parametrize("cls", [Unet3D, UpBlock, InstanceNormReLU])
+def test_the_model_takes_no_optimisation_switch(cls):
+    """The reference network alone: optimisations transform the built model (fused_norm.py,
+    spatial.py)."""
+    allowed = {"filters", "in_channels", "num_classes", "cin", "cout", "name", "channels", "x",
+               "skip", "self"}
+    for fn in (cls.__init__, cls.forward):
+        assert set(inspect.signature(fn).parameters) <= allowed, fn
+
+
 def test_tiny_filters_keep_the_structure():
     tiny, full = Unet3D((4, 8, 16, 32, 40)), Unet3D()
     assert tiny.tensor_names() == full.tensor_names()
@@ -65,11 +78,13 @@ def test_fused_norm_matches_instance_norm_and_relu(channels_last):
     """The compiled instance norm + ReLU equals ``nn.InstanceNorm3d`` then ReLU, forward and
     backward, and keeps the input's memory format."""
     torch.manual_seed(0)
-    plain, fused = InstanceNormReLU(6), InstanceNormReLU(6, fused=True)
+    plain, fused = InstanceNormReLU(6), InstanceNormReLU(6)
     with torch.no_grad():
         plain.weight.uniform_(0.5, 1.5)
         plain.bias.uniform_(-0.5, 0.5)
     fused.load_state_dict(plain.state_dict())
+    fused_norm.fuse(fused)
+    assert type(fused) is fused_norm.FusedInstanceNormReLU
     x = torch.randn(2, 6, 8, 12, 10) * 3 + 1
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last_3d)
@@ -90,7 +105,8 @@ def test_fused_norm_matches_instance_norm_and_relu(channels_last):
 
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_fused_norm_model_matches_plain_model(channels_last):
-    """Outputs and every parameter's gradient (the dense transposed-convolution gradients
+    """The optimisation applied to the built plain model: its state_dict keys unchanged, its
+    outputs and every parameter's gradient (the dense transposed-convolution gradients
     included) against the plain model in float64, the gradients within 0.1% of their largest
     entry: the fused norm computes in fp32 from sums of squares, which the near-degenerate
     deep levels amplify. Float64 is the reference because PyTorch's own fp32 instance norm
@@ -98,8 +114,12 @@ def test_fused_norm_model_matches_plain_model(channels_last):
     fused norm stays within 0.03%."""
     torch.manual_seed(0)
     plain = Unet3D((4, 8, 16, 32, 40)).double()
-    fused = Unet3D((4, 8, 16, 32, 40), fused_norm=True)
+    fused = Unet3D((4, 8, 16, 32, 40))
     fused.load_state_dict(plain.state_dict())
+    keys = list(fused.state_dict())
+    fused_norm.fuse(fused)
+    assert list(fused.state_dict()) == keys and fused.tensor_names() == plain.tensor_names()
+    assert type(fused.upsample[0].deconv) is fused_norm.DenseGradConvTranspose3d
     x = torch.randn(1, 1, 32, 32, 64)
     weights = torch.randn(1, 3, 32, 32, 64)
     out = plain(x.double())
@@ -129,7 +149,8 @@ def test_fused_norm_compiles_a_few_graphs_for_every_layer():
     compiled: no function falls back to eager at Dynamo's recompile limit."""
     from torch._dynamo.utils import counters
     failed = counters["frames"]["total"] - counters["frames"]["ok"]
-    model = Unet3D((4, 8, 16, 32, 40), fused_norm=True)
+    model = Unet3D((4, 8, 16, 32, 40))
+    fused_norm.fuse(model)
     x = torch.randn(2, 1, 64, 32, 32)
     model(x).sum().backward()
     model.eval()

@@ -102,19 +102,19 @@ def test_missing_datadir(tmp_path):
 
 
 def test_spatial_group_must_divide_the_ranks(tmp_path, kits_fixture):
-    proc = run_module(kits_fixture, tmp_path, "--spatial-group", "2")
+    proc = run_module(kits_fixture, tmp_path, "--opt", "spatial-group=2")
     assert proc.returncode == 2
     lines = error_lines(proc)
-    assert len(lines) == 1 and "--spatial-group 2" in lines[0]
+    assert len(lines) == 1 and "spatial-group=2 needs G >= 2 dividing the 1 ranks" in lines[0]
 
 
 @pytest.mark.slow
 def test_spatial_parallel_training_over_two_processes(tmp_path, kits_fixture):
-    """run_and_time.sh with GPUS=2 (torchrun, 2 gloo ranks) and --spatial-group 2: one sample
-    split over the ranks, sharded evaluation."""
+    """run_and_time.sh with GPUS=2 (torchrun, 2 gloo ranks) and spatial-group=2: one sample
+    split over the ranks, sharded evaluation (the config's)."""
     proc = run({"CONFIG": "cpu_tiny", "GPUS": "2", "LOGDIR": str(tmp_path), "SEED": "5",
                 "FIXTURE_DIR": str(kits_fixture), "OMP_NUM_THREADS": "1",
-                "EXTRA_ARGS": " ".join(["--spatial-group", "2", "--lr", "0.1", *SMALL_FLAGS])},
+                "EXTRA_ARGS": " ".join(["--opt", "spatial-group=2", "--lr", "0.1", *SMALL_FLAGS])},
                timeout=600)
     out = proc.stdout
     assert "2 process(es) on cpu" in out and "global batch 4" in out, out + proc.stderr[-2000:]

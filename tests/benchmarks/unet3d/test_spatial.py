@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from benchmarks.unet3d import inference, spatial
+from benchmarks.unet3d import fused_norm, inference, spatial
 from benchmarks.unet3d.loss import dice_ce_loss, dice_score
 from benchmarks.unet3d.model import Unet3D
 from common import dist
@@ -51,9 +51,12 @@ def _worker(rank, world, port, out):
     soft = spatial.spatial_loss(_half(sg.index), sg.slab(y), sg)
     with torch.no_grad():
         windows = inference.sliding_window(net, _eval_image(), ROI, 0.5, 3, 2, rank, world)[0]
-        fused = Unet3D(FILTERS, fused_norm=True)
+        fused = Unet3D(FILTERS)
         fused.load_state_dict(net.state_dict())
-        fused_logits = spatial.spatial_parallel(fused, sg)(xs)
+        split = spatial.spatial_parallel(fused, sg)
+        fused_norm.fuse(split, swaps=spatial.FUSED)   # after the split, as the workload applies it
+        assert any(type(m) is spatial.FusedSpatialInstanceNormReLU for m in split.modules())
+        fused_logits = split(xs)
     # channels_last_3d activations: halos travel and land in that layout
     cl_net = Unet3D(FILTERS).to(memory_format=torch.channels_last_3d)
     cl_net.load_state_dict(net.state_dict())

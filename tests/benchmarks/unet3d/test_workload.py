@@ -1,17 +1,13 @@
 """The workload's schedule, LR rule and optimizer against the reference's definitions."""
 
-import argparse
-
 import torch
 
-from benchmarks.unet3d.workload import Unet3DWorkload, lr_at
+from benchmarks.unet3d.workload import HParams, Unet3DWorkload, lr_at
 from common.sgd import DeviceLRSGD
 
 
 def _args(**kw):
-    base = dict(lr=0.8, init_lr=1e-4, lr_warmup_epochs=200, lr_decay_epochs=[],
-                lr_decay_factor=1.0, start_eval_at=1000, evaluate_every=20, epochs=4000)
-    return argparse.Namespace(**{**base, **kw})
+    return HParams(**kw)   # the reference's values where not given
 
 
 def test_warmup_is_linear_per_epoch_from_the_initial_lr():
@@ -29,13 +25,13 @@ def test_decay_applies_after_the_boundary_epoch():
 def test_evaluation_schedule_is_the_references(monkeypatch):
     monkeypatch.setattr(Unet3DWorkload, "steps_per_epoch", 84)
     wl = Unet3DWorkload.__new__(Unet3DWorkload)
-    wl.args = _args(epochs=1050)
+    wl.hp = _args(epochs=1050)
     points = wl.eval_points()
     assert [(p.first_epoch_num, p.epoch_count) for p in points] == [(1, 1000), (1001, 20),
                                                                    (1021, 20), (1041, 10)]
     assert [p.epoch_num for p in points] == [1000, 1020, 1040, 1050]
     assert points[-1].step == 1050 * 84
-    wl.args = _args(epochs=5, start_eval_at=10)
+    wl.hp = _args(epochs=5, start_eval_at=10)
     assert [(p.first_epoch_num, p.epoch_count) for p in wl.eval_points()] == [(1, 5)]
 
 
@@ -54,3 +50,13 @@ def test_device_lr_sgd_is_torch_nesterov_sgd():
             opt.step()
     for p, q in zip(a.parameters(), b.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-5)
+
+
+def test_throughput_variants_come_from_the_registry():
+    from benchmarks.unet3d.throughput import ours_variants
+
+    variants = ours_variants()
+    assert variants["plain"] == [] and variants["compiled"] == ["channels-last"]
+    assert variants["config"] == ["channels-last", "fused-norm", "compile=default", "cuda-graph"]
+    assert variants["config-minus-fused-norm"] == ["channels-last", "compile=default", "cuda-graph"]
+    assert not any("sharded-eval" in items for items in variants.values())   # not the step's
