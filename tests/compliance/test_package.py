@@ -338,3 +338,39 @@ def test_a_run_that_cannot_have_passed_is_refused(handmade_tree, tmp_path, capsy
     log = tree / "results/cpu_tiny/resnet/result_2.txt"
     handmade_logs.edit(log, change)
     assert tree_refusal(tree, capsys) == "error: " + message.format(log=log)
+
+
+def test_packaging_never_writes_over_a_file_a_log_links_to(handmade_tree, tmp_path, capsys):
+    """LOGDIR of links to a tree's own logs: packaging into that tree deleted all five."""
+    tree = copy(handmade_tree, tmp_path)
+    results = tree / "results/cpu_tiny/resnet"
+    links = tmp_path / "links"
+    links.mkdir()
+    for log in results.glob("result_*.txt"):
+        (links / log.name).symlink_to(log)
+    before = snapshot(tree)
+    assert pack(links, tree) == 2
+    assert refusal(capsys) == (
+        f"error: LOGDIR's result_0.txt (a link to {(results / 'result_0.txt').resolve()}) lies "
+        f"in OUTDIR {tree}, which packaging rewrites: name a new OUTDIR (a tree is packaged "
+        f"again from a copy of its logs elsewhere)")
+    assert snapshot(tree) == before
+
+
+def test_packaging_never_writes_over_the_code_it_copies(handmade_tree, tmp_path, capsys,
+                                                        monkeypatch):
+    """Run from the code a tree holds, packaging into that tree deleted the code first."""
+    tree = copy(handmade_tree, tmp_path)
+    code = tree / "benchmarks/resnet/implementations/pytorch"
+    monkeypatch.setattr(package, "REPO", code)
+    logs = handmade_logs.write_logdir(tmp_path / "logs")
+    before = snapshot(tree)
+    assert pack(logs, tree) == 2
+    assert refusal(capsys) == (
+        f"error: the code it packages ({code / 'pyproject.toml'}) lies in OUTDIR {tree}, which "
+        f"packaging rewrites: name a new OUTDIR away from the code")
+    assert snapshot(tree) == before
+    assert pack(logs, code / "common/tree") == 2
+    assert refusal(capsys) == (f"error: OUTDIR {code / 'common/tree'} lies in the code it "
+                               f"packages ({code / 'common'}): name an OUTDIR outside it")
+    assert snapshot(tree) == before
