@@ -77,9 +77,11 @@ def cached_fixture(root, params: dict, write: Callable[[Path], dict | None]) -> 
     if (recorded(root) or {}).get("params") == params:
         return root
     _refuse_foreign(root)
+    # A link (a FIXTURE_DIR on scratch space) stays: the fixture takes the place it points to.
+    place = root.resolve()
     try:
-        root.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.partial-", dir=root.parent))
+        place.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{place.name}.partial-", dir=place.parent))
     except OSError as exc:
         raise UserError(f"cannot write the fixture {root} ({exc.strerror}): name a folder in "
                         f"a writable place") from exc
@@ -89,9 +91,9 @@ def cached_fixture(root, params: dict, write: Callable[[Path], dict | None]) -> 
         if (recorded(root) or {}).get("params") == params:
             return root   # another process wrote the same fixture meanwhile
         _refuse_foreign(root)
-        if root.exists():
-            shutil.rmtree(root)
-        tmp.rename(root)
+        if place.exists():
+            shutil.rmtree(place)
+        tmp.rename(place)
     except Interrupted as exc:
         raise Interrupted(exc.signum, f"while writing the fixture {root}: stopped and the "
                           f"partial copy removed; run the writer again") from None

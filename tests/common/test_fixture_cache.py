@@ -60,6 +60,19 @@ def test_a_folder_of_other_files_is_refused(tmp_path):
         cached_fixture(tmp_path / "file", {"n": 1}, one_file)
 
 
+def test_a_link_to_a_folder_stays_a_link(tmp_path):
+    """FIXTURE_DIR as a link to scratch space: refused as 'Cannot call rmtree on a symbolic
+    link' when empty, and when it held an older fixture."""
+    (tmp_path / "scratch").mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "scratch")
+    for n in (1, 2):
+        assert cached_fixture(link, {"n": n}, one_file) == link
+        assert link.is_symlink() and (tmp_path / "scratch/data.txt").read_text() == "fixture"
+        assert json.loads((link / MARKER).read_text()) == {"params": {"n": n}}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "scratch"]
+
+
 @pytest.mark.parametrize("module", WRITERS)
 def test_every_writer_refuses_a_folder_of_other_files_in_one_line(tmp_path, capsys, module):
     folder = foreign_folder(tmp_path)
