@@ -325,7 +325,17 @@ def test_two_runs_that_did_not_converge_leave_no_score(tmp_path, capsys):
     (lambda e: {**e, "time_ms": handmade_logs.T0 + 100} if e["key"] == "run_stop" else e,
      f"{{log}}: run_stop with status success at the instant of run_start (time_ms "
      f"{handmade_logs.T0 + 100}): no run trains and evaluates in no time; rerun the benchmark"),
-], ids=["last-evaluation-below-target", "string-seed", "no-time-to-train"])
+    (lambda e: {**e, "time_ms": "soon"} if e["key"] == "run_stop" else e,
+     '{log}:20: run_stop: time_ms "soon" is not a number of milliseconds: the log was edited or '
+     'damaged; rerun the benchmark'),
+    (lambda e: {k: v for k, v in e.items() if k != "key"} if e["key"] == "cache_clear" else e,
+     "{log}:6: key null is not a name: the log was edited or damaged; rerun the benchmark"),
+    (lambda e: {**e, "metadata": {**e["metadata"], "status": 1}} if e["key"] == "run_stop"
+     else e,
+     "{log}: run_stop status 1 is not a word (the training program logs success or aborted): "
+     "rerun the benchmark"),
+], ids=["last-evaluation-below-target", "string-seed", "no-time-to-train", "string-time",
+        "no-key", "numeric-status"])
 def test_a_run_that_cannot_have_passed_is_refused(handmade_tree, tmp_path, capsys, change,
                                                   message):
     logs = handmade_logs.write_logdir(tmp_path / "logs")
