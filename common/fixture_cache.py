@@ -6,18 +6,21 @@ reports, e.g. DLRM's planted AUC). A folder whose marker records the same parame
 reused; one with another marker (a fixture of this suite) is replaced; any other folder that
 holds files is refused in one line. ``fixture_command`` wraps a writer's ``main``: refusals
 are one line with exit status 2, and Ctrl-C or SIGTERM while writing removes the partial copy
-and says so in one line, with exit status 128 + the signal's number.
+and says so in one line, with exit status 128 + the signal's number. ``stop_signals_held``
+keeps such a stop from being lost in a C call that calls back into Python.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from common.cli import one_line_errors
@@ -74,9 +77,11 @@ def cached_fixture(root, params: dict, write: Callable[[Path], dict | None]) -> 
     if (recorded(root) or {}).get("params") == params:
         return root
     _refuse_foreign(root)
+    # A link (a FIXTURE_DIR on scratch space) stays: the fixture takes the place it points to.
+    place = root.resolve()
     try:
-        root.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.partial-", dir=root.parent))
+        place.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{place.name}.partial-", dir=place.parent))
     except OSError as exc:
         raise UserError(f"cannot write the fixture {root} ({exc.strerror}): name a folder in "
                         f"a writable place") from exc
@@ -86,9 +91,9 @@ def cached_fixture(root, params: dict, write: Callable[[Path], dict | None]) -> 
         if (recorded(root) or {}).get("params") == params:
             return root   # another process wrote the same fixture meanwhile
         _refuse_foreign(root)
-        if root.exists():
-            shutil.rmtree(root)
-        tmp.rename(root)
+        if place.exists():
+            shutil.rmtree(place)
+        tmp.rename(place)
     except Interrupted as exc:
         raise Interrupted(exc.signum, f"while writing the fixture {root}: stopped and the "
                           f"partial copy removed; run the writer again") from None
@@ -111,6 +116,34 @@ def ignore_stop_signals() -> None:
     """For a writer's worker processes (an ``initializer``): the writer stops them."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM over a C call that calls back into Python (espeak-ng hands its
+    audio to a ctypes callback): ctypes prints and drops an exception raised in a callback, so
+    a stop whose handler ran there was lost and the writer went on to the end. A signal that
+    came meanwhile meets its handler once the call has returned."""
+    if threading.current_thread() is not threading.main_thread():
+        yield   # Python runs signal handlers in the main thread only
+        return
+    held = []
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    previous = {sig: handler for sig, handler in previous.items() if handler is not None}
+    for sig in previous:
+        signal.signal(sig, lambda signum, frame: held.append((signum, frame)))
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if held:
+            signum, frame = held[0]
+            handler = previous[signum]
+            if callable(handler):
+                handler(signum, frame)
+            elif handler == signal.SIG_DFL:
+                signal.raise_signal(signum)
 
 
 def fixture_command(main: Callable[..., int]) -> Callable[..., int]:

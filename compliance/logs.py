@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,23 @@ REQUIRED_METADATA = {constants.RUN_STOP: constants.STATUS,
                      constants.EVAL_ACCURACY: constants.EPOCH_NUM}
 
 
+def malformed(event) -> str | None:
+    """What keeps a parsed line from being an mllog event the tools can read (they take its
+    key, time and metadata without looking), or None."""
+    if not isinstance(event, dict):
+        return "not a JSON object"
+    key = event.get("key")
+    if not isinstance(key, str) or not key:
+        return f"key {json.dumps(key)} is not a name"
+    time_ms = event.get("time_ms")
+    if isinstance(time_ms, bool) or not isinstance(time_ms, (int, float)) \
+            or not math.isfinite(time_ms):
+        return f"{key}: time_ms {json.dumps(time_ms)} is not a number of milliseconds"
+    if not isinstance(event.get("metadata", {}), dict):
+        return f"{key}: metadata {json.dumps(event['metadata'])} is not a JSON object"
+    return None
+
+
 def read_events(path: str | Path) -> list[dict]:
     """Every mllog event of a log file, in order; other lines are skipped."""
     path = Path(path)
@@ -31,9 +49,14 @@ def read_events(path: str | Path) -> list[dict]:
         if not line.startswith(PREFIX):
             continue
         try:
-            events.append(json.loads(line[len(PREFIX):]))
+            event = json.loads(line[len(PREFIX):])
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}:{lineno}: unreadable mllog line ({exc.msg})") from exc
+        problem = malformed(event)
+        if problem:
+            raise UserError(f"{path}:{lineno}: {problem}: the log was edited or damaged; rerun "
+                            f"the benchmark")
+        events.append(event)
     if not events:
         raise UserError(f"{path}: no :::MLLOG lines (is this an MLPerf log?)")
     return events
@@ -92,6 +115,9 @@ def summarize(path: str | Path) -> RunSummary:
                         f"(time_ms {start['time_ms']}): the log gives no time to train; "
                         f"rerun the benchmark (was the clock set back during the run?)")
     status = (stop or {}).get("metadata", {}).get(constants.STATUS, "missing")
+    if not isinstance(status, str):
+        raise UserError(f"{path}: run_stop status {json.dumps(status)} is not a word (the "
+                        f"training program logs success or aborted): rerun the benchmark")
     if seconds == 0 and status == constants.SUCCESS:
         raise UserError(f"{path}: run_stop with status success at the instant of run_start "
                         f"(time_ms {start['time_ms']}): no run trains and evaluates in no time; "

@@ -15,8 +15,9 @@ verdict line each, and prints the score table. Runs on fixture data get
 ``rcp-bypass`` and are labelled as such; the RCP verdict says BYPASSED. A run
 that did not converge counts as infinitely slow (``compliance.summarize``).
 What the tools take on trust is refused first (``compliance.tree``), and so
-is an OUTDIR that holds an input (LOGDIR, ``--system-desc``) or lies in LOGDIR:
-packaging replaces what it writes and never writes over what it reads.
+is an OUTDIR that holds an input (LOGDIR, a file a log links to, ``--system-desc``,
+the code it copies) or lies in one: packaging replaces what it writes and never writes
+over what it reads.
 
 Exit status 0 when every check passes, 1 when one fails, 2 on bad input.
 """
@@ -104,36 +105,48 @@ def git_reference() -> dict:
             "remote": git("config", "--get", "remote.origin.url")}
 
 
+def code_sources(benchmark: str) -> list[Path]:
+    """The files and folders of this checkout that a tree's implementation copies."""
+    return [REPO / "pyproject.toml", REPO / "benchmarks" / "__init__.py", REPO / "common",
+            REPO / "compliance", REPO / "benchmarks" / benchmark]
+
+
 def copy_code(benchmark: str, dest: Path) -> None:
     if dest.exists():
         shutil.rmtree(dest)
-    sources = [REPO / "common", REPO / "compliance", REPO / "benchmarks" / benchmark]
-    files = [REPO / "pyproject.toml", REPO / "benchmarks" / "__init__.py"]
-    for root in sources:
-        files += [p for p in root.rglob("*") if p.is_file() and p.suffix in CODE_SUFFIXES
-                  and "__pycache__" not in p.parts]
+    files = []
+    for src in code_sources(benchmark):
+        files += [src] if src.is_file() else [
+            p for p in src.rglob("*") if p.is_file() and p.suffix in CODE_SUFFIXES
+            and "__pycache__" not in p.parts]
     for src in files:
-        if src.is_file():
-            target = dest / src.relative_to(REPO)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, target)
+        target = dest / src.relative_to(REPO)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
     (dest / "CODE_REFERENCE.json").write_text(json.dumps(git_reference(), indent=2) + "\n")
 
 
 def refuse_overlap(args) -> None:
-    """The packager replaces what it writes under OUTDIR: an input there would be deleted or
-    overwritten, and an OUTDIR inside LOGDIR mixes the tree into the logs."""
+    """The packager replaces what it writes under OUTDIR: an input there (LOGDIR, a log that
+    links there, ``--system-desc``, the code it copies) would be deleted or overwritten, and an
+    OUTDIR inside an input mixes the tree into it."""
+    again = "name a new OUTDIR (a tree is packaged again from a copy of its logs elsewhere)"
+    inputs = [(f"LOGDIR {args.logdir}", args.logdir, again)]
+    if args.logdir.is_dir():
+        inputs += [(f"LOGDIR's {log.name} (a link to {log.resolve()})", log, again)
+                   for log in tree.result_files(args.logdir) if log.is_symlink()]
+    if args.system_desc is not None:
+        inputs.append((f"--system-desc {args.system_desc}", args.system_desc, again))
+    inputs += [(f"the code it packages ({src})", src, "name a new OUTDIR away from the code")
+               for src in code_sources(args.benchmark)]
     out = args.outdir.resolve()
-    for flag, given in (("LOGDIR", args.logdir), ("--system-desc", args.system_desc)):
-        if given is None:
-            continue
+    for name, given, fix in inputs:
         src = Path(given).resolve()
         if src == out or out in src.parents:
-            raise UserError(f"{flag} {given} lies in OUTDIR {args.outdir}, which packaging "
-                            f"rewrites: name a new OUTDIR (a tree is packaged again from a "
-                            f"copy of its logs elsewhere)")
+            raise UserError(f"{name} lies in OUTDIR {args.outdir}, which packaging rewrites: "
+                            f"{fix}")
         if src in out.parents:
-            raise UserError(f"OUTDIR {args.outdir} lies in {flag} {given}: name an OUTDIR "
+            raise UserError(f"OUTDIR {args.outdir} lies in {name}: name an OUTDIR "
                             f"outside it")
 
 

@@ -32,7 +32,7 @@ from benchmarks.rnnt.data import EVAL_SPLIT
 from benchmarks.rnnt.features import SAMPLE_RATE
 from benchmarks.rnnt.prepare_data import prepare
 from common.errors import UserError
-from common.fixture_cache import cached_fixture, fixture_command
+from common.fixture_cache import cached_fixture, fixture_command, stop_signals_held
 
 TRAIN_SPLIT = "train-clean-100"
 EVAL_UTTERANCES = 2703
@@ -97,9 +97,12 @@ class Espeak:
             self.lib.espeak_SetParameter(param, int(value), 0)
         self.chunks = []
         data = text.encode()
-        if self.lib.espeak_Synth(data, len(data) + 1, 0, _POS_CHARACTER, 0, 0, None, None):
+        with stop_signals_held():   # the library calls _collect
+            failed = self.lib.espeak_Synth(data, len(data) + 1, 0, _POS_CHARACTER, 0, 0, None,
+                                           None)
+            self.lib.espeak_Synchronize()
+        if failed:
             raise UserError(f"espeak-ng could not synthesize {text!r}")
-        self.lib.espeak_Synchronize()
         return np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.int16)
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from common.errors import UserError
@@ -59,6 +60,19 @@ def test_a_folder_of_other_files_is_refused(tmp_path):
         cached_fixture(tmp_path / "file", {"n": 1}, one_file)
 
 
+def test_a_link_to_a_folder_stays_a_link(tmp_path):
+    """FIXTURE_DIR as a link to scratch space: refused as 'Cannot call rmtree on a symbolic
+    link' when empty, and when it held an older fixture."""
+    (tmp_path / "scratch").mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "scratch")
+    for n in (1, 2):
+        assert cached_fixture(link, {"n": n}, one_file) == link
+        assert link.is_symlink() and (tmp_path / "scratch/data.txt").read_text() == "fixture"
+        assert json.loads((link / MARKER).read_text()) == {"params": {"n": n}}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "scratch"]
+
+
 @pytest.mark.parametrize("module", WRITERS)
 def test_every_writer_refuses_a_folder_of_other_files_in_one_line(tmp_path, capsys, module):
     folder = foreign_folder(tmp_path)
@@ -101,4 +115,26 @@ def test_a_stop_while_writing_leaves_nothing_and_says_so(tmp_path, signum):
     assert stderr.splitlines() == [
         f"error: {signal.Signals(signum).name} while writing the fixture {root}: stopped and "
         f"the partial copy removed; run the writer again"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stop_in_a_callback_from_c_is_not_lost(tmp_path, capsys, monkeypatch):
+    """espeak-ng hands the RNN-T writer its audio through a ctypes callback, which printed and
+    dropped the exception of a stop whose handler ran there: the writer wrote on, exit 0."""
+    from benchmarks.rnnt import fixture as rnnt
+
+    as_array = np.ctypeslib.as_array
+
+    def stop_once(*args, **kwargs):   # called in the callback, with the first chunk of audio
+        monkeypatch.setattr(np.ctypeslib, "as_array", as_array)
+        signal.raise_signal(signal.SIGTERM)
+        return as_array(*args, **kwargs)
+
+    monkeypatch.setattr(np.ctypeslib, "as_array", stop_once)
+    root = tmp_path / "librispeech"
+    assert rnnt.main([str(root), "--train", "8", "--eval", "4", "--train-speakers", "2",
+                      "--eval-speakers", "1", "--vocab-size", "30"]) == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: SIGTERM while writing the fixture {root}: stopped and the partial copy "
+        f"removed; run the writer again"]
     assert list(tmp_path.iterdir()) == []

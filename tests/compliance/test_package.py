@@ -325,7 +325,17 @@ def test_two_runs_that_did_not_converge_leave_no_score(tmp_path, capsys):
     (lambda e: {**e, "time_ms": handmade_logs.T0 + 100} if e["key"] == "run_stop" else e,
      f"{{log}}: run_stop with status success at the instant of run_start (time_ms "
      f"{handmade_logs.T0 + 100}): no run trains and evaluates in no time; rerun the benchmark"),
-], ids=["last-evaluation-below-target", "string-seed", "no-time-to-train"])
+    (lambda e: {**e, "time_ms": "soon"} if e["key"] == "run_stop" else e,
+     '{log}:20: run_stop: time_ms "soon" is not a number of milliseconds: the log was edited or '
+     'damaged; rerun the benchmark'),
+    (lambda e: {k: v for k, v in e.items() if k != "key"} if e["key"] == "cache_clear" else e,
+     "{log}:6: key null is not a name: the log was edited or damaged; rerun the benchmark"),
+    (lambda e: {**e, "metadata": {**e["metadata"], "status": 1}} if e["key"] == "run_stop"
+     else e,
+     "{log}: run_stop status 1 is not a word (the training program logs success or aborted): "
+     "rerun the benchmark"),
+], ids=["last-evaluation-below-target", "string-seed", "no-time-to-train", "string-time",
+        "no-key", "numeric-status"])
 def test_a_run_that_cannot_have_passed_is_refused(handmade_tree, tmp_path, capsys, change,
                                                   message):
     logs = handmade_logs.write_logdir(tmp_path / "logs")
@@ -338,3 +348,39 @@ def test_a_run_that_cannot_have_passed_is_refused(handmade_tree, tmp_path, capsy
     log = tree / "results/cpu_tiny/resnet/result_2.txt"
     handmade_logs.edit(log, change)
     assert tree_refusal(tree, capsys) == "error: " + message.format(log=log)
+
+
+def test_packaging_never_writes_over_a_file_a_log_links_to(handmade_tree, tmp_path, capsys):
+    """LOGDIR of links to a tree's own logs: packaging into that tree deleted all five."""
+    tree = copy(handmade_tree, tmp_path)
+    results = tree / "results/cpu_tiny/resnet"
+    links = tmp_path / "links"
+    links.mkdir()
+    for log in results.glob("result_*.txt"):
+        (links / log.name).symlink_to(log)
+    before = snapshot(tree)
+    assert pack(links, tree) == 2
+    assert refusal(capsys) == (
+        f"error: LOGDIR's result_0.txt (a link to {(results / 'result_0.txt').resolve()}) lies "
+        f"in OUTDIR {tree}, which packaging rewrites: name a new OUTDIR (a tree is packaged "
+        f"again from a copy of its logs elsewhere)")
+    assert snapshot(tree) == before
+
+
+def test_packaging_never_writes_over_the_code_it_copies(handmade_tree, tmp_path, capsys,
+                                                        monkeypatch):
+    """Run from the code a tree holds, packaging into that tree deleted the code first."""
+    tree = copy(handmade_tree, tmp_path)
+    code = tree / "benchmarks/resnet/implementations/pytorch"
+    monkeypatch.setattr(package, "REPO", code)
+    logs = handmade_logs.write_logdir(tmp_path / "logs")
+    before = snapshot(tree)
+    assert pack(logs, tree) == 2
+    assert refusal(capsys) == (
+        f"error: the code it packages ({code / 'pyproject.toml'}) lies in OUTDIR {tree}, which "
+        f"packaging rewrites: name a new OUTDIR away from the code")
+    assert snapshot(tree) == before
+    assert pack(logs, code / "common/tree") == 2
+    assert refusal(capsys) == (f"error: OUTDIR {code / 'common/tree'} lies in the code it "
+                               f"packages ({code / 'common'}): name an OUTDIR outside it")
+    assert snapshot(tree) == before
