@@ -136,7 +136,7 @@ def test_init_steps_run_before_run_start(tmp_path, capsys):
 
 @pytest.mark.parametrize("workload, flags, message", [
     (ToyWorkload, ["--init-steps", "-1"], "must be 0 or more, not -1"),
-    (ToyWorkload, ["--log-every", "0"], "must be 1 or more, not 0"),
+    (ToyWorkload, ["--log-every", "0"], "must be more than 0, not 0"),
 ])
 def test_bad_init_steps_is_one_line_error(tmp_path, capsys, workload, flags, message):
     try:
