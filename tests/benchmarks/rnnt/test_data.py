@@ -312,3 +312,11 @@ def test_prepare_data_exit_code_and_one_line(tmp_path):
     assert run.stderr.strip().splitlines() == [
         f"error: {tmp_path / 'train-clean-100'}: no such LibriSpeech split folder (expected "
         f"train-clean-100/<speaker>/<chapter>/*.flac under {tmp_path})"]
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "x"])
+def test_prepare_data_refuses_a_bad_vocab_size_before_scanning(tmp_path, capsys, value):
+    with pytest.raises(SystemExit) as exc:
+        prepare_main([str(tmp_path), "--vocab-size", value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and "--vocab-size" in err[0], err
