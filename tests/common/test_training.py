@@ -224,6 +224,14 @@ def test_non_finite_loss_aborts_at_the_next_read_back(tmp_path, capsys):
 
 
 def test_non_finite_loss_names_the_epoch_of_its_step_not_of_the_read_back(tmp_path, capsys):
+    """Step 7 is in epoch 1; the read-back that finds it, at step 10, in epoch 2."""
+    code, _, _ = _run(tmp_path, ToyWorkload, "--poison-step", "7", "--log-every", "5",
+                      "--eval-every", "2", "--target", "1.01")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == EXIT_ABORTED and len(err) == 1 and "at step 7 (epoch 1)" in err[0], err
+
+
+def test_non_finite_loss_names_the_epoch_of_its_step_not_of_the_read_back(tmp_path, capsys):
     """A block of two epochs (8 steps each) read back at its end: step 3 is in epoch 1."""
     code, _, _ = _run(tmp_path, ToyWorkload, "--poison-step", "3", "--log-every", "50",
                       "--eval-every", "2", "--target", "1.01")
