@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -23,16 +24,31 @@ from pathlib import Path
 from typing import Any
 
 # -- checks: value -> None, or ArgumentTypeError naming the rule -------------------------------
+# A number must be finite unless its check says what infinity means (positive_or_inf): an
+# infinite learning rate or warm-up is no setting, it ends in NaNs or an overflow later. NaN
+# passes no comparison, so every check refuses it.
 
 
 def positive(v):
     if not v > 0:
         raise argparse.ArgumentTypeError(f"must be more than 0, not {v}")
+    _finite(v)
+
+
+def positive_or_inf(v):
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 (inf: none), not {v}")
 
 
 def non_negative(v):
     if not v >= 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, not {v}")
+    _finite(v)
+
+
+def _finite(v):
+    if v == math.inf:
+        raise argparse.ArgumentTypeError(f"must be finite, not {v}")
 
 
 def fraction(v):

@@ -138,7 +138,7 @@ def build_parser(workload_cls: type[Workload]) -> argparse.ArgumentParser:
                        help="capture the whole training step in one CUDA graph (CUDA only)")
         g.add_argument("--compile", default="none", choices=COMPILE_MODES,
                        help="torch.compile the model with this mode (none: eager kernels)")
-    g.add_argument("--log-every", type=_positive, default=50,
+    g.add_argument("--log-every", type=hparams.checked(int, hparams.positive), default=50,
                    help="steps between loss read-backs (non-finite loss checks, progress)")
     g.add_argument("--synthetic-data", action="store_true",
                    help="throughput tools only: build without a dataset and step on "
@@ -146,7 +146,7 @@ def build_parser(workload_cls: type[Workload]) -> argparse.ArgumentParser:
     g.add_argument("--background-scoring", action="store_true",
                    help="score evaluations in a separate process while training goes on "
                         "(workloads with a scorer, e.g. COCO evaluation)")
-    g.add_argument("--init-steps", type=_count, default=0,
+    g.add_argument("--init-steps", type=hparams.checked(int, hparams.non_negative), default=0,
                    help="before run_start, train this many steps on synthetic batches and run "
                         "one evaluation forward (compilation, autotuning, CUDA-graph capture), "
                         "then restore the initial training state; 0: off")
@@ -180,20 +180,6 @@ def _seed(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if not 0 <= value <= MAX_SEED:
         raise argparse.ArgumentTypeError(f"must be 0 to {MAX_SEED}, not {value}")
-    return value
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
     return value
 
 

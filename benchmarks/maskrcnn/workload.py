@@ -146,9 +146,12 @@ class MaskRCNNWorkload(Workload):
     # -- set-up ---------------------------------------------------------------------------
     def build(self) -> None:
         a, h, env = self.args, self.hp, self.env
-        if len(h.lr_decay_steps) != 2:
-            raise UserError(f"--lr-decay-steps {h.lr_decay_steps}: give two steps, as the "
-                            "reference's schedule (e.g. 60000,80000)")
+        if len(h.lr_decay_steps) != 2 or h.lr_decay_steps[0] >= h.lr_decay_steps[1]:
+            raise UserError(f"--lr-decay-steps {','.join(map(str, h.lr_decay_steps))}: give two "
+                            "rising steps, as the reference's schedule (e.g. 60000,80000)")
+        if h.max_size < h.min_size:
+            raise UserError(f"--max-size {h.max_size} is less than --min-size {h.min_size}: "
+                            "the longer side cannot be kept shorter than the shorter one")
         self.buckets = (data.size_buckets(h.size_buckets, h.min_size, h.max_size)
                         if h.size_buckets else ())
         if self.synthetic:

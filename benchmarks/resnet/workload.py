@@ -191,6 +191,10 @@ class ResNetWorkload(Workload):
         if self.decay_steps <= self.warmup_steps:
             raise UserError(f"--epochs {hp.epochs} ends within the --warmup-epochs "
                             f"{hp.warmup_epochs} warm-up: raise --epochs or lower the warm-up")
+        if hp.eval_offset >= hp.eval_period:
+            raise UserError(f"--eval-offset {hp.eval_offset} is not less than --eval-period "
+                            f"{hp.eval_period}: the first evaluation falls within the first "
+                            "period (MLPerf: offset 0-3 for period 4)")
 
     @property
     def dataset(self) -> str:

@@ -165,6 +165,8 @@ def read_manifest(root: Path, path: Path, max_duration: float | None = None) -> 
         raise UserError(f"{path}: no such manifest (write it with {PREPARE} {root})")
     try:
         entries = json.loads(path.read_text())
+    except OSError as exc:
+        raise UserError(f"{path}: cannot be read ({exc.strerror}); make it readable") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: not a JSON manifest ({exc})") from exc
     if not isinstance(entries, list):
@@ -175,10 +177,10 @@ def read_manifest(root: Path, path: Path, max_duration: float | None = None) -> 
             fname, duration = e["files"][-1]["fname"], float(e["original_duration"])
             file_duration = float(e["files"][-1].get("duration", duration))
             transcript = e["transcript"]
+            audio = Path(root) / fname
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             raise UserError(f"{path}: entry {i} lacks transcript, files[-1].fname or "
                             f"original_duration ({exc!r})") from exc
-        audio = Path(root) / fname
         if not str(transcript).strip():
             raise UserError(f"{audio}: empty transcript (entry {i} of {path})")
         for key, value in (("original_duration", duration), ("files[-1].duration",

@@ -26,6 +26,7 @@ from benchmarks.rnnt.data import (
 )
 from benchmarks.rnnt.tokenizer import VOCAB_SIZE, train_tokenizer
 from common.cli import OneLineParser, one_line_errors
+from common.hparams import checked, positive
 
 
 def prepare(root: Path, train_splits: list[str], eval_splits: list[str],
@@ -49,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("root", type=Path, help="the LibriSpeech folder holding the split folders")
     p.add_argument("--train-splits", nargs="+", default=list(TRAIN_SPLITS))
     p.add_argument("--eval-splits", nargs="*", default=[EVAL_SPLIT])
-    p.add_argument("--vocab-size", type=int, default=VOCAB_SIZE)
+    p.add_argument("--vocab-size", type=checked(int, positive), default=VOCAB_SIZE,
+                   help="SentencePiece pieces (checked before the tree is scanned)")
     a = p.parse_args(argv)
     manifests, model = prepare(a.root, a.train_splits, a.eval_splits, a.vocab_size)
     print(f"wrote {', '.join(m.name for m in manifests)} and {model.relative_to(a.root)} "

@@ -60,7 +60,14 @@ from benchmarks.rnnt.wer import error_counts
 from common import dist, loaders
 from common.errors import UserError
 from common.fixture_cache import MARKER as FIXTURE_MARKER
-from common.hparams import checked, hparam, non_negative, open_fraction, positive
+from common.hparams import (
+    checked,
+    hparam,
+    non_negative,
+    open_fraction,
+    positive,
+    positive_or_inf,
+)
 from common.kernel_profile import region
 from common.lamb import Lamb, LambHyper
 from common.mllog import constants
@@ -93,7 +100,8 @@ class HParams:
     beta2: float = hparam(0.999, "LAMB's second-moment decay", open_fraction)
     epsilon: float = hparam(1e-9, "LAMB's epsilon", positive)
     weight_decay: float = hparam(1e-3, "LAMB's weight decay", non_negative)
-    clip_norm: float = hparam(1.0, "LAMB's global gradient norm clipping (inf: none)", positive)
+    clip_norm: float = hparam(1.0, "LAMB's global gradient norm clipping (inf: none)",
+                              positive_or_inf)
     ema: float = hparam(0.999, "decay of the weights' average that evaluation uses",
                         open_fraction)
     weights_init_scale: float = hparam(WEIGHTS_INIT_SCALE, "LSTM initialisation scale", positive)

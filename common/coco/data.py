@@ -24,10 +24,11 @@ Everything else that would make wrong targets stops the load with a one-line
 ``UserError`` naming the file: a missing, unreadable, empty or invalid annotation file (no
 images or no annotations count as empty), an image or annotation entry lacking a field (named
 by its position), images missing from the image folder, an annotation of an unknown image or
-category, a box with negative or non-finite size or more than ``BOX_TOLERANCE`` outside its
-image, a split in which no box is a target (all of zero size, or crowd ones dropped), and a
-train file whose category list differs from val's in any way, order included (labels are
-numbered from the train file and scored against the val file). With ``masks=True`` the
+category, an image whose width or height is not a whole number of pixels, 1 or more, a box
+with negative or non-finite size or more than ``BOX_TOLERANCE`` outside its image, a split in
+which no box is a target (all of zero size, or crowd ones dropped), and a train file whose
+category list differs from val's in any way, order included (labels are numbered from the
+train file and scored against the val file). With ``masks=True`` the
 segmentation of every target is checked too: a list of polygons (each an even number, at
 least 6, of finite coordinates: 3 points enclose an area, and pycocotools would read 4
 numbers as a box) or an RLE dict (``counts``, ``size`` = the image's [height, width]) whose
@@ -257,6 +258,13 @@ def load_split(root, split: str, *, masks: bool = False, keep_crowd: bool = True
         crowd = np.array([a.get("iscrowd", 0) for a in anns], bool)
     except (KeyError, TypeError, ValueError) as exc:
         raise _malformed(ann_path, data, exc) from None
+    unsized = ~(np.isfinite(sizes) & (sizes >= 1) & (sizes == np.round(sizes))).all(1)
+    if unsized.any():
+        im = images[int(np.flatnonzero(unsized)[0])]
+        raise UserError(f"{ann_path}: image {im['id']} ({im['file_name']}) is {im['width']}x"
+                        f"{im['height']}; an image's width and height are whole numbers of "
+                        f"pixels, 1 or more ({int(unsized.sum())} image(s) like this): fix or "
+                        "remove them")
     if split == "train":
         _check_same_categories(ann_path, data["categories"], annotation_file(root, "val"))
 

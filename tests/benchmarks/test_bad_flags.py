@@ -12,7 +12,8 @@ from tests.benchmarks.test_contract import WORKLOADS
 BAD = [("--batch-size", "0"), ("--batch-size", "-8"), ("--eval-batch-size", "0"),
        ("--eval-batch-size", "-2"), ("--epochs", "0"), ("--epochs", "-2"), ("--workers", "-1"),
        ("--warmup-epochs", "-1"), ("--width", "0"), ("--min-size", "0"), ("--enc-hidden", "0"),
-       ("--batch-size", "x"), ("--overlap", "1"), ("--filters", "0")]
+       ("--batch-size", "x"), ("--overlap", "1"), ("--filters", "0"), ("--lr", "inf"),
+       ("--warmup-epochs", "inf"), ("--lr", "nan")]
 CASES = [(name, flag, value) for name in WORKLOADS for flag, value in BAD
          if any(flag in a.option_strings for a in build_parser(workload_class(name))._actions)]
 

@@ -108,7 +108,7 @@ def test_sigterm_to_torchrun_and_its_workers(tmp_path):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--log-every", "0"], "--log-every: must be 1 or more, not 0"),
+    (["--log-every", "0"], "--log-every: must be more than 0, not 0"),
     (["--background-scoring"], "has no scorer"),
 ], ids=["bad-flag", "bad-input-after-the-log-began"])
 def test_bad_input_under_torchrun_is_one_line_and_exit_2(tmp_path, flags, message):

@@ -136,7 +136,7 @@ def test_init_steps_run_before_run_start(tmp_path, capsys):
 
 @pytest.mark.parametrize("workload, flags, message", [
     (ToyWorkload, ["--init-steps", "-1"], "must be 0 or more, not -1"),
-    (ToyWorkload, ["--log-every", "0"], "must be 1 or more, not 0"),
+    (ToyWorkload, ["--log-every", "0"], "must be more than 0, not 0"),
 ])
 def test_bad_init_steps_is_one_line_error(tmp_path, capsys, workload, flags, message):
     try:
@@ -221,6 +221,14 @@ def test_non_finite_loss_aborts_at_the_next_read_back(tmp_path, capsys):
     assert code == EXIT_ABORTED and events[-1]["metadata"]["status"] == "aborted"
     assert len(err) == 1 and "non-finite" in err[0] and "at step 11 (epoch 2)" in err[0]
     assert [e["key"] for e in events].count("eval_accuracy") == 1   # no evaluation after it
+
+
+def test_non_finite_loss_names_the_epoch_of_its_step_not_of_the_read_back(tmp_path, capsys):
+    """Step 7 is in epoch 1; the read-back that finds it, at step 10, in epoch 2."""
+    code, _, _ = _run(tmp_path, ToyWorkload, "--poison-step", "7", "--log-every", "5",
+                      "--eval-every", "2", "--target", "1.01")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == EXIT_ABORTED and len(err) == 1 and "at step 7 (epoch 1)" in err[0], err
 
 
 def test_non_finite_loss_names_the_epoch_of_its_step_not_of_the_read_back(tmp_path, capsys):

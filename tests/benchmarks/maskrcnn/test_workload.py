@@ -514,3 +514,14 @@ def test_warm_up_batches_take_every_padded_shape_of_the_buckets():
     assert wl.buckets == (64, 128)
     shapes = [tuple(b.images.shape[-2:]) for b in wl.warm_up_batches(2)]
     assert shapes == [(64, 64), (64, 128), (128, 64)]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--lr-decay-steps", "80000,60000"], "--lr-decay-steps 80000,60000: give two rising steps"),
+    (["--lr-decay-steps", "60000"], "--lr-decay-steps 60000: give two rising steps"),
+    (["--min-size", "64", "--max-size", "32"], "--max-size 32 is less than --min-size 64"),
+])
+def test_schedule_and_sizes_that_make_no_sense_are_one_line(flags, message):
+    with pytest.raises(UserError, match=message) as e:
+        build([*TINY, *flags])
+    assert "\n" not in str(e.value)

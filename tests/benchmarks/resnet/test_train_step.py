@@ -82,3 +82,8 @@ def test_a_schedule_that_ends_within_its_warm_up_is_one_line():
     with pytest.raises(UserError, match=r"--epochs 1 ends within the --warmup-epochs 1.0 "
                                         r"warm-up: raise --epochs"):
         _workload("--epochs", "1", "--warmup-epochs", "1")
+
+
+def test_a_first_evaluation_beyond_its_period_is_one_line_before_the_run():
+    with pytest.raises(UserError, match=r"--eval-offset 4 is not less than --eval-period 4"):
+        _workload("--eval-period", "4", "--eval-offset", "4")

@@ -297,7 +297,9 @@ def test_bad_manifests(tiny_tree, tmp_path):
     for entries, message in (([dict(entry, transcript=" ")], f"{flacs[0]}: empty transcript"),
                              ([{"transcript": "x"}], "entry 0 lacks"),
                              ([dict(entry, files=[dict(entry["files"][0], fname="no.flac")])],
-                              "entry 0: no audio file")):
+                              "entry 0: no audio file"),
+                             ([dict(entry, files=[dict(entry["files"][0], fname=3)])],
+                              "entry 0 lacks"), ([entry, 5], "entry 1 lacks")):
         path.write_text(json.dumps(entries))
         with pytest.raises(UserError, match=message):
             data.read_manifest(root, path)
@@ -312,3 +314,24 @@ def test_prepare_data_exit_code_and_one_line(tmp_path):
     assert run.stderr.strip().splitlines() == [
         f"error: {tmp_path / 'train-clean-100'}: no such LibriSpeech split folder (expected "
         f"train-clean-100/<speaker>/<chapter>/*.flac under {tmp_path})"]
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "x"])
+def test_prepare_data_refuses_a_bad_vocab_size_before_scanning(tmp_path, capsys, value):
+    with pytest.raises(SystemExit) as exc:
+        prepare_main([str(tmp_path), "--vocab-size", value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and "--vocab-size" in err[0], err
+
+
+def test_unreadable_manifest_is_one_line(tiny_tree, tmp_path, monkeypatch):
+    """Tests run as root, whom chmod 000 does not stop: the read fails as it would."""
+    root, _, flacs = tiny_tree
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps([data.manifest_entry(root, flacs[0], "a b")]))
+
+    def denied(self, *a, **kw):
+        raise PermissionError(13, "Permission denied", str(self))
+    monkeypatch.setattr(Path, "read_text", denied)
+    with pytest.raises(UserError, match=r"m.json: cannot be read \(Permission denied\)"):
+        data.read_manifest(root, path)

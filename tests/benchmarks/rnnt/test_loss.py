@@ -356,9 +356,12 @@ def _no_label_batch(columns: int, device="cpu"):
 @pytest.mark.parametrize("impl", [{}, fused(4), COMPILED], ids=["reference", "fused",
                                                                 "compiled"])
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
-def test_utterances_without_labels_lose_their_blanks_sum(columns, impl, packed):
+@pytest.mark.parametrize("device", [
+    "cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_utterances_without_labels_lose_their_blanks_sum(columns, impl, packed, device):
     """U = 0: every path, a batch with no label column at all included."""
-    (logits, enc_lens, labels, label_lens), by_hand = _no_label_batch(columns)
+    (logits, enc_lens, labels, label_lens), by_hand = _no_label_batch(columns, device)
     if packed:
         logits = _pack(logits, enc_lens, label_lens)
         loss = packed_transducer_loss(logits, enc_lens, labels, label_lens, reduction="none",

@@ -193,6 +193,12 @@ BAD_INPUTS = {
         "file_name")), "image entry 2 has no 'file_name' (id "),
     "image width text": (_edit_annotations(lambda doc, ann: doc["images"][1].update(
         width="wide")), "image entry 1 has width 'wide' (id "),
+    "image width 0": (_edit_annotations(lambda doc, ann: doc["images"][1].update(width=0)),
+                      "is 0x"),
+    "image height NaN": (_edit_annotations(lambda doc, ann: doc["images"][1].update(
+        height=float("nan"))), "xnan; an image's width and height are whole numbers"),
+    "image width 1.5": (_edit_annotations(lambda doc, ann: doc["images"][1].update(
+        width=1.5)), "is 1.5x"),
     "annotation bbox of 3": (_set("bbox", [1.0, 2.0, 3.0]),
                              "annotation entry 0 has bbox [1.0, 2.0, 3.0] (id 1)"),
     "annotation a list": (_edit_annotations(lambda doc, ann: doc["annotations"].append([1])),
