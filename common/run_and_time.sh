@@ -17,7 +17,7 @@
 #            on the GPUs a machine has; per-GPU batch sizes stay, so the global batch changes
 #   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT  multi-node rendezvous for torchrun; inside a
 #            SLURM job of several nodes (one task per node) they default to SLURM's
-#            (SLURM_NNODES, SLURM_NODEID, the first host of SLURM_JOB_NODELIST): docs/multinode.md
+#            (SLURM_NNODES, SLURM_NODEID, the first host of SLURM_JOB_NODELIST): docs/slurm.md
 #   COLLECTIVE_TIMEOUT_S  seconds a collective waits for its peers (default 300, common/dist.py)
 #   EXTRA_ARGS  more flags for the training program (started as python -m common.entry)
 # A variable set but empty is refused where it names a path (DATADIR, FIXTURE_DIR, LOGDIR) and
@@ -78,12 +78,24 @@ if [[ -n ${COLLECTIVE_TIMEOUT_S:-} ]]; then
     small_int COLLECTIVE_TIMEOUT_S && ((REPLY > 0)) \
         || die "COLLECTIVE_TIMEOUT_S=$COLLECTIVE_TIMEOUT_S is not a positive integer: set it to the seconds a collective may wait for its peers"
 fi
-# Inside a SLURM job of several nodes, one task per node runs this script (docs/multinode.md).
-if [[ -z ${NNODES:-} && ${SLURM_NNODES:-1} =~ ^[0-9]+$ && ${SLURM_NNODES:-1} -gt 1 ]]; then
+# Inside a SLURM job of several nodes, one task per node runs this script (docs/slurm.md).
+rank_name=NODE_RANK   # the variable NODE_RANK came from, for the messages
+slurm_nodes=1
+if [[ -z ${NNODES:-} && -n ${SLURM_NNODES:-} ]]; then
+    small_int SLURM_NNODES && ((REPLY > 0)) \
+        || die "SLURM_NNODES=$SLURM_NNODES is not a positive integer: set NNODES (and NODE_RANK, MASTER_ADDR) instead"
+    slurm_nodes=$REPLY
+fi
+if ((slurm_nodes > 1)); then
     [[ ${SLURM_NTASKS:-$SLURM_NNODES} == "$SLURM_NNODES" ]] \
         || die "SLURM_NTASKS=$SLURM_NTASKS on SLURM_NNODES=$SLURM_NNODES nodes: run one task per node (srun --ntasks-per-node=1), torchrun starts the processes of each"
-    NNODES=$SLURM_NNODES
-    NODE_RANK=${NODE_RANK:-${SLURM_NODEID:-}}
+    NNODES=$slurm_nodes
+    if [[ -z ${NODE_RANK:-} ]]; then
+        [[ -n ${SLURM_NODEID:-} ]] \
+            || die "SLURM_NNODES=$SLURM_NNODES without SLURM_NODEID: run this script with srun, or set NODE_RANK"
+        NODE_RANK=$SLURM_NODEID
+        rank_name=SLURM_NODEID
+    fi
     if [[ -z ${MASTER_ADDR:-} && -n ${SLURM_JOB_NODELIST:-} ]]; then
         MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | head -n 1)
     fi
@@ -98,7 +110,7 @@ if ((NNODES > 1)); then
 fi
 if [[ -n ${NODE_RANK:-} ]]; then
     small_int NODE_RANK && ((REPLY < NNODES)) \
-        || die "NODE_RANK=$NODE_RANK is not a node index from 0 to $((NNODES - 1)) (NNODES=$NNODES)"
+        || die "$rank_name=$NODE_RANK is not a node index from 0 to $((NNODES - 1)) (NNODES=$NNODES)"
     NODE_RANK=$REPLY
 fi
 MASTER_PORT=${MASTER_PORT:-29500}

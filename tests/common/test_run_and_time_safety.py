@@ -207,6 +207,10 @@ def test_package_reads_no_log_in_the_folders_aside(tmp_path):
     ({"RULESET": "9.9.9"}, "RULESET=9.9.9"), ({"DATADIR": ""}, "DATADIR"),
     ({"FIXTURE_DIR": ""}, "FIXTURE_DIR"), ({"COLLECTIVE_TIMEOUT_S": "0"}, "COLLECTIVE_TIMEOUT_S"),
     ({"SLURM_NNODES": "2", "SLURM_NTASKS": "4"}, "SLURM_NTASKS=4"),
+    ({"SLURM_NNODES": "two", "SLURM_NODEID": "0"}, "SLURM_NNODES=two"),
+    ({"SLURM_NNODES": "08", "SLURM_NODEID": "0"}, "needs MASTER_ADDR"),   # 8 nodes
+    ({"SLURM_NNODES": "2", "SLURM_NODEID": "x", "MASTER_ADDR": "127.0.0.1"}, "SLURM_NODEID=x"),
+    ({"SLURM_NNODES": "2", "MASTER_ADDR": "127.0.0.1"}, "SLURM_NODEID"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_every_variable_is_checked_before_anything_runs(tmp_path, env_extra, name):
     """One line and exit 2 at once: no fixture written, no run, no compliance check (SEED=1.5
