@@ -23,8 +23,9 @@
 # A variable set but empty is refused where it names a path (DATADIR, FIXTURE_DIR, LOGDIR) and
 # taken as unset otherwise.
 # SIGINT/SIGTERM, at any moment, stop the current run (its log, if it began one, ends with
-# run_stop aborted and is still checked; its RESULT line is printed either way), start no
-# further run and exit 128 + the signal's number.
+# run_stop aborted and is still checked; node 0 prints its RESULT line either way, run 1's
+# where the signal came before it began), start no further run and exit 128 + the signal's
+# number.
 set -uo pipefail
 : "${BENCHMARK:?BENCHMARK must be set by benchmarks/<name>/run_and_time.sh}"
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -32,6 +33,38 @@ BENCH_DIR=$REPO/benchmarks/$BENCHMARK
 cd "$REPO" || exit 2
 
 die() { echo "run_and_time.sh ($BENCHMARK): error: $*" >&2; exit 2; }
+
+# The programs this script starts (the fixture writer, the training program) end on SIGINT
+# and SIGTERM; the training program logs run_stop aborted. A signal sent to this script alone
+# is forwarded to the running one; one sent to the process group (Ctrl-C) reaches it directly
+# as well. Only the first signal is forwarded: the program ignores repeats while it shuts down.
+child=            # pid of the running program
+stop_name=        # first signal received
+stop_signal=0
+interrupted=0     # a trap ran since the last wait began
+on_signal() {
+    interrupted=1
+    [[ -z $stop_name ]] || return 0
+    stop_name=$1
+    stop_signal=$2
+    echo "run_and_time.sh ($BENCHMARK): SIG$1: stopping the current run, no further runs" >&2
+    if [[ -n $child ]] && kill -0 "$child" 2>/dev/null; then
+        kill -s "$1" "$child"
+    fi
+}
+trap 'on_signal INT 2' INT
+trap 'on_signal TERM 15' TERM
+
+# The RESULT line of a run stopped or failed before its log began (seed $1).
+result_without_log() { echo "RESULT,$BENCHMARK,$1,nan,aborted,unknown,eval_accuracy=none"; }
+
+# A stop before the first run began (while checking, writing the fixture): no run to
+# check; run 1's RESULT line says aborted.
+stop_before_run() {
+    [[ -z $stop_name ]] && return
+    [[ ${NODE_RANK:-0} != 0 ]] || result_without_log "$base_seed"
+    exit $((128 + stop_signal))
+}
 
 CONFIG=${CONFIG:-cpu_tiny}
 config_file=$BENCH_DIR/config_${CONFIG}.sh
@@ -117,8 +150,13 @@ MASTER_PORT=${MASTER_PORT:-29500}
 small_int MASTER_PORT && ((REPLY > 0 && REPLY < 65536)) \
     || die "MASTER_PORT=$MASTER_PORT is not a port number (1 to 65535)"
 RULESET=${RULESET:-1.1.0}
+# (a Ctrl-C meanwhile ends the lister too: its traceback is no news)
 rulesets=$(python -c 'from mlperf_logging.compliance_checker import mlp_compliance as m
-print(" ".join(sorted(m.rule_choices(), key=lambda v: tuple(map(int, v.split("."))))))') \
+print(" ".join(sorted(m.rule_choices(), key=lambda v: tuple(map(int, v.split("."))))))' \
+           2>/dev/null)
+listed=$?
+stop_before_run
+((listed == 0)) \
     || die "cannot list the compliance rulesets of mlperf_logging: install the suite (make venv)"
 [[ " $rulesets " == *" $RULESET "* ]] \
     || die "RULESET=$RULESET is not a training ruleset of mlperf_logging: choose one of $rulesets"
@@ -151,27 +189,6 @@ else   # torchrun, exiting with its workers' verdict (2: bad input, 128+N: stopp
     fi
     launch=(python -m common.launch "${rdzv[@]}" --nproc_per_node "$NPROC")
 fi
-
-# The programs this script starts (the fixture writer, the training program) end on SIGINT
-# and SIGTERM; the training program logs run_stop aborted. A signal sent to this script alone
-# is forwarded to the running one; one sent to the process group (Ctrl-C) reaches it directly
-# as well. Only the first signal is forwarded: the program ignores repeats while it shuts down.
-child=            # pid of the running program
-stop_name=        # first signal received
-stop_signal=0
-interrupted=0     # a trap ran since the last wait began
-on_signal() {
-    interrupted=1
-    [[ -z $stop_name ]] || return 0
-    stop_name=$1
-    stop_signal=$2
-    echo "run_and_time.sh ($BENCHMARK): SIG$1: stopping the current run, no further runs" >&2
-    if [[ -n $child ]] && kill -0 "$child" 2>/dev/null; then
-        kill -s "$1" "$child"
-    fi
-}
-trap 'on_signal INT 2' INT
-trap 'on_signal TERM 15' TERM
 
 # Sets child_rc to the exit status of $child. A trapped signal ends `wait` early (status 128+n)
 # while the child may still be shutting down: wait again until it has exited. Bash keeps the
@@ -221,7 +238,7 @@ if [[ -z ${DATADIR:-} ]]; then
     DATADIR=${FIXTURE_DIR:-$REPO/.fixtures/$BENCHMARK}
     run_child python -m "benchmarks.$BENCHMARK.fixture" "$DATADIR" "${FIXTURE_ARGS[@]}"
     note_stop
-    [[ -z $stop_name ]] || exit $((128 + stop_signal))
+    stop_before_run
     # The writer says why it wrote nothing in one line (2: refused, 128+N: stopped by signal N).
     ((child_rc == 0)) || exit $child_rc
 elif [[ ! -d $DATADIR ]]; then
@@ -267,7 +284,7 @@ for ((i = 0; i < NEXP; i++)); do
         ((child_rc == 0)) || failed=1
     else   # stopped or failed before its log began
         echo "run_and_time.sh ($BENCHMARK): run $((i + 1)) wrote no log (exit $child_rc)" >&2
-        echo "RESULT,$BENCHMARK,$seed,nan,aborted,unknown,eval_accuracy=none"
+        result_without_log "$seed"
         failed=1
     fi
     [[ -z $stop_name ]] || exit $((128 + stop_signal))
