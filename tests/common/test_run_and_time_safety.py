@@ -251,10 +251,11 @@ def test_a_signal_in_the_first_seconds_of_a_run_ends_it(tmp_path, sig, delay, si
         proc.wait()
 
 
-def stop_early(proc: subprocess.Popen, tmp_path: Path, sig: int) -> str:
+def stop_early(proc: subprocess.Popen, tmp_path: Path, sig: int, status: str = "aborted") -> str:
     """Send ``sig`` (SIGINT to the group, as a Ctrl-C; SIGTERM to the script alone, as a batch
     system's stop) to a script started with SEED=7; it ends with 128 + sig, one RESULT line
-    saying aborted, run_stop aborted where a log began and nothing left. Its stderr."""
+    and run_stop (where a log began) saying ``status``, no traceback and nothing left. Its
+    stderr."""
     if sig == signal.SIGINT:
         os.killpg(proc.pid, sig)
     else:
@@ -263,11 +264,11 @@ def stop_early(proc: subprocess.Popen, tmp_path: Path, sig: int) -> str:
     assert rc == 128 + sig, out[-2000:] + err[-3000:]
     result = [x for x in out.splitlines() if x.startswith("RESULT,")]
     assert len(result) == 1 and result[0].split(",")[1:3] == ["resnet", "7"], out + err
-    assert result[0].split(",")[4] == "aborted"
+    assert result[0].split(",")[4] == status
     log = tmp_path / "logs/result_0.txt"
     if log.is_file() and log.stat().st_size:
         stop = last_event(log)
-        assert stop["key"] == "run_stop" and stop["metadata"]["status"] == "aborted"
+        assert stop["key"] == "run_stop" and stop["metadata"]["status"] == status
     deadline = time.monotonic() + 10
     while group_alive(proc.pid):
         assert time.monotonic() < deadline, "processes of the run outlived run_and_time.sh"
@@ -349,3 +350,41 @@ def test_an_unreadable_datadir_is_one_line_naming_the_fix(tmp_path):
     lines = error_lines(proc)
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert "cannot be read" in lines[0] and "chmod u+rx" in lines[0] and "empty" not in lines[0]
+
+
+def test_ctrl_c_while_a_finished_run_is_checked_lets_the_check_finish(tmp_path):
+    """NEXP=2: a Ctrl-C while run 1's log is checked (seconds after each run) ended the checker
+    with a KeyboardInterrupt traceback and no verdict. The check finishes, RESULT is printed,
+    run 2 never starts. A stub python stands for the run (it writes a whole handmade log) and
+    lingers in Python before the checker, so that the signal lands there."""
+    from tests.compliance.handmade_logs import open_run, write
+    made = write(tmp_path / "made.txt", open_run(seed=7))
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python").write_text(f"""#!{sys.executable}
+import os, pathlib, shutil, sys, time
+args = sys.argv[1:]
+if args[:3] == ["-m", "common.entry", "benchmarks.resnet"]:
+    shutil.copy("{made}", args[args.index("--log-file") + 1])
+    sys.exit(0)
+if args[:2] == ["-m", "compliance.check"]:
+    pathlib.Path("{tmp_path}/checking").touch()
+    time.sleep(3)
+os.execv("{sys.executable}", ["{sys.executable}", *args])
+""")
+    (stub / "python").chmod(0o755)
+    proc = start(tmp_path, {"SEED": "7", "NEXP": "2", "LOGDIR": str(tmp_path / "logs"),
+                            "PATH": f"{stub}{os.pathsep}{os.environ['PATH']}"})
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not (tmp_path / "checking").exists():
+            assert proc.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
+            assert time.monotonic() < deadline, "run 1's log was never checked"
+            time.sleep(0.02)
+        err = stop_early(proc, tmp_path, signal.SIGINT, status="success")
+        out = (tmp_path / "stdout").read_text()
+        assert "compliance PASS" in out and "run 2/2" not in out, out + err
+    finally:
+        if group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
