@@ -17,14 +17,15 @@
 #            on the GPUs a machine has; per-GPU batch sizes stay, so the global batch changes
 #   NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT  multi-node rendezvous for torchrun; inside a
 #            SLURM job of several nodes (one task per node) they default to SLURM's
-#            (SLURM_NNODES, SLURM_NODEID, the first host of SLURM_JOB_NODELIST): docs/multinode.md
+#            (SLURM_NNODES, SLURM_NODEID, the first host of SLURM_JOB_NODELIST): docs/slurm.md
 #   COLLECTIVE_TIMEOUT_S  seconds a collective waits for its peers (default 300, common/dist.py)
 #   EXTRA_ARGS  more flags for the training program (started as python -m common.entry)
 # A variable set but empty is refused where it names a path (DATADIR, FIXTURE_DIR, LOGDIR) and
 # taken as unset otherwise.
 # SIGINT/SIGTERM, at any moment, stop the current run (its log, if it began one, ends with
-# run_stop aborted and is still checked; its RESULT line is printed either way), start no
-# further run and exit 128 + the signal's number.
+# run_stop aborted and is still checked; node 0 prints its RESULT line either way, run 1's
+# where the signal came before it began), start no further run and exit 128 + the signal's
+# number.
 set -uo pipefail
 : "${BENCHMARK:?BENCHMARK must be set by benchmarks/<name>/run_and_time.sh}"
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -32,6 +33,38 @@ BENCH_DIR=$REPO/benchmarks/$BENCHMARK
 cd "$REPO" || exit 2
 
 die() { echo "run_and_time.sh ($BENCHMARK): error: $*" >&2; exit 2; }
+
+# The programs this script starts (the fixture writer, the training program) end on SIGINT
+# and SIGTERM; the training program logs run_stop aborted. A signal sent to this script alone
+# is forwarded to the running one; one sent to the process group (Ctrl-C) reaches it directly
+# as well. Only the first signal is forwarded: the program ignores repeats while it shuts down.
+child=            # pid of the running program
+stop_name=        # first signal received
+stop_signal=0
+interrupted=0     # a trap ran since the last wait began
+on_signal() {
+    interrupted=1
+    [[ -z $stop_name ]] || return 0
+    stop_name=$1
+    stop_signal=$2
+    echo "run_and_time.sh ($BENCHMARK): SIG$1: stopping the current run, no further runs" >&2
+    if [[ -n $child ]] && kill -0 "$child" 2>/dev/null; then
+        kill -s "$1" "$child"
+    fi
+}
+trap 'on_signal INT 2' INT
+trap 'on_signal TERM 15' TERM
+
+# The RESULT line of a run stopped or failed before its log began (seed $1).
+result_without_log() { echo "RESULT,$BENCHMARK,$1,nan,aborted,unknown,eval_accuracy=none"; }
+
+# A stop before the first run began (while checking, writing the fixture): no run to
+# check; run 1's RESULT line says aborted.
+stop_before_run() {
+    [[ -z $stop_name ]] && return
+    [[ ${NODE_RANK:-0} != 0 ]] || result_without_log "$base_seed"
+    exit $((128 + stop_signal))
+}
 
 CONFIG=${CONFIG:-cpu_tiny}
 config_file=$BENCH_DIR/config_${CONFIG}.sh
@@ -78,12 +111,24 @@ if [[ -n ${COLLECTIVE_TIMEOUT_S:-} ]]; then
     small_int COLLECTIVE_TIMEOUT_S && ((REPLY > 0)) \
         || die "COLLECTIVE_TIMEOUT_S=$COLLECTIVE_TIMEOUT_S is not a positive integer: set it to the seconds a collective may wait for its peers"
 fi
-# Inside a SLURM job of several nodes, one task per node runs this script (docs/multinode.md).
-if [[ -z ${NNODES:-} && ${SLURM_NNODES:-1} =~ ^[0-9]+$ && ${SLURM_NNODES:-1} -gt 1 ]]; then
+# Inside a SLURM job of several nodes, one task per node runs this script (docs/slurm.md).
+rank_name=NODE_RANK   # the variable NODE_RANK came from, for the messages
+slurm_nodes=1
+if [[ -z ${NNODES:-} && -n ${SLURM_NNODES:-} ]]; then
+    small_int SLURM_NNODES && ((REPLY > 0)) \
+        || die "SLURM_NNODES=$SLURM_NNODES is not a positive integer: set NNODES (and NODE_RANK, MASTER_ADDR) instead"
+    slurm_nodes=$REPLY
+fi
+if ((slurm_nodes > 1)); then
     [[ ${SLURM_NTASKS:-$SLURM_NNODES} == "$SLURM_NNODES" ]] \
         || die "SLURM_NTASKS=$SLURM_NTASKS on SLURM_NNODES=$SLURM_NNODES nodes: run one task per node (srun --ntasks-per-node=1), torchrun starts the processes of each"
-    NNODES=$SLURM_NNODES
-    NODE_RANK=${NODE_RANK:-${SLURM_NODEID:-}}
+    NNODES=$slurm_nodes
+    if [[ -z ${NODE_RANK:-} ]]; then
+        [[ -n ${SLURM_NODEID:-} ]] \
+            || die "SLURM_NNODES=$SLURM_NNODES without SLURM_NODEID: run this script with srun, or set NODE_RANK"
+        NODE_RANK=$SLURM_NODEID
+        rank_name=SLURM_NODEID
+    fi
     if [[ -z ${MASTER_ADDR:-} && -n ${SLURM_JOB_NODELIST:-} ]]; then
         MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | head -n 1)
     fi
@@ -98,15 +143,20 @@ if ((NNODES > 1)); then
 fi
 if [[ -n ${NODE_RANK:-} ]]; then
     small_int NODE_RANK && ((REPLY < NNODES)) \
-        || die "NODE_RANK=$NODE_RANK is not a node index from 0 to $((NNODES - 1)) (NNODES=$NNODES)"
+        || die "$rank_name=$NODE_RANK is not a node index from 0 to $((NNODES - 1)) (NNODES=$NNODES)"
     NODE_RANK=$REPLY
 fi
 MASTER_PORT=${MASTER_PORT:-29500}
 small_int MASTER_PORT && ((REPLY > 0 && REPLY < 65536)) \
     || die "MASTER_PORT=$MASTER_PORT is not a port number (1 to 65535)"
 RULESET=${RULESET:-1.1.0}
+# (a Ctrl-C meanwhile ends the lister too: its traceback is no news)
 rulesets=$(python -c 'from mlperf_logging.compliance_checker import mlp_compliance as m
-print(" ".join(sorted(m.rule_choices(), key=lambda v: tuple(map(int, v.split("."))))))') \
+print(" ".join(sorted(m.rule_choices(), key=lambda v: tuple(map(int, v.split("."))))))' \
+           2>/dev/null)
+listed=$?
+stop_before_run
+((listed == 0)) \
     || die "cannot list the compliance rulesets of mlperf_logging: install the suite (make venv)"
 [[ " $rulesets " == *" $RULESET "* ]] \
     || die "RULESET=$RULESET is not a training ruleset of mlperf_logging: choose one of $rulesets"
@@ -139,27 +189,6 @@ else   # torchrun, exiting with its workers' verdict (2: bad input, 128+N: stopp
     fi
     launch=(python -m common.launch "${rdzv[@]}" --nproc_per_node "$NPROC")
 fi
-
-# The programs this script starts (the fixture writer, the training program) end on SIGINT
-# and SIGTERM; the training program logs run_stop aborted. A signal sent to this script alone
-# is forwarded to the running one; one sent to the process group (Ctrl-C) reaches it directly
-# as well. Only the first signal is forwarded: the program ignores repeats while it shuts down.
-child=            # pid of the running program
-stop_name=        # first signal received
-stop_signal=0
-interrupted=0     # a trap ran since the last wait began
-on_signal() {
-    interrupted=1
-    [[ -z $stop_name ]] || return 0
-    stop_name=$1
-    stop_signal=$2
-    echo "run_and_time.sh ($BENCHMARK): SIG$1: stopping the current run, no further runs" >&2
-    if [[ -n $child ]] && kill -0 "$child" 2>/dev/null; then
-        kill -s "$1" "$child"
-    fi
-}
-trap 'on_signal INT 2' INT
-trap 'on_signal TERM 15' TERM
 
 # Sets child_rc to the exit status of $child. A trapped signal ends `wait` early (status 128+n)
 # while the child may still be shutting down: wait again until it has exited. Bash keeps the
@@ -209,7 +238,7 @@ if [[ -z ${DATADIR:-} ]]; then
     DATADIR=${FIXTURE_DIR:-$REPO/.fixtures/$BENCHMARK}
     run_child python -m "benchmarks.$BENCHMARK.fixture" "$DATADIR" "${FIXTURE_ARGS[@]}"
     note_stop
-    [[ -z $stop_name ]] || exit $((128 + stop_signal))
+    stop_before_run
     # The writer says why it wrote nothing in one line (2: refused, 128+N: stopped by signal N).
     ((child_rc == 0)) || exit $child_rc
 elif [[ ! -d $DATADIR ]]; then
@@ -250,12 +279,14 @@ for ((i = 0; i < NEXP; i++)); do
     if [[ ${NODE_RANK:-0} != 0 ]]; then   # global rank 0, on node 0, writes the log
         ((child_rc == 0)) || failed=1
     elif [[ -s $log ]]; then
-        python -m compliance.check --ruleset "$RULESET" "$log" || failed=1
-        python -m compliance.result "$log" || failed=1
+        # a Ctrl-C now lets the check of the finished log end (seconds): its verdict is owed
+        env --ignore-signal=INT python -m compliance.check --ruleset "$RULESET" "$log" \
+            || failed=1
+        env --ignore-signal=INT python -m compliance.result "$log" || failed=1
         ((child_rc == 0)) || failed=1
     else   # stopped or failed before its log began
         echo "run_and_time.sh ($BENCHMARK): run $((i + 1)) wrote no log (exit $child_rc)" >&2
-        echo "RESULT,$BENCHMARK,$seed,nan,aborted,unknown,eval_accuracy=none"
+        result_without_log "$seed"
         failed=1
     fi
     [[ -z $stop_name ]] || exit $((128 + stop_signal))

@@ -74,6 +74,10 @@ def handling_signals(handler):
             signal.signal(signal.SIGCHLD, _chld_at_stop)
 
 
+def _child_ended(signum, frame):
+    """SIGCHLD once the run is stopping: a loader process's end is expected."""
+
+
 def _stop(signum, frame):
     """Raise ``Stopped`` once; later signals are ignored, so that they cannot cut the
     closing log lines short. Processes forked from the trainer inherit this handler (torch's
@@ -92,8 +96,10 @@ def _stop(signum, frame):
     for s in STOP_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
     # The loader processes the same signal ended are no failure now: torch's SIGCHLD handler
-    # would raise one for each, over the stop or in the middle of the closing lines.
-    _chld_at_stop = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    # would raise one for each, over the stop or in the middle of the closing lines. A
+    # handler that does nothing, not SIG_DFL: a SIGCHLD already caught for torch's would
+    # then be reported as 'ignored due to race condition', with a traceback.
+    _chld_at_stop = signal.signal(signal.SIGCHLD, _child_ended)
     _stopped_by = signum
     raise Stopped(signum)
 

@@ -3,6 +3,7 @@ results (tensors or picklable objects) gather on rank 0."""
 
 import os
 import socket
+import time
 from datetime import timedelta
 
 import pytest
@@ -157,6 +158,41 @@ def test_collective_timeout_is_5_minutes_unless_set(monkeypatch):
         monkeypatch.setenv(dist.TIMEOUT_VARIABLE, bad)
         with pytest.raises(UserError, match=f"COLLECTIVE_TIMEOUT_S={bad} is not a positive"):
             dist.collective_timeout()
+
+
+def _hung_peer(rank: int, port: int, seconds: str, out) -> None:
+    """Rank 1 joins the group and then hangs (alive, its connections open, no collective);
+    rank 0 reports how its sum ended and after how long."""
+    os.environ[dist.TIMEOUT_VARIABLE] = seconds
+    _rendezvous(rank, 2, port)
+    dist.init_distributed("cpu")
+    if rank == 1:
+        time.sleep(600)
+        return
+    start = time.monotonic()
+    try:
+        dist.all_reduce_sum(torch.ones(1))
+        out.put(("summed", time.monotonic() - start))
+    except Exception as exc:  # the timeout, reported to the test
+        out.put((type(exc).__name__, time.monotonic() - start))
+
+
+def test_a_collective_fails_after_the_timeout_when_a_peer_hangs():
+    """A peer that stops answering without closing its connections (a partition, a hung
+    process) fails the others' collective after COLLECTIVE_TIMEOUT_S, not torch's 30 minutes."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_hung_peer, args=(r, port, "3", out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        outcome, seconds = out.get(timeout=120)   # two torch imports on 2 busy cores
+    finally:
+        for p in procs:
+            p.kill()
+            p.join()
+    assert outcome != "summed" and 3 <= seconds < 20, (outcome, seconds)
 
 
 def test_launcher_rank_reads_torchrun_then_slurm_and_changes_nothing(monkeypatch):

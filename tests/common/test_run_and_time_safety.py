@@ -27,8 +27,8 @@ def start(tmp_path: Path, env_extra: dict, sigint=signal.SIG_DFL) -> subprocess.
     """run_and_time.sh in a session of its own (as a terminal's job), output to files, with
     SIGINT's disposition ``sigint`` at its start (a terminal's job: the default; whatever
     started this test may have left it ignored)."""
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               **env_extra)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env.update(env_extra)
     env.pop("DATADIR", None)
     with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr", "w") as err:
         return subprocess.Popen(["bash", str(SCRIPT)], cwd=REPO, env=env, stdout=out,
@@ -207,6 +207,10 @@ def test_package_reads_no_log_in_the_folders_aside(tmp_path):
     ({"RULESET": "9.9.9"}, "RULESET=9.9.9"), ({"DATADIR": ""}, "DATADIR"),
     ({"FIXTURE_DIR": ""}, "FIXTURE_DIR"), ({"COLLECTIVE_TIMEOUT_S": "0"}, "COLLECTIVE_TIMEOUT_S"),
     ({"SLURM_NNODES": "2", "SLURM_NTASKS": "4"}, "SLURM_NTASKS=4"),
+    ({"SLURM_NNODES": "two", "SLURM_NODEID": "0"}, "SLURM_NNODES=two"),
+    ({"SLURM_NNODES": "08", "SLURM_NODEID": "0"}, "needs MASTER_ADDR"),   # 8 nodes
+    ({"SLURM_NNODES": "2", "SLURM_NODEID": "x", "MASTER_ADDR": "127.0.0.1"}, "SLURM_NODEID=x"),
+    ({"SLURM_NNODES": "2", "MASTER_ADDR": "127.0.0.1"}, "SLURM_NODEID"),
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_every_variable_is_checked_before_anything_runs(tmp_path, env_extra, name):
     """One line and exit 2 at once: no fixture written, no run, no compliance check (SEED=1.5
@@ -240,23 +244,70 @@ def test_a_signal_in_the_first_seconds_of_a_run_ends_it(tmp_path, sig, delay, si
             assert time.monotonic() < deadline, "the run did not start"
             time.sleep(0.05)
         time.sleep(delay)
-        if sig == signal.SIGINT:
-            os.killpg(proc.pid, sig)   # what a terminal's Ctrl-C sends
-        else:
-            os.kill(proc.pid, sig)     # the script alone, as a batch system's stop does
-        rc, out, err = finished(proc, tmp_path)
-        assert rc == 128 + sig, out[-2000:] + err[-3000:]
-        result = [x for x in out.splitlines() if x.startswith("RESULT,")]
-        assert len(result) == 1 and result[0].split(",")[1:3] == ["resnet", "7"], out
-        assert result[0].split(",")[4] == "aborted"
-        log = tmp_path / "logs/result_0.txt"
-        if log.is_file() and log.stat().st_size:
-            stop = last_event(log)
-            assert stop["key"] == "run_stop" and stop["metadata"]["status"] == "aborted"
-        deadline = time.monotonic() + 10
-        while group_alive(proc.pid):
-            assert time.monotonic() < deadline, "processes of the run outlived run_and_time.sh"
-            time.sleep(0.2)
+        stop_early(proc, tmp_path, sig)
+    finally:
+        if group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def stop_early(proc: subprocess.Popen, tmp_path: Path, sig: int, status: str = "aborted") -> str:
+    """Send ``sig`` (SIGINT to the group, as a Ctrl-C; SIGTERM to the script alone, as a batch
+    system's stop) to a script started with SEED=7; it ends with 128 + sig, one RESULT line
+    and run_stop (where a log began) saying ``status``, no traceback and nothing left. Its
+    stderr."""
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)
+    else:
+        os.kill(proc.pid, sig)
+    rc, out, err = finished(proc, tmp_path)
+    assert rc == 128 + sig, out[-2000:] + err[-3000:]
+    result = [x for x in out.splitlines() if x.startswith("RESULT,")]
+    assert len(result) == 1 and result[0].split(",")[1:3] == ["resnet", "7"], out + err
+    assert result[0].split(",")[4] == status
+    log = tmp_path / "logs/result_0.txt"
+    if log.is_file() and log.stat().st_size:
+        stop = last_event(log)
+        assert stop["key"] == "run_stop" and stop["metadata"]["status"] == status
+    deadline = time.monotonic() + 10
+    while group_alive(proc.pid):
+        assert time.monotonic() < deadline, "processes of the run outlived run_and_time.sh"
+        time.sleep(0.2)
+    assert "Traceback" not in err, err[-3000:]
+    return err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["int", "term"])
+@pytest.mark.parametrize("phase", ["checking variables", "writing the fixture"])
+def test_a_signal_before_the_run_starts_ends_the_script(tmp_path, sig, phase):
+    """While the script checks its variables (its trap was not yet installed: a SIGTERM ended
+    it silently, the ruleset lister left with a BrokenPipeError traceback) or writes the
+    fixture (no RESULT line): no run starts, the RESULT line says aborted, nothing is left."""
+    env = {"CONFIG": "cpu_tiny", "SEED": "7", "LOGDIR": str(tmp_path / "logs"),
+           "FIXTURE_DIR": str(tmp_path / "fixture")}
+    if phase == "checking variables":   # a python that lingers over the ruleset list
+        stub = tmp_path / "bin"
+        stub.mkdir()
+        (stub / "python").write_text(
+            f'#!/bin/sh\ncase "$*" in *rule_choices*) touch "{tmp_path}/listing"; sleep 3;; '
+            f'esac\nexec "{sys.executable}" "$@"\n')
+        (stub / "python").chmod(0o755)
+        env["PATH"] = f"{stub}{os.pathsep}{Path(sys.executable).parent}{os.pathsep}" \
+                      f"{os.environ['PATH']}"
+        ready = lambda: (tmp_path / "listing").exists()  # noqa: E731
+    else:   # the writer has begun its partial copy beside FIXTURE_DIR
+        ready = lambda: any(tmp_path.glob(".fixture.partial-*/*"))  # noqa: E731
+    proc = start(tmp_path, env)
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not ready():
+            assert proc.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
+            assert time.monotonic() < deadline, f"the script never reached {phase}"
+            time.sleep(0.02)
+        err = stop_early(proc, tmp_path, sig)
+        assert signal.Signals(sig).name in err   # the script said why it stopped
+        assert "== resnet run" not in (tmp_path / "stdout").read_text()
+        assert not (tmp_path / "logs/result_0.txt").exists()
     finally:
         if group_alive(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -299,3 +350,41 @@ def test_an_unreadable_datadir_is_one_line_naming_the_fix(tmp_path):
     lines = error_lines(proc)
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert "cannot be read" in lines[0] and "chmod u+rx" in lines[0] and "empty" not in lines[0]
+
+
+def test_ctrl_c_while_a_finished_run_is_checked_lets_the_check_finish(tmp_path):
+    """NEXP=2: a Ctrl-C while run 1's log is checked (seconds after each run) ended the checker
+    with a KeyboardInterrupt traceback and no verdict. The check finishes, RESULT is printed,
+    run 2 never starts. A stub python stands for the run (it writes a whole handmade log) and
+    lingers in Python before the checker, so that the signal lands there."""
+    from tests.compliance.handmade_logs import open_run, write
+    made = write(tmp_path / "made.txt", open_run(seed=7))
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "python").write_text(f"""#!{sys.executable}
+import os, pathlib, shutil, sys, time
+args = sys.argv[1:]
+if args[:3] == ["-m", "common.entry", "benchmarks.resnet"]:
+    shutil.copy("{made}", args[args.index("--log-file") + 1])
+    sys.exit(0)
+if args[:2] == ["-m", "compliance.check"]:
+    pathlib.Path("{tmp_path}/checking").touch()
+    time.sleep(3)
+os.execv("{sys.executable}", ["{sys.executable}", *args])
+""")
+    (stub / "python").chmod(0o755)
+    proc = start(tmp_path, {"SEED": "7", "NEXP": "2", "LOGDIR": str(tmp_path / "logs"),
+                            "PATH": f"{stub}{os.pathsep}{os.environ['PATH']}"})
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not (tmp_path / "checking").exists():
+            assert proc.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
+            assert time.monotonic() < deadline, "run 1's log was never checked"
+            time.sleep(0.02)
+        err = stop_early(proc, tmp_path, signal.SIGINT, status="success")
+        out = (tmp_path / "stdout").read_text()
+        assert "compliance PASS" in out and "run 2/2" not in out, out + err
+    finally:
+        if group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

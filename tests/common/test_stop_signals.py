@@ -5,6 +5,7 @@ process forked from the trainer ignores the signal instead of failing."""
 import gc
 import os
 import signal
+import sys
 
 import pytest
 
@@ -42,3 +43,26 @@ def test_a_forked_loader_process_ignores_the_stop():
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         training.raise_if_stopped()                # the trainer itself was not stopped
+
+
+def test_a_child_signal_pending_at_the_stop_is_no_error(monkeypatch):
+    """A scheduler's SIGTERM to the group ends the loader processes as it reaches the trainer:
+    their SIGCHLD, caught for torch's loader handler, was still pending when the stop set
+    SIGCHLD aside, and Python then printed 'OSError: Signal 17 ignored due to race condition'
+    with a traceback (seen under torchrun, SSD)."""
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    both = {signal.SIGTERM, signal.SIGCHLD}
+    previous = signal.signal(signal.SIGCHLD, lambda signum, frame: None)   # as torch's
+    try:
+        with training.handling_signals(training._stop):
+            signal.pthread_sigmask(signal.SIG_BLOCK, both)
+            os.kill(os.getpid(), signal.SIGCHLD)
+            os.kill(os.getpid(), signal.SIGTERM)
+            with pytest.raises(training.Stopped):   # SIGTERM's handler runs first (15 < 17)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, both)
+                sum(range(1000))
+            sum(range(1000))                         # then the pending SIGCHLD's
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+    assert not unraisable, [str(u.exc_value) for u in unraisable]
