@@ -186,8 +186,8 @@ def test_fused_sgd_steps_match_torch_sgd_on_plain_bags(threshold):
     sizes, dim, lr = [6, 40, 3], 4, 0.5
     g = torch.Generator().manual_seed(0)
     stats = torch.stack([torch.randint(0, n, (30,), generator=g) for n in sizes], 1)
-    emb = HybridEmbedding(sizes, dim, frequent_rows(stats, sizes, threshold), 0, 1, 3, "cpu",
-                          lp_dtype=torch.bfloat16)
+    emb = HybridEmbedding(sizes, dim, frequent_rows(stats, sizes, threshold), 0, 1, 3, "cpu")
+    emb.keep_low_precision(torch.bfloat16)
     plain = PlainEmbeddings(sizes, dim, 3, "cpu", sparse=True)
     opt = torch.optim.SGD(plain.parameters(), lr=lr)
     lr_t = torch.tensor(lr)
