@@ -1,5 +1,6 @@
 """The binary reader, AUC, the LR schedule, the model's shape and the fused SGD."""
 
+import inspect
 import itertools
 import struct
 
@@ -12,6 +13,7 @@ from benchmarks.dlrm.auc import roc_auc
 from benchmarks.dlrm.fused_sgd import sparse_sgd_, table_sgd_
 from benchmarks.dlrm.hybrid import HybridEmbedding, frequent_rows
 from benchmarks.dlrm.model import (
+    MLP,
     DenseArch,
     PlainEmbeddings,
     dot_interaction,
@@ -152,6 +154,16 @@ def test_reference_model_shape():
     assert mllog_tensor_names(parse_mlp("13-512-256-128"), parse_mlp("1024-1024-512-256-1")) == [
         "embeddings", "bottom_mlp_dense1", "bottom_mlp_dense2", "bottom_mlp_dense3",
         "top_mlp_dense1", "top_mlp_dense2", "top_mlp_dense3", "top_mlp_dense4", "top_mlp_dense5"]
+
+
+@pytest.mark.parametrize("cls", [DenseArch, MLP, PlainEmbeddings])
+def test_the_model_takes_no_optimisation_switch(cls):
+    """The reference network alone: optimisations transform or replace the built parts
+    (split_linear.py, hybrid.py, fused_sgd.py)."""
+    allowed = {"self", "dim", "num_sparse", "bottom", "top", "widths", "last_relu", "sizes",
+               "seed", "device", "sparse", "x", "input", "bottom_out", "emb"}
+    for fn in (cls.__init__, cls.forward):
+        assert set(inspect.signature(fn).parameters) <= allowed, fn
 
 
 def test_dot_interaction_is_lower_triangle_of_pairwise_dots():
