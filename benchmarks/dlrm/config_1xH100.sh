@@ -1,8 +1,7 @@
-# DLRM on one H100 with the reference convergence point of global batch 55296 (the
-# hyper-parameters' defaults). NOT the closed-division model: the reference's 40M-capped
-# tables hold 187.8M rows x 128 = 96 GB in fp32 (plus a 48 GB bf16 copy), more than one H100's
-# 80 GB, so every table is capped at 10M rows (54M rows, ~28 GB fp32 + ~14 GB bf16). Use it
-# for single-GPU development and throughput; closed results need config_8xH200.
+# DLRM on one H100 with the reference's hyper-parameters. NOT the closed-division model: the
+# reference's 40M-capped tables (187.8M rows x 128: 96 GB fp32 + 48 GB bf16) exceed one H100's
+# 80 GB, so every table is capped at 10M rows (54M rows, ~28 GB fp32 + ~14 GB bf16). For
+# single-GPU development and throughput; closed results need config_8xH200.
 NPROC=1
 PRECISION=${PRECISION:-amp-bf16}
 OPTIMISATIONS=(fused-sgd hybrid-embeddings prefetch cache-eval)

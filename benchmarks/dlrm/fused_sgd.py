@@ -1,11 +1,9 @@
 """Plain SGD (the reference's optimiser) for the DLRM as fused updates (``fused-sgd``).
 
-The dense parameters (the MLPs) take one multi-tensor update; embedding rows are updated
-where the step touched them (``index_add``), never as a whole-table gradient. Lookups of the
-hybrid tables may read a bf16/fp16 copy (``HybridEmbedding.keep_low_precision``): the fp32
-masters are updated and the copy refreshed in the same call, row by row, so a step never
-re-casts a whole table. The learning rate is a device tensor: no value is read back to the
-host, as ``torch.optim.SGD`` must.
+The MLPs take one multi-tensor update, embedding rows an ``index_add`` where the step touched
+them. Hybrid lookups may read a bf16 copy (``HybridEmbedding.keep_low_precision``): the fp32
+masters and the copy's rows are updated in the same call, so a step never re-casts a whole
+table. The learning rate is a device tensor: nothing is read back to the host.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``y = x W^T + b`` whose weight gradient runs on a side CUDA stream (``split-linear``).
+"""``nn.Linear`` whose weight gradient runs on a side CUDA stream (``split-linear``).
 
 In a linear layer's backward the data gradient ``dX = dY W`` (which the
 layer below waits for) and the weight gradients ``dW = dY^T X``,
@@ -83,16 +83,11 @@ class _SplitLinear(torch.autograd.Function):
         return dx, None, None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
-    """``F.linear`` whose weight and bias gradients land in ``.grad`` from the side stream."""
-    return _SplitLinear.apply(x, weight, bias)
-
-
 class SplitLinear(nn.Linear):
-    """``nn.Linear`` through :func:`linear`."""
+    """``nn.Linear`` whose weight and bias gradients land in ``.grad`` from the side stream."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return _SplitLinear.apply(x, self.weight, self.bias)
 
 
 def split(module: nn.Module) -> None:

@@ -6,24 +6,17 @@ variants.
     torchrun --nproc_per_node 8 -m benchmarks.dlrm.throughput --max-ind-range 40000000 \\
         --variants config-plus-model-parallel-embeddings,config
 
-Every variant is the workload's real ``train_step`` on one global batch of
-``--batch-size`` whose category ids follow a power law over each table
-(Zipf-like, as the fixture draws them; ``data.power_law_ids``), built once
-with its index plan, so the figure leaves out the input pipeline (and with it
-``prefetch`` and ``cache-eval``). ``plain``: no optimisation (one
-``nn.EmbeddingBag`` per table, ``torch.optim.SGD``), single process only;
-``config``: the 1xH100 config's optimisations; ``config-minus-<name>`` without
-one (and what requires it); ``config-plus-<name>`` with one more registered
-optimisation (in place of what it excludes). Under torchrun each rank trains
-its share of the global batch; rank 0 prints the global samples/s.
-
-The reference's 40M-capped tables (``--max-ind-range 40000000``) hold 187.8M
-rows x 128 = 96 GB in fp32 (plus a 48 GB bf16 copy for ``ours``): more than
-one 80 GB H100. The default caps tables at 10M rows (54.1M rows, as
-config_1xH100.sh). A variant whose embedding tables would not fit the free
-device memory is skipped with one line. ``--profile`` adds each variant's GPU
-kernel time by kernel family. MFU (``common.mfu``) takes the workload's FLOPs per
-sample (MLPs and interaction) for every variant, over the peak of all the GPUs.
+Every variant is the workload's real ``train_step`` on one global batch of ``--batch-size``
+whose category ids follow a power law over each table (``data.power_law_ids``), built once
+with its index plan: the figure leaves out the input pipeline (``prefetch``) and evaluation.
+``plain``: no optimisation (one ``nn.EmbeddingBag`` a table, ``torch.optim.SGD``, one process
+only); ``config``: the 1xH100 config's optimisations; ``config-minus-<name>`` without one
+(and what requires it); ``config-plus-<name>`` with one more (in place of what it excludes).
+Under torchrun each rank trains its share of the global batch; rank 0 prints the global
+samples/s. The default ``--max-ind-range`` caps tables at 10M rows, as config_1xH100.sh; a
+variant whose tables would not fit the free device memory is skipped with one line.
+``--profile`` adds each variant's GPU kernel time by kernel family. MFU (``common.mfu``) takes
+the workload's FLOPs per sample (MLPs and interaction), over the peak of all the GPUs.
 """
 
 from __future__ import annotations
@@ -58,12 +51,11 @@ def variants() -> dict[str, list[str]]:
     registry = DLRMWorkload.optimisations
     config = [o for o in config_optimisations("dlrm", "1xH100")
               if o.partition("=")[0] not in NOT_A_STEPS]
-    out = ablation_variants(registry, config)
+    out, names = ablation_variants(registry, config), [c.partition("=")[0] for c in config]
     for o in registry:
-        if o.name not in NOT_A_STEPS and o.name not in registry.closure(
-                c.partition("=")[0] for c in config):
-            kept = [c for c in config if c.partition("=")[0] not in o.excludes]
-            out[f"config-plus-{o.name}"] = kept + [o.name]
+        if o.name not in (*NOT_A_STEPS, *registry.closure(names)):
+            out[f"config-plus-{o.name}"] = [c for c, n in zip(config, names)
+                                            if n not in o.excludes] + [o.name]
     return out
 
 
@@ -79,12 +71,9 @@ def workload_args(variant: str, a):
 
 
 def table_bytes(args, world: int, lp_bytes: int) -> int:
-    """Device bytes of one rank's embedding tables (an upper bound for hybrid).
-
-    Plain: every row in fp32. Hybrid: the frequent rows (at most the
-    statistics' lookups / threshold) plus this rank's share of the rest, each
-    in fp32 plus its ``lp_bytes`` low-precision copy.
-    """
+    """Device bytes of one rank's embedding tables: plain, every row in fp32; hybrid (an upper
+    bound), the frequent rows (at most the statistics' lookups / threshold) and this rank's
+    share of the rest, each in fp32 and its ``lp_bytes`` copy."""
     total = sum(data.cap_sizes(data.CRITEO_TB_SIZES, args.max_ind_range))
     opts = args.optimisations
     threshold = (math.inf if "model-parallel-embeddings" in opts
@@ -154,7 +143,7 @@ def _run(p, a, variants: list[str], env: dist.DistEnv) -> int:
         rows.append({"variant": v, "samples_per_second": rate, **mfu.row(rate),
                      "peak_memory_gib": m.peak_memory_bytes / 2**30,
                      "table_gib_per_gpu": need / 2**30})
-        say(f"{v:20s} batch {a.batch_size} on {env.world_size} GPU(s) {a.precision}: "
+        say(f"{v:38s} batch {a.batch_size} on {env.world_size} GPU(s) {a.precision}: "
             f"{rate:10.0f} samples/s  {mfu.text(rate)}  peak "
             f"{m.peak_memory_bytes / 2**30:5.1f} GiB (rank 0)", env.is_main)
         if a.profile:
@@ -164,7 +153,7 @@ def _run(p, a, variants: list[str], env: dist.DistEnv) -> int:
         torch.cuda.empty_cache()
     timed = [r for r in rows if "samples_per_second" in r]
     for r in timed[1:]:
-        say(f"{r['variant']:20s} x{r['samples_per_second'] / timed[0]['samples_per_second']:.2f} "
+        say(f"{r['variant']:38s} x{r['samples_per_second'] / timed[0]['samples_per_second']:.2f} "
             f"vs {timed[0]['variant']}", env.is_main)
     if a.json and env.is_main:
         with open(a.json, "w") as f:

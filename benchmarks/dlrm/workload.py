@@ -1,14 +1,9 @@
 """MLPerf Training ``dlrm``: DLRM on Criteo Terabyte to an evaluation AUC of 0.8025.
 
-Defaults are the ruleset's reference convergence point for global batch
-55296 (NVIDIA's v1.0/v1.1 setting, rcps_dlrm.json): SGD, base LR 24, 2750
-linear warm-up steps, polynomial (power 2) decay to 0 over 27772 steps from
-step 49315, one epoch, evaluation on the whole test set every 0.05 epoch
-(HugeCTR's v1.1 run: 75868 steps, an evaluation every 3793). An evaluation's
-``epoch_num`` is the fractional epoch, as the reference logs it. With no optimisation named
-the model is the reference's: one ``nn.EmbeddingBag`` a table, ``torch.optim.SGD``, one
-process, batches read in the step's turn; each optimisation (``--list-optimisations``)
-changes one of these from its own module.
+``HParams`` holds the ruleset's reference convergence point for global batch 55296 (NVIDIA's
+v1.1 setting): one epoch (75868 steps), evaluation on the whole test set every 0.05 epoch;
+``epoch_num`` is the fractional epoch, as the reference logs it. No optimisation named: the
+reference's one ``nn.EmbeddingBag`` a table and ``torch.optim.SGD``, in one process.
 """
 
 from __future__ import annotations
@@ -43,7 +38,7 @@ CRITEO_EVAL_SAMPLES = 89_137_319
 
 @dataclass
 class HParams:
-    """The reference convergence point of global batch 55296 (rcps_dlrm.json, closed_dlrm.yaml)."""
+    """SGD with the reference's warm-up and polynomial decay (rcps_dlrm.json)."""
 
     batch_size: int = hparam(55296, "global batch per step", positive)
     eval_batch_size: int = hparam(1769472, "global eval batch", positive)
@@ -53,15 +48,13 @@ class HParams:
     warmup_steps: int = hparam(2750, "steps of linear warm-up", non_negative)
     decay_start_step: int = hparam(49315, "first step of the polynomial decay", non_negative)
     decay_steps: int = hparam(27772, "steps of the decay to 0", non_negative)
-    poly_power: float = hparam(2.0, "power of the decay (closed_dlrm.yaml requires 2)",
-                               choices=(2.0,))
+    poly_power: float = hparam(2.0, "decay power (closed_dlrm.yaml: 2)", choices=(2.0,))
     embedding_dim: int = hparam(128, "embedding width", positive)
     arch_mlp_bot: str = hparam("13-512-256-128", "bottom MLP widths")
     arch_mlp_top: str = hparam("1024-1024-512-256-1", "top MLP widths after the interaction")
-    max_ind_range: int = hparam(40_000_000, "category ids are taken modulo this; tables "
-                                "capped to it", positive)
-    shuffle: bool = hparam(True, "shuffle the order of whole batches each epoch "
-                           "(--mlperf-bin-shuffle)")
+    max_ind_range: int = hparam(40_000_000, "ids taken modulo this; tables capped to it",
+                                positive)
+    shuffle: bool = hparam(True, "shuffle whole batches each epoch (--mlperf-bin-shuffle)")
 
 
 def lr_at(step: torch.Tensor, base: float, warmup: int, decay_start: int, decay_steps: int,
@@ -141,12 +134,8 @@ def _fused_sgd(wl: DLRMWorkload, _) -> None:
 
 def _split_linear(wl: DLRMWorkload, _) -> None:
     split_linear.split(wl.dense_arch)
-    update = wl.update
-
-    def joined():   # the side streams' weight gradients before the update reads them
-        split_linear.wait_for_weight_grads()
-        update()
-    wl.update = joined
+    update = wl.update   # it reads the weight gradients: join the side streams first
+    wl.update = lambda: (split_linear.wait_for_weight_grads(), update())
 
 
 class DLRMWorkload(Workload):
@@ -156,40 +145,32 @@ class DLRMWorkload(Workload):
     batch_size_is_global = True
     steps_per_epoch = 0      # set by build
     hparams = HParams
+    prefetch = cache_eval = False   # until the optimisations of these names
     # fp32 on the CPU, the tiny config's three steps: hybrid-embeddings 9e-8 off, the others equal
     optimisations = Registry(
-        Optimisation("fused-sgd", "SGD as one multi-tensor update of the MLPs and index_add "
-                     "updates of the embedding rows a step touched, the LR on the device; "
-                     "under amp on CUDA the hybrid tables' lookups read a bf16/fp16 copy that "
-                     "the update refreshes row by row (fused_sgd.py)", apply=_fused_sgd,
+        Optimisation("fused-sgd", "SGD as one multi-tensor MLP update and index_add updates of "
+                     "the rows a step touched, LR on the device; under amp on CUDA hybrid "
+                     "lookups read a bf16 copy it refreshes (fused_sgd.py)", apply=_fused_sgd,
                      rtol=1e-7),
-        Optimisation("hybrid-embeddings", "=T: embedding rows seen T times or more in "
-                     "--stats-batches batches replicated and trained data-parallel, the rest "
-                     "sharded over the ranks by row and looked up through one all-to-all a "
-                     "direction (hybrid.py)", requires=("fused-sgd",), rtol=1e-6,
-                     value_type=checked(float, non_negative), default=20.0,
+        Optimisation("hybrid-embeddings", "=T: rows seen T times in --stats-batches batches "
+                     "replicated, the rest sharded over the ranks and exchanged by all-to-all "
+                     "(hybrid.py)", requires=("fused-sgd",), rtol=1e-6, default=20.0,
+                     value_type=checked(float, non_negative),
                      select=lambda wl, t: setattr(wl.impl, "frequent_threshold", t)),
-        Optimisation("model-parallel-embeddings", "every embedding row sharded over the ranks "
-                     "by row, looked up through one all-to-all a direction (hybrid.py with no "
-                     "frequent rows)", requires=("fused-sgd",), excludes=("hybrid-embeddings",),
-                     rtol=1e-7, select=lambda wl, _: setattr(
-                         wl.impl, "frequent_threshold", math.inf)),
-        Optimisation("split-linear", "each MLP layer's weight and bias gradients on a side "
-                     "CUDA stream beside its data gradient (split_linear.py)",
-                     apply=_split_linear, rtol=1e-7),
-        Optimisation("prefetch", "the next two batches read, their hybrid index plans "
-                     "precomputed and (CUDA) copied to the device on a stream of their own by a "
-                     "thread during the current step", compare="batches",
+        Optimisation("model-parallel-embeddings", "every row sharded over the ranks, exchanged "
+                     "by all-to-all (hybrid.py, no frequent rows)", requires=("fused-sgd",),
+                     excludes=("hybrid-embeddings",), rtol=1e-7,
+                     select=lambda wl, _: setattr(wl.impl, "frequent_threshold", math.inf)),
+        Optimisation("split-linear", "each MLP layer's weight gradients on a side CUDA stream "
+                     "beside its data gradient (split_linear.py)", apply=_split_linear,
+                     rtol=1e-7),
+        Optimisation("prefetch", "the next batches read, index plans precomputed and copied "
+                     "to the device (own stream) by a thread during the step", compare="batches",
                      apply=lambda wl, _: setattr(wl, "prefetch", True)),
-        Optimisation("cache-eval", "evaluation batches and their index plans built at the "
-                     "first evaluation and kept", compare=None,
-                     tested_by="tests/benchmarks/dlrm/test_run_and_time.py",
-                     apply=lambda wl, _: setattr(wl, "cache_eval", True)))
-
-    def __init__(self, args: argparse.Namespace, env, precision):
-        super().__init__(args, env, precision)
-        self.impl.frequent_threshold = None   # one nn.EmbeddingBag a table until selected
-        self.prefetch = self.cache_eval = False
+        Optimisation("cache-eval", "evaluation batches and their index plans kept after the "
+                     "first evaluation", compare=None, apply=lambda wl, _: setattr(
+                         wl, "cache_eval", True),
+                     tested_by="tests/benchmarks/dlrm/test_run_and_time.py"))
 
     @staticmethod
     def add_args(p: argparse.ArgumentParser) -> None:
@@ -202,7 +183,7 @@ class DLRMWorkload(Workload):
     # -- set-up ---------------------------------------------------------------------------
     def build(self) -> None:
         a, hp, env = self.args, self.hp, self.env
-        threshold = self.impl.frequent_threshold
+        threshold = getattr(self.impl, "frequent_threshold", None)   # None: EmbeddingBags
         if a.precision == "amp-fp16":
             raise UserError("dlrm trains with plain SGD and no loss scaling: use --precision "
                             "amp-bf16, tf32 or fp32")

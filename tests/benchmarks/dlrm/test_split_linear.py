@@ -19,13 +19,14 @@ def _grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("shape", [(6, 5), (2, 3, 5)])
 def test_split_linear_equals_nn_linear_with_accumulation(shape):
     torch.manual_seed(0)
-    lin = torch.nn.Linear(5, 4)
-    ref = copy.deepcopy(lin)
+    ref = torch.nn.Linear(5, 4)
+    lin = copy.deepcopy(ref)
+    split_linear.split(lin)
     x = torch.randn(shape, requires_grad=True)
     x_ref = x.detach().clone().requires_grad_()
     for seed in (1, 2):                       # the second backward accumulates into .grad
         dy = torch.randn(*shape[:-1], 4, generator=torch.Generator().manual_seed(seed))
-        y = split_linear.linear(x, lin.weight, lin.bias)
+        y = lin(x)
         y_ref = ref(x_ref)
         torch.testing.assert_close(y, y_ref)
         y.backward(dy)
