@@ -235,10 +235,9 @@ class DLRMWorkload(Workload):
     def _open_data(self) -> None:
         a, hp = self.args, self.hp
         self.sizes = data.table_sizes(a.data_dir, hp.max_ind_range)
-        self.train_log = data.BinaryClickLog(a.data_dir / data.TRAIN_FILE, self.sizes,
-                                             hp.max_ind_range)
-        self.eval_log = data.BinaryClickLog(a.data_dir / data.EVAL_FILE, self.sizes,
-                                            hp.max_ind_range)
+        self.train_log, self.eval_log = (data.BinaryClickLog(a.data_dir / f, self.sizes,
+                                                             hp.max_ind_range)
+                                         for f in (data.TRAIN_FILE, data.EVAL_FILE))
         self.train_sched = data.BatchSchedule(self.train_log, hp.batch_size, drop_last=True)
         self.eval_sched = data.BatchSchedule(self.eval_log, hp.eval_batch_size, drop_last=False)
         self.steps_per_epoch = self.train_sched.num_batches
@@ -249,8 +248,7 @@ class DLRMWorkload(Workload):
     @property
     def dataset(self) -> str:
         if self.synthetic:
-            return ("synthetic (power-law category ids over Criteo Terabyte's table sizes, "
-                    "device-resident)")
+            return "synthetic (power-law ids over Criteo Terabyte's tables, device-resident)"
         marker = self.args.data_dir / FIXTURE_MARKER
         n = self.train_log.num_records
         if marker.is_file():
