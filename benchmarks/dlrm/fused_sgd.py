@@ -1,15 +1,16 @@
-"""Plain SGD (the reference's optimiser) for the DLRM, with low-precision weight copies.
+"""Plain SGD (the reference's optimiser) for the DLRM as fused updates (``fused-sgd``).
 
-Embedding lookups read a bf16/fp16 copy of the tables; the fp32 masters are
-updated and the copy refreshed in the same call, touching only the rows the
-step used (``sparse_sgd_``), so a step never re-casts a whole table. Dense
-parameters (the MLPs) take one multi-tensor update. The learning rate is a
-device tensor: no value is read back to the host.
+The MLPs take one multi-tensor update, embedding rows an ``index_add`` where the step touched
+them. Hybrid lookups may read a bf16 copy (``HybridEmbedding.keep_low_precision``): the fp32
+masters and the copy's rows are updated in the same call, so a step never re-casts a whole
+table. The learning rate is a device tensor: nothing is read back to the host.
 """
 
 from __future__ import annotations
 
 import torch
+
+from common import dist
 
 
 @torch.no_grad()
@@ -33,3 +34,31 @@ def table_sgd_(master: torch.Tensor, copy: torch.Tensor | None, grad: torch.Tens
     master.add_(grad * -lr)
     if copy is not None:
         copy.copy_(master)
+
+
+def bags_update(params: list[torch.Tensor], bags: list[torch.Tensor], lr: torch.Tensor) -> None:
+    """One step of the MLPs ``params`` and the ``nn.EmbeddingBag`` weights ``bags`` (their
+    sparse gradients: one row a lookup)."""
+    dense_sgd_(params, [p.grad for p in params], lr)
+    for w in bags:
+        sparse_sgd_(w, None, w.grad._indices()[0], w.grad._values(), lr)
+    for p in params + bags:
+        p.grad = None
+
+
+def hybrid_update(params: list[torch.Tensor], emb, lr: torch.Tensor, distributed: bool) -> None:
+    """One step of the MLPs ``params`` and the ``HybridEmbedding`` ``emb``."""
+    grads = [p.grad for p in params] + [emb.frequent_grad()]
+    if distributed:   # one all-reduce for the MLPs and the frequent rows ...
+        flat = torch.cat([g.flatten() for g in grads])
+        work = dist.all_reduce_sum_async(flat)
+    rows, rare = emb.rare_grad()   # ... in flight while this rank's rare rows update
+    sparse_sgd_(emb.rare_weight, emb.rare_lp, rows, rare, lr)
+    if distributed:
+        work.wait()
+        grads = list(torch.split(flat, [g.numel() for g in grads]))
+        grads = [g.view_as(p) for g, p in zip(grads, params + [emb.freq_weight])]
+    dense_sgd_(params, grads[:-1], lr)
+    table_sgd_(emb.freq_weight, emb.freq_lp, grads[-1], lr)
+    for p in params:
+        p.grad = None

@@ -122,15 +122,10 @@ class _Exchange(torch.autograd.Function):
 
 
 class HybridEmbedding(torch.nn.Module):
-    """Frequent rows replicated, rare rows sharded by ``row % world``; see the module doc.
-
-    ``lp_dtype`` keeps a low-precision copy of both tables that lookups read;
-    the fp32 tables are the masters that ``fused_sgd`` updates.
-    """
+    """Frequent rows replicated, rare rows sharded by ``row % world``; see the module doc."""
 
     def __init__(self, sizes: list[int], dim: int, frequent: torch.Tensor, rank: int,
-                 world: int, seed: int, device, lp_dtype: torch.dtype | None = None,
-                 chunks=table_chunks):
+                 world: int, seed: int, device, chunks=table_chunks):
         super().__init__()
         self.sizes, self.dim, self.rank, self.world = list(sizes), dim, rank, world
         total = sum(sizes)
@@ -147,10 +142,13 @@ class HybridEmbedding(torch.nn.Module):
                 self.freq_weight[f[keep].to(device)] = rows[keep.to(device)]
                 own = (g % world) == rank
                 self.rare_weight[(g[own] // world).to(device)] = rows[own.to(device)]
-        self.lp_dtype = lp_dtype
-        self.freq_lp = self.freq_weight.to(lp_dtype) if lp_dtype else None
-        self.rare_lp = self.rare_weight.to(lp_dtype) if lp_dtype else None
+        self.freq_lp = self.rare_lp = None
         self._freq_vals = self._send = self._plan = self._returning = None
+
+    def keep_low_precision(self, dtype: torch.dtype) -> None:
+        """Lookups read a ``dtype`` copy of both tables from now on; the fp32 tables stay the
+        masters, and whoever updates them refreshes the copy (``fused_sgd``)."""
+        self.freq_lp, self.rare_lp = self.freq_weight.to(dtype), self.rare_weight.to(dtype)
 
     def plan(self, sparse: torch.Tensor, bounds: list[int]) -> Plan:
         return compute_plan(sparse, bounds, self.rank, self.world, self.offsets, self.freq_map)
@@ -161,8 +159,8 @@ class HybridEmbedding(torch.nn.Module):
 
         Returns ``(lookups, overlap())``.
         """
-        freq_src = self.freq_lp if self.lp_dtype else self.freq_weight
-        rare_src = self.rare_lp if self.lp_dtype else self.rare_weight
+        freq_src = self.freq_weight if self.freq_lp is None else self.freq_lp
+        rare_src = self.rare_weight if self.rare_lp is None else self.rare_lp
         send = rare_src[plan.serve_rows].requires_grad_(torch.is_grad_enabled())
         received, work = send.detach(), None
         if self.world > 1:

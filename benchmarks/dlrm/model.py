@@ -18,7 +18,6 @@ import math
 import torch
 from torch import nn
 
-from benchmarks.dlrm import split_linear
 from benchmarks.dlrm.data import NUM_DENSE
 
 
@@ -28,9 +27,9 @@ def parse_mlp(spec: str) -> list[int]:
 
 
 class MLP(nn.Sequential):
-    """Linear layers with ReLUs; ``wgrad_stream`` runs them through ``split_linear``."""
+    """Linear layers with ReLUs."""
 
-    def __init__(self, widths: list[int], last_relu: bool, wgrad_stream: bool = False):
+    def __init__(self, widths: list[int], last_relu: bool):
         layers: list[nn.Module] = []
         for i, (n_in, n_out) in enumerate(zip(widths[:-1], widths[1:])):
             lin = nn.Linear(n_in, n_out)
@@ -41,15 +40,6 @@ class MLP(nn.Sequential):
             if last_relu or i < len(widths) - 2:
                 layers.append(nn.ReLU())
         super().__init__(*layers)
-        self.wgrad_stream = wgrad_stream
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.wgrad_stream:
-            return super().forward(x)
-        for layer in self:
-            x = (split_linear.linear(x, layer.weight, layer.bias)
-                 if isinstance(layer, nn.Linear) else layer(x))
-        return x
 
 
 def interaction_width(dim: int, num_sparse: int) -> int:
@@ -71,17 +61,15 @@ def dot_interaction(bottom: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
 class DenseArch(nn.Module):
     """Everything but the embeddings: bottom MLP, interaction, top MLP."""
 
-    def __init__(self, dim: int, num_sparse: int, bottom: list[int], top: list[int],
-                 wgrad_stream: bool = False):
+    def __init__(self, dim: int, num_sparse: int, bottom: list[int], top: list[int]):
         super().__init__()
         if bottom[0] != NUM_DENSE or bottom[-1] != dim:
             raise ValueError(f"bottom MLP {bottom} must map {NUM_DENSE} dense features to the "
                              f"embedding dimension {dim}")
         if top[-1] != 1:
             raise ValueError(f"top MLP {top} must end with one output")
-        self.bottom_mlp = MLP(bottom, last_relu=True, wgrad_stream=wgrad_stream)
-        self.top_mlp = MLP([interaction_width(dim, num_sparse)] + top, last_relu=False,
-                           wgrad_stream=wgrad_stream)
+        self.bottom_mlp = MLP(bottom, last_relu=True)
+        self.top_mlp = MLP([interaction_width(dim, num_sparse)] + top, last_relu=False)
 
     def forward(self, bottom_out: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         return self.top_mlp(dot_interaction(bottom_out, emb)).squeeze(1)

@@ -1,4 +1,4 @@
-"""``y = x W^T + b`` whose weight gradient runs on a side CUDA stream (``--wgrad-stream``).
+"""``nn.Linear`` whose weight gradient runs on a side CUDA stream (``split-linear``).
 
 In a linear layer's backward the data gradient ``dX = dY W`` (which the
 layer below waits for) and the weight gradients ``dW = dY^T X``,
@@ -13,13 +13,15 @@ anything reads the gradients. The join in both directions also makes the
 side stream legal inside CUDA-graph capture. On the CPU the same
 arithmetic runs inline. Under autocast the GEMMs run in the autocast dtype
 exactly as ``nn.Linear`` would; the gradients accumulate in the
-parameters' own dtype.
+parameters' own dtype. ``split(module)`` turns a module's ``nn.Linear`` layers into
+:class:`SplitLinear` in place, their parameters kept.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.autograd.function import once_differentiable
 
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
@@ -81,6 +83,15 @@ class _SplitLinear(torch.autograd.Function):
         return dx, None, None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None):
-    """``F.linear`` whose weight and bias gradients land in ``.grad`` from the side stream."""
-    return _SplitLinear.apply(x, weight, bias)
+class SplitLinear(nn.Linear):
+    """``nn.Linear`` whose weight and bias gradients land in ``.grad`` from the side stream."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _SplitLinear.apply(x, self.weight, self.bias)
+
+
+def split(module: nn.Module) -> None:
+    """Every ``nn.Linear`` of ``module`` becomes a :class:`SplitLinear`, in place."""
+    for m in module.modules():
+        if type(m) is nn.Linear:
+            m.__class__ = SplitLinear

@@ -1,32 +1,22 @@
-"""DLRM training throughput (samples/s) on a device-resident synthetic batch, ours vs plain.
+"""DLRM training throughput (samples/s) on a device-resident synthetic batch: the registry's
+variants.
 
     python -m benchmarks.dlrm.throughput --batch-size 55296 --max-ind-range 10000000 \\
-        --precision amp-bf16 --variants ours-plain,ours
+        --precision amp-bf16 --variants plain,config
     torchrun --nproc_per_node 8 -m benchmarks.dlrm.throughput --max-ind-range 40000000 \\
-        --variants ours-model-parallel,ours
+        --variants config-plus-model-parallel-embeddings,config
 
-Every variant is the workload's real ``train_step`` on one global batch of
-``--batch-size`` whose category ids follow a power law over each table
-(Zipf-like, as the fixture draws them; ``data.power_law_ids``), built once
-with its index plan (real runs build plans ahead, ``--prefetch``), so the
-figure leaves out the input pipeline. ``ours``: hybrid embeddings (rows seen
-at least ``--frequent-threshold`` = 20 times in 20 synthetic batches
-replicated, the rest sharded), fused SGD that also writes the bf16 copy the
-lookups read;
-``ours-plain``: the plain DLRM step (one ``nn.EmbeddingBag`` per table,
-``torch.optim.SGD``), single process only; ``ours-model-parallel``: hybrid
-with ``--frequent-threshold inf`` (every row sharded, the all-to-all carries
-every lookup); ``ours-wgrad-stream``: ``ours`` with the MLP weight gradients on
-a side CUDA stream (``--wgrad-stream``). Under torchrun each rank
-trains its share of the global batch; rank 0 prints the global samples/s.
-
-The reference's 40M-capped tables (``--max-ind-range 40000000``) hold 187.8M
-rows x 128 = 96 GB in fp32 (plus a 48 GB bf16 copy for ``ours``): more than
-one 80 GB H100. The default caps tables at 10M rows (54.1M rows, as
-config_1xH100.sh). A variant whose embedding tables would not fit the free
-device memory is skipped with one line. ``--profile`` adds each variant's GPU
-kernel time by kernel family. MFU (``common.mfu``) takes the workload's FLOPs per
-sample (MLPs and interaction) for every variant, over the peak of all the GPUs.
+Every variant is the workload's real ``train_step`` on one global batch of ``--batch-size``
+whose category ids follow a power law over each table (``data.power_law_ids``), built once
+with its index plan: the figure leaves out the input pipeline (``prefetch``) and evaluation.
+``plain``: no optimisation (one ``nn.EmbeddingBag`` a table, ``torch.optim.SGD``, one process
+only); ``config``: the 1xH100 config's optimisations; ``config-minus-<name>`` without one
+(and what requires it); ``config-plus-<name>`` with one more (in place of what it excludes).
+Under torchrun each rank trains its share of the global batch; rank 0 prints the global
+samples/s. The default ``--max-ind-range`` caps tables at 10M rows, as config_1xH100.sh; a
+variant whose tables would not fit the free device memory is skipped with one line.
+``--profile`` adds each variant's GPU kernel time by kernel family. MFU (``common.mfu``) takes
+the workload's FLOPs per sample (MLPs and interaction), over the peak of all the GPUs.
 """
 
 from __future__ import annotations
@@ -44,37 +34,53 @@ from common import dist
 from common.cli import one_line_errors
 from common.kernel_profile import kernel_breakdown
 from common.mfu import MFU
+from common.optimisations import ablation_variants, config_optimisations
 from common.precision import Precision
 from common.progress import say
 from common.throughput import gpu_variants, time_steps, tool_parser
 from common.training import build_parser
 
-# variant -> workload flags
-VARIANTS = {"ours": [], "ours-plain": ["--embedding", "plain"],
-            "ours-model-parallel": ["--frequent-threshold", "inf"],
-            "ours-wgrad-stream": ["--wgrad-stream"]}
-DEFAULT_VARIANTS = {False: "ours-plain,ours", True: "ours-model-parallel,ours"}  # by distributed
+NOT_A_STEPS = ("prefetch", "cache-eval")   # the input pipeline's and evaluation's
+SHARDED = {"hybrid-embeddings", "model-parallel-embeddings"}
+DEFAULT_VARIANTS = {False: "plain,config",   # by distributed: plain is one process only
+                    True: "config-plus-model-parallel-embeddings,config"}
+
+
+def variants() -> dict[str, list[str]]:
+    """variant -> ``--optimisations`` items."""
+    registry = DLRMWorkload.optimisations
+    config = [o for o in config_optimisations("dlrm", "1xH100")
+              if o.partition("=")[0] not in NOT_A_STEPS]
+    out, names = ablation_variants(registry, config), [c.partition("=")[0] for c in config]
+    for o in registry:
+        if o.name not in (*NOT_A_STEPS, *registry.closure(names)):
+            out[f"config-plus-{o.name}"] = [c for c, n in zip(config, names)
+                                            if n not in o.excludes] + [o.name]
+    return out
+
+
+VARIANTS = variants()
 
 
 def workload_args(variant: str, a):
+    items = VARIANTS[variant]
     return build_parser(DLRMWorkload).parse_args(
-        ["--synthetic-data", "--precision", a.precision, "--seed", "0", "--no-cuda-graph",
+        ["--synthetic-data", "--precision", a.precision, "--seed", "0",
          "--batch-size", str(a.batch_size), "--max-ind-range", str(a.max_ind_range),
-         *VARIANTS[variant]])
+         *(["--opt", ",".join(items)] if items else [])])
 
 
 def table_bytes(args, world: int, lp_bytes: int) -> int:
-    """Device bytes of one rank's embedding tables (an upper bound for hybrid).
-
-    Plain: every row in fp32. Hybrid: the frequent rows (at most the
-    statistics' lookups / threshold) plus this rank's share of the rest, each
-    in fp32 plus its ``lp_bytes`` low-precision copy.
-    """
+    """Device bytes of one rank's embedding tables: plain, every row in fp32; hybrid (an upper
+    bound), the frequent rows (at most the statistics' lookups / threshold) and this rank's
+    share of the rest, each in fp32 and its ``lp_bytes`` copy."""
     total = sum(data.cap_sizes(data.CRITEO_TB_SIZES, args.max_ind_range))
-    if args.embedding == "plain":
+    opts = args.optimisations
+    threshold = (math.inf if "model-parallel-embeddings" in opts
+                 else opts.get("hybrid-embeddings"))
+    if threshold is None:
         return total * args.embedding_dim * 4
     lookups = args.stats_batches * args.batch_size * data.NUM_SPARSE
-    threshold = args.frequent_threshold
     frequent = total if threshold <= 0 else min(total, math.floor(lookups / threshold))
     return (frequent + -(-total // world)) * args.embedding_dim * (4 + lp_bytes)
 
@@ -110,8 +116,10 @@ def main(argv=None) -> int:
 
 
 def _run(p, a, variants: list[str], env: dist.DistEnv) -> int:
-    if env.distributed and "ours-plain" in variants:
-        p.error("ours-plain is the single-process reference step: run it without torchrun")
+    single = [v for v in variants if not {i.partition("=")[0] for i in VARIANTS[v]} & SHARDED]
+    if env.distributed and single:
+        p.error(f"{', '.join(single)}: one nn.EmbeddingBag a table runs in one process only: "
+                "run it without torchrun")
     precision = Precision(a.precision, "cuda")
     precision.apply_backend_flags()
     lp = precision.autocast_dtype
@@ -135,7 +143,7 @@ def _run(p, a, variants: list[str], env: dist.DistEnv) -> int:
         rows.append({"variant": v, "samples_per_second": rate, **mfu.row(rate),
                      "peak_memory_gib": m.peak_memory_bytes / 2**30,
                      "table_gib_per_gpu": need / 2**30})
-        say(f"{v:20s} batch {a.batch_size} on {env.world_size} GPU(s) {a.precision}: "
+        say(f"{v:38s} batch {a.batch_size} on {env.world_size} GPU(s) {a.precision}: "
             f"{rate:10.0f} samples/s  {mfu.text(rate)}  peak "
             f"{m.peak_memory_bytes / 2**30:5.1f} GiB (rank 0)", env.is_main)
         if a.profile:
@@ -145,7 +153,7 @@ def _run(p, a, variants: list[str], env: dist.DistEnv) -> int:
         torch.cuda.empty_cache()
     timed = [r for r in rows if "samples_per_second" in r]
     for r in timed[1:]:
-        say(f"{r['variant']:20s} x{r['samples_per_second'] / timed[0]['samples_per_second']:.2f} "
+        say(f"{r['variant']:38s} x{r['samples_per_second'] / timed[0]['samples_per_second']:.2f} "
             f"vs {timed[0]['variant']}", env.is_main)
     if a.json and env.is_main:
         with open(a.json, "w") as f:

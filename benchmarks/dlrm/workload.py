@@ -1,39 +1,60 @@
 """MLPerf Training ``dlrm``: DLRM on Criteo Terabyte to an evaluation AUC of 0.8025.
 
-Defaults are the ruleset's reference convergence point for global batch
-55296 (NVIDIA's v1.0/v1.1 setting, rcps_dlrm.json): SGD, base LR 24, 2750
-linear warm-up steps, polynomial (power 2) decay to 0 over 27772 steps from
-step 49315, one epoch, evaluation on the whole test set every 0.05 epoch
-(HugeCTR's v1.1 run: 75868 steps, an evaluation every 3793). An evaluation's
-``epoch_num`` is the fractional epoch, as the reference logs it.
+``HParams`` holds the ruleset's reference convergence point for global batch 55296 (NVIDIA's
+v1.1 setting): one epoch (75868 steps), evaluation on the whole test set every 0.05 epoch;
+``epoch_num`` is the fractional epoch, as the reference logs it. No optimisation named: the
+reference's one ``nn.EmbeddingBag`` a table and ``torch.optim.SGD``, in one process.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from benchmarks.dlrm import data
+from benchmarks.dlrm import data, fused_sgd, split_linear
 from benchmarks.dlrm.auc import roc_auc
-from benchmarks.dlrm.fused_sgd import dense_sgd_, sparse_sgd_, table_sgd_
 from benchmarks.dlrm.hybrid import HybridEmbedding, Plan, frequent_rows
 from benchmarks.dlrm.model import DenseArch, PlainEmbeddings, mllog_tensor_names, parse_mlp
-from benchmarks.dlrm.split_linear import wait_for_weight_grads
 from common import dist
 from common.errors import UserError
-from common.hparams import checked, positive
+from common.hparams import checked, hparam, non_negative, positive
 from common.mllog import constants
+from common.optimisations import Optimisation, Registry
 from common.progress import say
 from common.workload import CapturePolicy, EvalPoint, Target, Workload, interval_points
 
 FIXTURE_MARKER = "FIXTURE_COMPLETE"
 CRITEO_TRAIN_SAMPLES = 4_195_197_692
 CRITEO_EVAL_SAMPLES = 89_137_319
+
+
+@dataclass
+class HParams:
+    """SGD with the reference's warm-up and polynomial decay (rcps_dlrm.json)."""
+
+    batch_size: int = hparam(55296, "global batch per step", positive)
+    eval_batch_size: int = hparam(1769472, "global eval batch", positive)
+    epochs: int = hparam(1, "epoch cap", positive)
+    eval_every: float = hparam(0.05, "fraction of an epoch between evaluations", positive)
+    lr: float = hparam(24.0, "base learning rate", non_negative)
+    warmup_steps: int = hparam(2750, "steps of linear warm-up", non_negative)
+    decay_start_step: int = hparam(49315, "first step of the polynomial decay", non_negative)
+    decay_steps: int = hparam(27772, "steps of the decay to 0", non_negative)
+    poly_power: float = hparam(2.0, "decay power (closed_dlrm.yaml: 2)", choices=(2.0,))
+    embedding_dim: int = hparam(128, "embedding width", positive)
+    arch_mlp_bot: str = hparam("13-512-256-128", "bottom MLP widths")
+    arch_mlp_top: str = hparam("1024-1024-512-256-1", "top MLP widths after the interaction")
+    max_ind_range: int = hparam(40_000_000, "ids taken modulo this; tables capped to it",
+                                positive)
+    shuffle: bool = hparam(True, "shuffle whole batches each epoch (--mlperf-bin-shuffle)")
 
 
 def lr_at(step: torch.Tensor, base: float, warmup: int, decay_start: int, decay_steps: int,
@@ -59,7 +80,7 @@ class _Epoch:
 
     def __iter__(self):
         wl, dev = self.wl, self.wl.env.device
-        if not wl.args.prefetch:
+        if not wl.prefetch:
             for r in self.ranges:
                 yield wl.prepare(*r)
             return
@@ -99,127 +120,135 @@ def _tensors(batch) -> list[torch.Tensor]:
     return [t for x in batch for t in (x.tensors() if isinstance(x, Plan) else [x])]
 
 
+def _fused_sgd(wl: DLRMWorkload, _) -> None:
+    params, lp = list(wl.dense_arch.parameters()), wl.precision.autocast_dtype
+    if isinstance(wl.emb, HybridEmbedding):
+        if lp is not None and wl.env.device.type == "cuda":
+            wl.emb.keep_low_precision(lp)
+        wl.update = partial(fused_sgd.hybrid_update, params, wl.emb, wl.lr, wl.env.distributed)
+    else:
+        bags = [bag.weight for bag in wl.emb.tables]
+        wl.update = partial(fused_sgd.bags_update, params, bags, wl.lr)
+    wl.optimizer = None
+
+
+def _split_linear(wl: DLRMWorkload, _) -> None:
+    split_linear.split(wl.dense_arch)
+    update = wl.update   # it reads the weight gradients: join the side streams first
+    wl.update = lambda: (split_linear.wait_for_weight_grads(), update())
+
+
 class DLRMWorkload(Workload):
     name = "dlrm"            # the 1.1.0 benchmark name (newer mllog constants say dlrmv4)
     compiles = False
     targets = (Target("auc", 0.8025),)
     batch_size_is_global = True
     steps_per_epoch = 0      # set by build
+    hparams = HParams
+    prefetch = cache_eval = False   # until the optimisations of these names
+    # fp32 on the CPU, the tiny config's three steps: hybrid-embeddings 9e-8 off, the others equal
+    optimisations = Registry(
+        Optimisation("fused-sgd", "SGD as one multi-tensor MLP update and index_add updates of "
+                     "the rows a step touched, LR on the device; under amp on CUDA hybrid "
+                     "lookups read a bf16 copy it refreshes (fused_sgd.py)", apply=_fused_sgd,
+                     rtol=1e-7),
+        Optimisation("hybrid-embeddings", "=T: rows seen T times in --stats-batches batches "
+                     "replicated, the rest sharded over the ranks and exchanged by all-to-all "
+                     "(hybrid.py)", requires=("fused-sgd",), rtol=1e-6, default=20.0,
+                     value_type=checked(float, non_negative),
+                     select=lambda wl, t: setattr(wl.impl, "frequent_threshold", t)),
+        Optimisation("model-parallel-embeddings", "every row sharded over the ranks, exchanged "
+                     "by all-to-all (hybrid.py, no frequent rows)", requires=("fused-sgd",),
+                     excludes=("hybrid-embeddings",), rtol=1e-7,
+                     select=lambda wl, _: setattr(wl.impl, "frequent_threshold", math.inf)),
+        Optimisation("split-linear", "each MLP layer's weight gradients on a side CUDA stream "
+                     "beside its data gradient (split_linear.py)", apply=_split_linear,
+                     rtol=1e-7),
+        Optimisation("prefetch", "the next batches read, index plans precomputed and copied "
+                     "to the device (own stream) by a thread during the step", compare="batches",
+                     apply=lambda wl, _: setattr(wl, "prefetch", True)),
+        Optimisation("cache-eval", "evaluation batches and their index plans kept after the "
+                     "first evaluation", compare=None, apply=lambda wl, _: setattr(
+                         wl, "cache_eval", True),
+                     tested_by="tests/benchmarks/dlrm/test_run_and_time.py"))
 
     @staticmethod
     def add_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--data-dir", type=Path,
                        help=f"folder with {data.TRAIN_FILE}, {data.EVAL_FILE}, {data.COUNTS_FILE} "
                             f"(--synthetic-data: Criteo Terabyte's table sizes, power-law ids)")
-        p.add_argument("--batch-size", type=checked(int, positive),
-                       default=55296, help="global batch per step")
-        p.add_argument("--eval-batch-size", type=checked(int, positive),
-                       default=1769472, help="global eval batch")
-        p.add_argument("--epochs", type=checked(int, positive), default=1, help="epoch cap")
-        p.add_argument("--eval-every", type=checked(float, positive), default=0.05,
-                       help="fraction of an epoch between evaluations")
-        p.add_argument("--lr", type=float, default=24.0, help="base learning rate")
-        p.add_argument("--warmup-steps", type=int, default=2750)
-        p.add_argument("--decay-start-step", type=int, default=49315)
-        p.add_argument("--decay-steps", type=int, default=27772)
-        p.add_argument("--poly-power", type=float, default=2.0)
-        p.add_argument("--embedding-dim", type=int, default=128)
-        p.add_argument("--arch-mlp-bot", default="13-512-256-128", help="bottom MLP widths")
-        p.add_argument("--arch-mlp-top", default="1024-1024-512-256-1",
-                       help="top MLP widths after the interaction")
-        p.add_argument("--max-ind-range", type=int, default=40_000_000,
-                       help="category ids are taken modulo this; tables capped to it")
-        p.add_argument("--embedding", default="hybrid", choices=("hybrid", "plain"),
-                       help="hybrid: frequent rows data-parallel, rare rows sharded (all-to-all); "
-                            "plain: one nn.EmbeddingBag per table (single process, the reference)")
-        p.add_argument("--frequent-threshold", type=float, default=20.0,
-                       help="a row is frequent (replicated) when its id occurs at least this often "
-                            "in the statistics batches; 0: all rows, inf: none")
-        p.add_argument("--stats-batches", type=int, default=20,
-                       help="training batches counted for the frequent/rare split")
-        p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=True,
-                       help="shuffle the order of whole batches each epoch (--mlperf-bin-shuffle)")
-        p.add_argument("--prefetch", action=argparse.BooleanOptionalAction, default=True,
-                       help="read the next batch and build its index plan during the current step")
-        p.add_argument("--cache-eval", action=argparse.BooleanOptionalAction, default=True,
-                       help="keep evaluation batches and their index plans after the first eval")
-        p.add_argument("--wgrad-stream", action=argparse.BooleanOptionalAction, default=False,
-                       help="MLP weight gradients on a side CUDA stream, concurrent with the "
-                            "data gradients (split_linear.py; measured slower on 2 GPUs)")
+        p.add_argument("--stats-batches", type=checked(int, positive), default=20,
+                       help="training batches counted for hybrid-embeddings' frequent rows")
 
     # -- set-up ---------------------------------------------------------------------------
     def build(self) -> None:
-        a, env = self.args, self.env
+        a, hp, env = self.args, self.hp, self.env
+        threshold = getattr(self.impl, "frequent_threshold", None)   # None: EmbeddingBags
         if a.precision == "amp-fp16":
             raise UserError("dlrm trains with plain SGD and no loss scaling: use --precision "
                             "amp-bf16, tf32 or fp32")
-        if a.poly_power != 2:
-            raise UserError(f"--poly-power {a.poly_power}: closed_dlrm.yaml (1.1.0) requires 2")
-        if a.batch_size < env.world_size or a.eval_batch_size < env.world_size:
-            raise UserError(f"--batch-size {a.batch_size} / --eval-batch-size "
-                            f"{a.eval_batch_size} must give every one of {env.world_size} "
+        if hp.batch_size < env.world_size or hp.eval_batch_size < env.world_size:
+            raise UserError(f"--batch-size {hp.batch_size} / --eval-batch-size "
+                            f"{hp.eval_batch_size} must give every one of {env.world_size} "
                             f"ranks at least one sample")
-        if a.embedding == "plain" and env.distributed:
-            raise UserError("--embedding plain is the single-process reference; with several "
-                            "processes use --embedding hybrid (--frequent-threshold 0 replicates "
-                            "every row)")
-        bottom, top = parse_mlp(a.arch_mlp_bot), parse_mlp(a.arch_mlp_top)
+        if threshold is None and env.distributed:
+            raise UserError("one nn.EmbeddingBag a table is the single-process reference; with "
+                            "several processes add --opt fused-sgd,hybrid-embeddings "
+                            "(hybrid-embeddings=0 replicates every row)")
+        bottom, top = parse_mlp(hp.arch_mlp_bot), parse_mlp(hp.arch_mlp_top)
         # synthetic ids (throughput runs, --init-steps warm-up): the same on every rank
         self.synthetic_rng = torch.Generator().manual_seed(a.seed)
         if self.synthetic:
-            self.sizes = data.cap_sizes(data.CRITEO_TB_SIZES, a.max_ind_range)
-            self.steps_per_epoch = CRITEO_TRAIN_SAMPLES // a.batch_size
+            self.sizes = data.cap_sizes(data.CRITEO_TB_SIZES, hp.max_ind_range)
+            self.steps_per_epoch = CRITEO_TRAIN_SAMPLES // hp.batch_size
         else:
             self._open_data()
-        self.interval = max(1, int(a.eval_every * self.steps_per_epoch))
+        self.interval = max(1, int(hp.eval_every * self.steps_per_epoch))
         self.units_per_epoch = self.steps_per_epoch // self.interval
-        self.bounds = data.split_bounds(a.batch_size, env.world_size)
+        self.bounds = data.split_bounds(hp.batch_size, env.world_size)
         self.tensor_names = mllog_tensor_names(bottom, top)
         try:
-            self.dense_arch = DenseArch(a.embedding_dim, data.NUM_SPARSE, bottom, top,
-                                        wgrad_stream=a.wgrad_stream)
+            self.dense_arch = DenseArch(hp.embedding_dim, data.NUM_SPARSE, bottom, top)
         except ValueError as exc:
             raise UserError(f"--arch-mlp-bot/--arch-mlp-top: {exc}") from None
         self.dense_arch.to(env.device)
         dist.broadcast_module(self.dense_arch)   # the replicas start alike (no DDP here)
-        dev, lp = env.device, self.precision.autocast_dtype
-        if a.embedding == "plain":
-            self.emb = PlainEmbeddings(self.sizes, a.embedding_dim, a.seed, dev)
-            self.optimizer = torch.optim.SGD(list(self.dense_arch.parameters())
-                                             + list(self.emb.parameters()), lr=0.0)
+        dev = env.device
+        if threshold is None:
+            self.emb = PlainEmbeddings(self.sizes, hp.embedding_dim, a.seed, dev)
         else:
-            n = a.stats_batches * a.batch_size
+            n = a.stats_batches * hp.batch_size
             stats = (data.power_law_ids(n, self.sizes, self.synthetic_rng) if self.synthetic
                      else self.train_log.read(0, min(self.train_log.num_records, n)).sparse)
-            frequent = frequent_rows(stats, self.sizes, a.frequent_threshold)
-            self.emb = HybridEmbedding(self.sizes, a.embedding_dim, frequent, env.rank,
-                                       env.world_size, a.seed, dev,
-                                       lp_dtype=lp if dev.type == "cuda" else None)
+            frequent = frequent_rows(stats, self.sizes, threshold)
+            self.emb = HybridEmbedding(self.sizes, hp.embedding_dim, frequent, env.rank,
+                                       env.world_size, a.seed, dev)
             say(f"dlrm: {frequent.numel()} of {sum(self.sizes)} embedding rows frequent "
                 f"(replicated), the rest sharded over {env.world_size} rank(s)", env.is_main)
+        self.optimizer = torch.optim.SGD(list(self.dense_arch.parameters())
+                                         + list(self.emb.parameters()), lr=0.0)
+        self.update = self._sgd_update
         self.step_count = torch.zeros((), device=dev)
         self.lr = torch.zeros((), device=dev)
         self._eval_cache: list | None = None
 
     def _open_data(self) -> None:
-        a = self.args
-        self.sizes = data.table_sizes(a.data_dir, a.max_ind_range)
-        self.train_log = data.BinaryClickLog(a.data_dir / data.TRAIN_FILE, self.sizes,
-                                             a.max_ind_range)
-        self.eval_log = data.BinaryClickLog(a.data_dir / data.EVAL_FILE, self.sizes,
-                                            a.max_ind_range)
-        self.train_sched = data.BatchSchedule(self.train_log, a.batch_size, drop_last=True)
-        self.eval_sched = data.BatchSchedule(self.eval_log, a.eval_batch_size, drop_last=False)
+        a, hp = self.args, self.hp
+        self.sizes = data.table_sizes(a.data_dir, hp.max_ind_range)
+        self.train_log, self.eval_log = (data.BinaryClickLog(a.data_dir / f, self.sizes,
+                                                             hp.max_ind_range)
+                                         for f in (data.TRAIN_FILE, data.EVAL_FILE))
+        self.train_sched = data.BatchSchedule(self.train_log, hp.batch_size, drop_last=True)
+        self.eval_sched = data.BatchSchedule(self.eval_log, hp.eval_batch_size, drop_last=False)
         self.steps_per_epoch = self.train_sched.num_batches
         if self.steps_per_epoch < 1:
             raise UserError(f"{self.train_log.path}: {self.train_log.num_records} records are "
-                            f"fewer than one global batch ({a.batch_size}); lower --batch-size")
+                            f"fewer than one global batch ({hp.batch_size}); lower --batch-size")
 
     @property
     def dataset(self) -> str:
         if self.synthetic:
-            return ("synthetic (power-law category ids over Criteo Terabyte's table sizes, "
-                    "device-resident)")
+            return "synthetic (power-law ids over Criteo Terabyte's tables, device-resident)"
         marker = self.args.data_dir / FIXTURE_MARKER
         n = self.train_log.num_records
         if marker.is_file():
@@ -233,7 +262,7 @@ class DLRMWorkload(Workload):
 
     @property
     def global_batch_size(self) -> int:
-        return self.args.batch_size
+        return self.hp.batch_size
 
     @property
     def train_samples(self) -> int:
@@ -244,7 +273,7 @@ class DLRMWorkload(Workload):
         return CRITEO_EVAL_SAMPLES if self.synthetic else self.eval_log.num_records
 
     def hyperparameters(self) -> dict:
-        a, c = self.args, constants
+        a, c = self.hp, constants
         return {c.OPT_NAME: "sgd", c.GRADIENT_ACCUMULATION_STEPS: 1,
                 c.OPT_BASE_LR: a.lr, c.OPT_LR_WARMUP_STEPS: a.warmup_steps,
                 "lr_decay_start_steps": a.decay_start_step,
@@ -259,19 +288,18 @@ class DLRMWorkload(Workload):
     def eval_points(self) -> list[EvalPoint]:
         spe = self.steps_per_epoch
         ends = [k * self.interval for k in range(1, self.units_per_epoch)] + [spe]
-        steps = [e * spe + end for e in range(self.args.epochs) for end in ends]
+        steps = [e * spe + end for e in range(self.hp.epochs) for end in ends]
         return interval_points(steps, lambda step: round(step / spe, 6))
 
     def epoch_batches(self, epoch: int) -> _Epoch:
-        return _Epoch(self, self.train_sched.ranges(epoch - 1, self.args.seed,
-                                                    self.args.shuffle))
+        return _Epoch(self, self.train_sched.ranges(epoch - 1, self.args.seed, self.hp.shuffle))
 
     def capture_policy(self) -> CapturePolicy:
         return CapturePolicy("never", reason="the all-to-all's split sizes change every step")
 
     @property
     def rank_batch_size(self) -> int:
-        return self.args.batch_size   # synthetic_batch takes the global batch
+        return self.hp.batch_size   # synthetic_batch takes the global batch
 
     def training_state(self) -> list[torch.Tensor]:
         state = [*self.dense_arch.state_dict(keep_vars=True).values(), self.step_count, self.lr]
@@ -295,7 +323,7 @@ class DLRMWorkload(Workload):
     def _host_slice(self, batch: data.Batch):
         """This rank's slice of a global batch (its index plan for hybrid), in host memory."""
         n = batch.labels.numel()
-        bounds = (self.bounds if n == self.args.batch_size
+        bounds = (self.bounds if n == self.hp.batch_size
                   else data.split_bounds(n, self.env.world_size))
         lo, hi = bounds[self.env.rank], bounds[self.env.rank + 1]
         dense, labels = batch.dense[lo:hi], batch.labels[lo:hi]
@@ -323,43 +351,26 @@ class DLRMWorkload(Workload):
             return self.dense_arch(bottom, emb).float()
 
     def train_step(self, dense: torch.Tensor, labels: torch.Tensor, idx) -> torch.Tensor:
-        a = self.args
+        a = self.hp
         self.lr.copy_(lr_at(self.step_count, a.lr, a.warmup_steps, a.decay_start_step,
                             a.decay_steps, a.poly_power))
         loss = F.binary_cross_entropy_with_logits(self._forward(dense, idx), labels,
                                                   reduction="sum")
         (loss / a.batch_size).backward()     # the gradient of the global batch's mean loss
-        wait_for_weight_grads()
-        if isinstance(self.emb, HybridEmbedding):
-            self._hybrid_update()
-        else:
-            for g in self.optimizer.param_groups:
-                g["lr"] = float(self.lr)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        self.update()
         self.step_count += 1
         return loss.detach() / labels.numel()
 
-    def _hybrid_update(self) -> None:
-        params = list(self.dense_arch.parameters())
-        grads = [p.grad for p in params] + [self.emb.frequent_grad()]
-        if self.env.distributed:   # one all-reduce for the MLPs and the frequent rows ...
-            flat = torch.cat([g.flatten() for g in grads])
-            work = dist.all_reduce_sum_async(flat)
-        rows, rare = self.emb.rare_grad()   # ... in flight while this rank's rare rows update
-        sparse_sgd_(self.emb.rare_weight, self.emb.rare_lp, rows, rare, self.lr)
-        if self.env.distributed:
-            work.wait()
-            grads = list(torch.split(flat, [g.numel() for g in grads]))
-            grads = [g.view_as(p) for g, p in zip(grads, params + [self.emb.freq_weight])]
-        dense_sgd_(params, grads[:-1], self.lr)
-        table_sgd_(self.emb.freq_weight, self.emb.freq_lp, grads[-1], self.lr)
-        for p in params:
-            p.grad = None
+    def _sgd_update(self) -> None:
+        """The reference's update: ``torch.optim.SGD`` at this step's learning rate."""
+        for g in self.optimizer.param_groups:
+            g["lr"] = float(self.lr)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
     def evaluate(self) -> dict[str, float]:
         """Exact AUC over the whole test file (scores gathered from every rank)."""
-        if self._eval_cache is None or not self.args.cache_eval:
+        if self._eval_cache is None or not self.cache_eval:
             ranges = self.eval_sched.ranges(0, 0, shuffle=False)
             self._eval_cache = [(start, stop, self.prepare(start, stop, self.eval_log))
                                 for start, stop in ranges]
@@ -381,8 +392,8 @@ class DLRMWorkload(Workload):
     @property
     def flops_per_sample(self) -> float:
         """Training FLOPs per sample of the MLPs and the interaction (3x the forward matmuls)."""
-        bottom, top = parse_mlp(self.args.arch_mlp_bot), parse_mlp(self.args.arch_mlp_top)
-        d, n = self.args.embedding_dim, data.NUM_SPARSE + 1
+        bottom, top = parse_mlp(self.hp.arch_mlp_bot), parse_mlp(self.hp.arch_mlp_top)
+        d, n = self.hp.embedding_dim, data.NUM_SPARSE + 1
         widths_top = [d + n * (n - 1) // 2] + top
         mlp = sum(i * o for w in (bottom, widths_top) for i, o in zip(w[:-1], w[1:]))
         return 3 * 2 * (mlp + n * n * d)
@@ -391,9 +402,9 @@ class DLRMWorkload(Workload):
         """This rank's share of a synthetic global batch (every rank draws the same one), with
         its index plan, on the device. DLRM's ``--batch-size`` is global: ``batch_size`` must
         equal it, so the loss scale and the samples counted match the batch."""
-        if batch_size != self.args.batch_size:
+        if batch_size != self.hp.batch_size:
             raise UserError(f"dlrm's synthetic batch is the global --batch-size "
-                            f"{self.args.batch_size}, not {batch_size}: pass the same value")
+                            f"{self.hp.batch_size}, not {batch_size}: pass the same value")
         return self.to_device(self._host_slice(
             data.synthetic_batch(batch_size, self.sizes, self.synthetic_rng)))
 

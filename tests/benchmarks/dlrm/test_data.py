@@ -1,5 +1,6 @@
 """The binary reader, AUC, the LR schedule, the model's shape and the fused SGD."""
 
+import inspect
 import itertools
 import struct
 
@@ -12,6 +13,7 @@ from benchmarks.dlrm.auc import roc_auc
 from benchmarks.dlrm.fused_sgd import sparse_sgd_, table_sgd_
 from benchmarks.dlrm.hybrid import HybridEmbedding, frequent_rows
 from benchmarks.dlrm.model import (
+    MLP,
     DenseArch,
     PlainEmbeddings,
     dot_interaction,
@@ -154,6 +156,16 @@ def test_reference_model_shape():
         "top_mlp_dense1", "top_mlp_dense2", "top_mlp_dense3", "top_mlp_dense4", "top_mlp_dense5"]
 
 
+@pytest.mark.parametrize("cls", [DenseArch, MLP, PlainEmbeddings])
+def test_the_model_takes_no_optimisation_switch(cls):
+    """The reference network alone: optimisations transform or replace the built parts
+    (split_linear.py, hybrid.py, fused_sgd.py)."""
+    allowed = {"self", "dim", "num_sparse", "bottom", "top", "widths", "last_relu", "sizes",
+               "seed", "device", "sparse", "x", "input", "bottom_out", "emb"}
+    for fn in (cls.__init__, cls.forward):
+        assert set(inspect.signature(fn).parameters) <= allowed, fn
+
+
 def test_dot_interaction_is_lower_triangle_of_pairwise_dots():
     b, e = torch.randn(2, 3), torch.randn(2, 2, 3)
     z = dot_interaction(b, e)
@@ -186,8 +198,8 @@ def test_fused_sgd_steps_match_torch_sgd_on_plain_bags(threshold):
     sizes, dim, lr = [6, 40, 3], 4, 0.5
     g = torch.Generator().manual_seed(0)
     stats = torch.stack([torch.randint(0, n, (30,), generator=g) for n in sizes], 1)
-    emb = HybridEmbedding(sizes, dim, frequent_rows(stats, sizes, threshold), 0, 1, 3, "cpu",
-                          lp_dtype=torch.bfloat16)
+    emb = HybridEmbedding(sizes, dim, frequent_rows(stats, sizes, threshold), 0, 1, 3, "cpu")
+    emb.keep_low_precision(torch.bfloat16)
     plain = PlainEmbeddings(sizes, dim, 3, "cpu", sparse=True)
     opt = torch.optim.SGD(plain.parameters(), lr=lr)
     lr_t = torch.tensor(lr)

@@ -112,25 +112,32 @@ def test_epoch_cap_without_target_aborts(tmp_path, small_fixture):
     assert summarize(tmp_path / "result_0.txt").status == "aborted"
 
 
+def _workload(data_dir, device: str, *flags):
+    from benchmarks.dlrm.workload import DLRMWorkload
+    from common.dist import DistEnv
+    from common.precision import Precision
+    from common.training import build_parser
+
+    args = build_parser(DLRMWorkload).parse_args(
+        ["--data-dir", str(data_dir), *SMALL_FLAGS, "--device", device, "--seed", "1",
+         "--precision", "fp32", "--max-ind-range", "50", *flags])
+    wl = DLRMWorkload(args, DistEnv(device=torch.device(device)), Precision("fp32", device))
+    torch.manual_seed(1)   # as the driver seeds it: the MLPs' initial weights
+    wl.setup()
+    return wl
+
+
 @pytest.mark.parametrize("device", [
     "cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
         not torch.cuda.is_available(), reason="needs CUDA")])])
 def test_prefetched_batches_equal_the_batches_read_in_place(small_fixture, device):
     """The prefetch thread (on CUDA: its own copy stream, joined by the consumer's) gives
     the batches ``prepare`` reads directly, in order, while steps run between them."""
-    from benchmarks.dlrm.workload import DLRMWorkload, _tensors
-    from common.dist import DistEnv
-    from common.precision import Precision
+    from benchmarks.dlrm.workload import _tensors
     from common.streams import work_stream
-    from common.training import build_parser
 
-    args = build_parser(DLRMWorkload).parse_args(
-        ["--data-dir", str(small_fixture), *SMALL_FLAGS, "--device", device, "--seed", "1",
-         "--precision", "fp32", "--max-ind-range", "50"])
-    env = DistEnv(device=torch.device(device))
-    with work_stream(env.device):
-        wl = DLRMWorkload(args, env, Precision("fp32", device))
-        wl.setup()
+    with work_stream(torch.device(device)):
+        wl = _workload(small_fixture, device, "--opt", "prefetch")
         epoch = wl.epoch_batches(1)
         seen = 0
         for batch, r in zip(epoch, epoch.ranges):
@@ -140,3 +147,15 @@ def test_prefetched_batches_equal_the_batches_read_in_place(small_fixture, devic
                 assert torch.equal(got, exp)
             seen += 1
     assert seen == len(epoch) > 2
+
+
+@pytest.mark.parametrize("others", [[], ["--opt", "fused-sgd,hybrid-embeddings=2"]])
+def test_cached_evaluation_equals_the_evaluation_read_afresh(small_fixture, others):
+    """cache-eval: later evaluations read nothing and score what an uncached one does."""
+    plain = _workload(small_fixture, "cpu", *others)
+    cached = _workload(small_fixture, "cpu", *others, "--opt", "cache-eval")
+    want = [plain.evaluate()["auc"], plain.evaluate()["auc"]]
+    got = [cached.evaluate()["auc"]]
+    cached.prepare = None   # a second read would fail
+    got.append(cached.evaluate()["auc"])
+    assert got == want and 0 < want[0] < 1

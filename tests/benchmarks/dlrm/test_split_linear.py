@@ -1,4 +1,4 @@
-"""The split-stream Linear and the MLP that uses it == nn.Linear / the plain MLP."""
+"""The split-stream Linear and an MLP split by it (split-linear) == nn.Linear / the plain MLP."""
 
 import contextlib
 import copy
@@ -19,13 +19,14 @@ def _grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("shape", [(6, 5), (2, 3, 5)])
 def test_split_linear_equals_nn_linear_with_accumulation(shape):
     torch.manual_seed(0)
-    lin = torch.nn.Linear(5, 4)
-    ref = copy.deepcopy(lin)
+    ref = torch.nn.Linear(5, 4)
+    lin = copy.deepcopy(ref)
+    split_linear.split(lin)
     x = torch.randn(shape, requires_grad=True)
     x_ref = x.detach().clone().requires_grad_()
     for seed in (1, 2):                       # the second backward accumulates into .grad
         dy = torch.randn(*shape[:-1], 4, generator=torch.Generator().manual_seed(seed))
-        y = split_linear.linear(x, lin.weight, lin.bias)
+        y = lin(x)
         y_ref = ref(x_ref)
         torch.testing.assert_close(y, y_ref)
         y.backward(dy)
@@ -38,8 +39,9 @@ def test_split_linear_equals_nn_linear_with_accumulation(shape):
 def _mlp_pair(device):
     torch.manual_seed(0)
     plain = MLP([7, 16, 8, 1], last_relu=False).to(device)
-    split = MLP([7, 16, 8, 1], last_relu=False, wgrad_stream=True).to(device)
-    split.load_state_dict(plain.state_dict())
+    split = copy.deepcopy(plain)
+    split_linear.split(split)
+    assert all(type(m) is not torch.nn.Linear for m in split.modules())
     return plain, split
 
 
@@ -70,13 +72,13 @@ def _assert_same_training(device, autocast_dtype):
 
 
 @pytest.mark.parametrize("autocast_dtype", [None, torch.bfloat16])
-def test_mlp_with_wgrad_stream_equals_plain_mlp_on_cpu(autocast_dtype):
+def test_split_mlp_equals_plain_mlp_on_cpu(autocast_dtype):
     _assert_same_training("cpu", autocast_dtype)
 
 
 @pytest.mark.gpu
 @needs_cuda
-def test_mlp_with_wgrad_stream_equals_plain_mlp_on_gpu():
+def test_split_mlp_equals_plain_mlp_on_gpu():
     _assert_same_training("cuda", torch.bfloat16)
 
 

@@ -24,9 +24,20 @@ def test_without_cuda_exits_2_with_one_line():
 def test_unknown_variant_exits_2_with_one_line(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(SystemExit) as exc:
-        throughput.main(["--variants", "ours,ours-fast"])
+        throughput.main(["--variants", "config,ours"])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert exc.value.code == 2 and len(err) == 1 and "['ours-fast']" in err[0]
+    assert exc.value.code == 2 and len(err) == 1 and "['ours']" in err[0]
+
+
+def test_variants_come_from_the_registry_and_the_config():
+    v = throughput.VARIANTS
+    assert v["plain"] == [] and v["config"] == ["fused-sgd", "hybrid-embeddings"]
+    assert v["config-minus-hybrid-embeddings"] == ["fused-sgd"]
+    assert v["config-minus-fused-sgd"] == []       # hybrid-embeddings requires it
+    assert v["config-plus-model-parallel-embeddings"] == ["fused-sgd",
+                                                          "model-parallel-embeddings"]
+    assert v["config-plus-split-linear"] == ["fused-sgd", "hybrid-embeddings", "split-linear"]
+    assert not any(n in v for n in ("config-minus-prefetch", "config-plus-cache-eval"))
 
 
 def test_power_law_ids_stay_in_their_tables_and_are_skewed():
@@ -68,11 +79,12 @@ def test_table_estimate_bounds_the_tables_built(variant):
     args = _tool_args(variant)
     wl = DLRMWorkload(args, DistEnv(), Precision("fp32", "cpu"))
     wl.setup()
-    tables = ([wl.emb.freq_weight, wl.emb.rare_weight] if variant != "ours-plain"
-              else [bag.weight for bag in wl.emb.tables])
+    plain = not {"hybrid-embeddings", "model-parallel-embeddings"} & set(args.optimisations)
+    tables = ([bag.weight for bag in wl.emb.tables] if plain
+              else [wl.emb.freq_weight, wl.emb.rare_weight])
     built = sum(t.numel() * t.element_size() for t in tables)
     estimate = throughput.table_bytes(args, world=1, lp_bytes=0)
-    exact = variant in ("ours-plain", "ours-model-parallel")    # no frequent rows to bound
+    exact = plain or "model-parallel-embeddings" in args.optimisations  # no frequent rows
     assert built == estimate if exact else 0 < built <= estimate
 
 
@@ -81,7 +93,7 @@ def _train_and_keep(rank, world, port, out):
     _rendezvous(rank, world, port)
     env = dist.init_distributed("cpu")
     torch.manual_seed(rank)   # as the driver seeds each rank: rank 1's MLPs differ until broadcast
-    args = throughput.workload_args("ours", argparse.Namespace(
+    args = throughput.workload_args("config", argparse.Namespace(
         precision="fp32", batch_size=64, max_ind_range=50))
     wl = DLRMWorkload(args, env, Precision("fp32", "cpu"))
     wl.setup()
