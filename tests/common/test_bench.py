@@ -198,7 +198,7 @@ def test_dlrm_weak_scales_under_the_harness_with_its_global_batch(tmp_path):
          "fp32", "--mode", "train", "--iters", "2", "--warmup", "1", "--device", "cpu",
          "--gc-freeze", "--workload-args",
          "--max-ind-range 1000 --embedding-dim 8 --arch-mlp-bot 13-16-8 --arch-mlp-top 16-8-1 "
-         "--stats-batches 2", "-o", str(out)],
+         "--stats-batches 2 --opt fused-sgd,hybrid-embeddings", "-o", str(out)],
         cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
         timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
