@@ -25,9 +25,9 @@ def flat_lamb(wl, hyper: LambHyper, decay: list[bool]):
 FLAT_PARAMS = Optimisation(
     "flat-params", "parameters and gradients in one buffer, LAMB on it with whole-buffer and "
     "multi-tensor kernels and one gradient all-reduce (flat_lamb.py)",
-    select=lambda wl, _: setattr(wl.impl, "data_parallel", flat_lamb), rtol=1e-5)
+    select=lambda wl, _: setattr(wl.impl, "data_parallel", flat_lamb), rtol=1e-6)
 SHARDED_OPTIMIZER = Optimisation(
     "sharded-optimizer", "each rank updates its shard of the flat buffer after one gradient "
     "reduce-scatter, then one all-gather of the weights (flat_lamb.py)",
     select=lambda wl, _: setattr(wl.impl, "sharded", True), requires=("flat-params",),
-    rtol=1e-5)
+    rtol=1e-6)

@@ -39,8 +39,9 @@ class FusedDenseLayerNorm(DenseLayerNorm):
 
 FUSED_GELU = Optimisation(
     "fused-gelu", "bias + GELU after the intermediate GEMM as one compiled kernel (fusions.py)",
-    apply=lambda wl, _: swap_class(wl.net, Intermediate, FusedGeluIntermediate), rtol=1e-5)
+    apply=lambda wl, _: swap_class(wl.net, Intermediate, FusedGeluIntermediate), rtol=1e-6)
 FUSED_LAYERNORM = Optimisation(
     "fused-layernorm", "bias + dropout + residual + LayerNorm after the output GEMMs as "
     "compiled kernels (fusions.py)",
-    apply=lambda wl, _: swap_class(wl.net, DenseLayerNorm, FusedDenseLayerNorm), rtol=1e-5)
+    apply=lambda wl, _: swap_class(wl.net, DenseLayerNorm, FusedDenseLayerNorm),
+    rtol=1e-3)   # other dropout masks than eager's

@@ -18,4 +18,4 @@ class SdpaSelfAttention(SelfAttention):
 
 OPTIMISATION = Optimisation(
     "sdpa", "attention on the padded batch as one scaled_dot_product_attention call (sdpa.py)",
-    apply=lambda wl, _: swap_class(wl.net, SelfAttention, SdpaSelfAttention), rtol=1e-5)
+    apply=lambda wl, _: swap_class(wl.net, SelfAttention, SdpaSelfAttention), rtol=1e-6)

@@ -127,4 +127,4 @@ OPTIMISATION = Optimisation(
     "unpad", "padding removed: every layer on the packed tokens, flash attention over the "
     "packed sequences; =BUCKET: each batch's token count rounded up to a multiple of BUCKET, "
     "one CUDA graph a bucket (unpad.py)", select=_select, apply=lambda wl, _: unpad(wl.net),
-    value_type=checked(int, positive), default=512, excludes=("sdpa",), rtol=1e-5)
+    value_type=checked(int, positive), default=512, excludes=("sdpa",), rtol=1e-6)

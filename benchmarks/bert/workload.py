@@ -93,13 +93,16 @@ class BertWorkload(Workload):
     name = constants.BERT
     targets = (Target("mlm_accuracy", 0.720),)
     hparams = HParams
-    # fp32 on the CPU, the tiny config's three steps with dropout: measured in test_optimisations
+    # fp32, the tiny config's three steps with dropout, on the CPU: sdpa, unpad, fused-gelu,
+    # flat-params 2.2e-7 off; fused-layernorm 3.2e-4 (Inductor's dropout masks, not eager's);
+    # compile (GPU, every dropout Inductor's) not measured yet
     optimisations = Registry(
         sdpa.OPTIMISATION, unpad.OPTIMISATION, fusions.FUSED_GELU, fusions.FUSED_LAYERNORM,
         flat_lamb.FLAT_PARAMS, flat_lamb.SHARDED_OPTIMIZER, bf16_weights.OPTIMISATION,
         shared(COMPILE, description="torch.compile the whole model (=MODE: default, tuned, "
                "max-autotune-no-cudagraphs)",
-               apply=lambda wl, mode: setattr(wl, "model", maybe_compile(wl.model, mode))),
+               apply=lambda wl, mode: setattr(wl, "model", maybe_compile(wl.model, mode)),
+               rtol=3e-3),
         shared(CUDA_GRAPH))
 
     def __init__(self, args: argparse.Namespace, env, precision):
