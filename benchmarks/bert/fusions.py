@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bert.bf16_weights import layer_norm
+from benchmarks.bert.flat_lamb import layer_norm
 from benchmarks.bert.model import DenseLayerNorm, Intermediate, swap_class
 from common.fusion import compiled
 from common.optimisations import Optimisation

@@ -6,9 +6,9 @@ parameter names follow the reference's PyTorch checkpoint
 (``bert.encoder.layer.0.attention.self.query.weight``...), so a converted phase-1 checkpoint
 loads as a plain state dict. The masked-LM head transforms only the masked positions, which is
 the same loss as transforming every position. The optimisations (``--list-optimisations``)
-swap the classes of the built modules (``sdpa.py``, ``unpad.py``, ``fusions.py``,
-``bf16_weights.py``); the ``mask`` the encoder passes to every attention is whatever its
-attention takes (the padded batch's ``[batch, seq]`` mask here).
+swap the classes of the built modules (``attention.py``, ``fusions.py``, ``flat_lamb.py``); the
+``mask`` the encoder passes to every attention is whatever its attention takes (the padded
+batch's ``[batch, seq]`` mask here).
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """BERT-large training throughput (sequences/s) on device-resident batches: the registry's
 variants against HuggingFace.
 
-    python -m benchmarks.bert.throughput --batch-size 32 --seq-len 512 --fill 0.6 \\
+    python -m benchmarks.bert.throughput --batch-size 32 --seq-len 512 --fill 0.6 \
         --precision amp-bf16 --variants config,config-minus-unpad,hf-sdpa
 
-Every sequence of the synthetic batch has ``fill`` of its 512 positions real and the rest
-padding (0.6: about the reference Wikipedia data's mean fill). Every ``ours`` variant is the
-workload's real step (LAMB, masked-LM head on the masked positions only) with a set of the
-registry's optimisations: ``plain`` none (HuggingFace's eager attention, DDP's path and LAMB
-one tensor at a time), ``config`` the 1xH100 config's, ``config-minus-<name>`` the config's
-without one (and what requires it). The baseline ``hf-sdpa``: ``transformers.BertForPreTraining``
-with SDPA attention and ``torch.optim.AdamW``, the step a user would otherwise run, on the same
-padded batch. Each variant builds its own step and batch, so ``--variants`` may come in any
-order. ``--profile`` adds each variant's GPU kernel time by kernel family. MFU (``common.mfu``)
-takes the workload's FLOPs of a sequence's real tokens for every variant, ``hf-sdpa`` included
-(the same network on the same tokens).
+Every sequence of the synthetic batch has ``fill`` of its positions real, the rest padding (0.6:
+about the reference data's mean fill). ``plain``, ``config`` (the 1xH100 config's) and
+``config-minus-<name>``: the workload's real step with those optimisations. ``hf-sdpa``:
+``transformers.BertForPreTraining`` (SDPA attention) with ``torch.optim.AdamW`` on the same
+padded batch. ``--profile`` adds each variant's GPU kernel time by kernel family. MFU counts the
+FLOPs of a sequence's real tokens for every variant (``common.mfu``).
 """
 
 from __future__ import annotations
@@ -54,8 +49,7 @@ def ours(variant: str, a, precision: Precision, device):
 
 
 def padded_batch(a, device) -> tuple[torch.Tensor, ...]:
-    """The padded batch that every ``ours`` variant's batch starts with (without unpad's
-    packing): the default masked positions and BERT-large's vocabulary."""
+    """The batch of every ``ours`` variant, without unpad's packing."""
     return data.synthetic_batch(a.batch_size, a.seq_len, HParams.max_predictions,
                                 BertConfig().vocab_size, a.fill, device)
 
@@ -84,8 +78,7 @@ def hf(a, precision: Precision, device):
 
 
 def setup(variant: str, a, precision: Precision, device):
-    """``variant``'s step and the batch it runs on, built from nothing another variant
-    left behind."""
+    """``variant``'s step and batch, built from nothing another variant left behind."""
     if variant == BASELINE:
         return hf(a, precision, device)
     wl, batch = ours(variant, a, precision, device)

@@ -21,9 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bert import bf16_weights, data, flat_lamb, fusions, sdpa, unpad
+from benchmarks.bert import attention, data, flat_lamb, fusions
 from benchmarks.bert.checkpoint import load_checkpoint
-from benchmarks.bert.mllog_names import mllog_tensor_names
 from benchmarks.bert.model import BertConfig, BertForPreTraining
 from benchmarks.bert.schedule import bert_lr, eval_interval_samples, eval_steps
 from common import dist
@@ -52,8 +51,7 @@ class HParams:
     max_seq_length: int = hparam(512, "tokens per sequence", positive)
     max_predictions: int = hparam(76, "masked positions per sequence", positive)
     batch_size: int = hparam(56, "per-rank batch per step", positive)
-    grad_accum: int = hparam(1, "micro-batches per step (each of --batch-size / --grad-accum)",
-                             positive)
+    grad_accum: int = hparam(1, "micro-batches per step", positive)
     eval_batch_size: int = hparam(128, "sequences per evaluation forward", positive)
     lr: float = hparam(3.5e-4, "opt_base_learning_rate", positive)
     epsilon: float = hparam(1e-6, "LAMB epsilon", positive)
@@ -63,13 +61,12 @@ class HParams:
     max_grad_norm: float = hparam(1.0, "clip the gradients' global norm to this", positive)
     warmup_steps: int = hparam(0, "steps of linear warm-up", non_negative)
     start_warmup_step: int = hparam(0, "step the warm-up starts from (may be negative)")
-    max_steps: int = hparam(7100, "opt_learning_rate_training_steps (and the step cap)",
-                            positive)
+    max_steps: int = hparam(7100, "LR decay steps and the step cap", positive)
     max_samples_termination: int = hparam(4_500_000, "sample cap", positive)
-    eval_start_samples: int | None = hparam(
-        None, "first evaluation (default: the MLPerf interval for the batch)", non_negative)
-    eval_every_samples: int | None = hparam(
-        None, "evaluation interval (default floor(0.05*(230.23*B+3e6), 25000))", positive)
+    eval_start_samples: int | None = hparam(None, "first evaluation (default: the interval)",
+                                            non_negative)
+    eval_every_samples: int | None = hparam(None, "evaluation interval (default: MLPerf's "
+                                            "floor(0.05*(230.23*B+3e6), 25000))", positive)
     eval_samples: int = hparam(EVAL_SAMPLES, "held-out sequences evaluated", positive)
 
 
@@ -83,9 +80,28 @@ def no_weight_decay(name: str) -> bool:
     return "LayerNorm" in name or name.endswith("bias")
 
 
+def mllog_tensor_name(name: str) -> str:
+    """``bert.encoder.layer.3.attention.self.query.weight`` -> the TF name closed_bert.yaml uses."""
+    parts = name.split(".")
+    leaf = parts.pop()
+    path = "/".join(parts).replace("layer/", "layer_")
+    if name == "cls.predictions.bias":
+        return "cls/predictions/output_bias"
+    if parts[:2] == ["cls", "seq_relationship"]:
+        return f"{path}/output_{'weights' if leaf == 'weight' else 'bias'}"
+    if parts[-1].endswith("embeddings"):
+        return path
+    if parts[-1] == "LayerNorm":
+        return f"{path}/{'gamma' if leaf == 'weight' else 'beta'}"
+    return f"{path}/{'kernel' if leaf == 'weight' else 'bias'}"
+
+
+def mllog_tensor_names(model: torch.nn.Module) -> list[str]:
+    return [mllog_tensor_name(n) for n, _ in model.named_parameters()]
+
+
 def per_tensor_lamb(wl: BertWorkload, hyper: LambHyper, decay: list[bool]):
-    """``(model, optimizer)``, the reference's: DDP averages the gradients, LAMB updates one
-    tensor at a time."""
+    """The reference's ``(model, optimizer)``: DDP, LAMB one tensor at a time."""
     return dist.data_parallel(wl.net, wl.env), Lamb(list(wl.net.parameters()), decay, hyper)
 
 
@@ -97,8 +113,8 @@ class BertWorkload(Workload):
     # flat-params 2.2e-7 off; fused-layernorm 3.2e-4 (Inductor's dropout masks, not eager's);
     # compile (GPU, every dropout Inductor's) not measured yet
     optimisations = Registry(
-        sdpa.OPTIMISATION, unpad.OPTIMISATION, fusions.FUSED_GELU, fusions.FUSED_LAYERNORM,
-        flat_lamb.FLAT_PARAMS, flat_lamb.SHARDED_OPTIMIZER, bf16_weights.OPTIMISATION,
+        attention.SDPA, attention.UNPAD, fusions.FUSED_GELU, fusions.FUSED_LAYERNORM,
+        flat_lamb.FLAT_PARAMS, flat_lamb.SHARDED_OPTIMIZER, flat_lamb.BF16_WEIGHTS,
         shared(COMPILE, description="torch.compile the whole model (=MODE: default, tuned, "
                "max-autotune-no-cudagraphs)",
                apply=lambda wl, mode: setattr(wl, "model", maybe_compile(wl.model, mode)),

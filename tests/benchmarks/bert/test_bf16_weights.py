@@ -5,7 +5,7 @@ training steps under amp-bf16 follow those of fp32 weights within bf16's roundin
 import pytest
 import torch
 
-from benchmarks.bert.bf16_weights import LowPrecisionLayerNorm
+from benchmarks.bert.flat_lamb import LowPrecisionLayerNorm
 from benchmarks.bert.model import swap_class
 from benchmarks.bert.workload import BertWorkload
 from common.dist import DistEnv

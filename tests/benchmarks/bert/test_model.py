@@ -10,13 +10,13 @@ import torch
 from mlperf_logging import compliance_checker
 
 from benchmarks.bert import model as bert_model
+from benchmarks.bert.attention import SdpaSelfAttention, bucketed_packing, unpad
 from benchmarks.bert.checkpoint import load_checkpoint
 from benchmarks.bert.fusions import (
     FusedDenseLayerNorm,
     FusedGeluIntermediate,
     bias_dropout_add_layer_norm,
 )
-from benchmarks.bert.mllog_names import mllog_tensor_names
 from benchmarks.bert.model import (
     BertConfig,
     BertForPreTraining,
@@ -25,8 +25,7 @@ from benchmarks.bert.model import (
     SelfAttention,
     swap_class,
 )
-from benchmarks.bert.sdpa import SdpaSelfAttention
-from benchmarks.bert.unpad import bucketed_packing, unpad
+from benchmarks.bert.workload import mllog_tensor_names
 from common.errors import UserError
 from common.flat_params import FlatParameters
 from common.fusion import compiled
@@ -79,8 +78,8 @@ def _batch(seed=0):
 
 
 def test_the_model_takes_no_optimisation_switch():
-    """The plain network alone: the optimisations swap the built modules' classes (sdpa.py,
-    unpad.py, fusions.py, bf16_weights.py)."""
+    """The plain network alone: the optimisations swap the built modules' classes
+    (attention.py, fusions.py, flat_lamb.py)."""
     allowed = {"self", "c", "d_in", "embedding", "x", "mask", "residual", "first_token",
                "input_ids", "segment_ids", "input_mask", "masked_lm_positions", "masked",
                "first", "q", "k", "v", "p"}

@@ -1,11 +1,14 @@
-"""The ``unpad`` optimisation: padding tokens removed before the first layer, every layer on
-the packed ``[tokens, hidden]`` matrix, attention over the variable-length sequences (flash
-attention on CUDA, ``flash_varlen.py``; one SDPA call per sequence elsewhere).
+"""The attention optimisations, each a class swap on the built plain model.
 
-``unpad=BUCKET`` rounds each training batch's token count up to a multiple of BUCKET with
-filler sequences of padding positions (``bucketed_packing``, on the host as batches are read),
-so the shapes come in a few buckets and a CUDA graph per bucket serves every batch; evaluation
-packs each batch exactly (``Packing.from_mask``).
+``sdpa``: attention on the padded batch as one ``F.scaled_dot_product_attention`` call (the
+padding as a boolean mask) in place of the reference's explicit softmax. ``unpad``: padding
+tokens removed before the first layer, every layer on the packed ``[tokens, hidden]`` matrix,
+attention over the variable-length sequences (flash attention on CUDA through ATen's
+``_flash_attention_forward``/``_backward``, whose static shapes run inside CUDA graphs; one SDPA
+call per sequence elsewhere). ``unpad=BUCKET`` rounds each training batch's token count up to a
+multiple of BUCKET with filler sequences of padding positions (``bucketed_packing``, on the
+host as batches are read), so a CUDA graph per bucket serves every batch; evaluation packs each
+batch exactly (``Packing.from_mask``).
 """
 
 from __future__ import annotations
@@ -17,11 +20,22 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bert.flash_varlen import FlashVarlen
 from benchmarks.bert.model import BertForPreTraining, SelfAttention, swap_class
 from common.errors import UserError
 from common.hparams import checked, positive
 from common.optimisations import Optimisation
+
+
+class SdpaSelfAttention(SelfAttention):
+    def attend(self, q, k, v, mask, p: float):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :].bool(),
+                                              dropout_p=p)
+
+
+SDPA = Optimisation(
+    "sdpa", "attention on the padded batch as one scaled_dot_product_attention call "
+    "(attention.py)", apply=lambda wl, _: swap_class(wl.net, SelfAttention, SdpaSelfAttention),
+    rtol=1e-6)
 
 
 @dataclass
@@ -70,6 +84,27 @@ def bucketed_packing(mask: np.ndarray, micro: int, bucket: int) -> tuple[np.ndar
         filler = np.clip(tail - s * np.arange(fillers), 0, s)
         offsets.append(np.cumsum(np.concatenate([[0], part.sum(1), filler])))
     return np.stack(index).astype(np.int64), np.stack(offsets).astype(np.int32)
+
+
+class FlashVarlen(torch.autograd.Function):
+    """``q, k, v`` [tokens, heads, dim] (bf16/fp16 on CUDA); sequence ``i`` is rows
+    ``offsets[i]:offsets[i + 1]`` (int32); dropout ``dropout_p`` on the probabilities."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, offsets, max_len: int, dropout_p: float):
+        out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
+            q, k, v, offsets, offsets, max_len, max_len, dropout_p, False, False)
+        ctx.save_for_backward(q, k, v, out, lse, offsets, rng, unused)
+        ctx.max_len, ctx.dropout_p = max_len, dropout_p
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse, offsets, rng, unused = ctx.saved_tensors
+        dq, dk, dv = torch.ops.aten._flash_attention_backward(
+            grad.contiguous(), q, k, v, out, lse, offsets, offsets, ctx.max_len, ctx.max_len,
+            ctx.dropout_p, False, rng, unused)
+        return dq, dk, dv, None, None, None
 
 
 def varlen_attention(q, k, v, packing: Packing, dropout_p: float) -> torch.Tensor:
@@ -123,8 +158,8 @@ def _select(wl, bucket: int) -> None:
     wl.impl.bucket = bucket
 
 
-OPTIMISATION = Optimisation(
+UNPAD = Optimisation(
     "unpad", "padding removed: every layer on the packed tokens, flash attention over the "
     "packed sequences; =BUCKET: each batch's token count rounded up to a multiple of BUCKET, "
-    "one CUDA graph a bucket (unpad.py)", select=_select, apply=lambda wl, _: unpad(wl.net),
+    "one CUDA graph a bucket (attention.py)", select=_select, apply=lambda wl, _: unpad(wl.net),
     value_type=checked(int, positive), default=512, excludes=("sdpa",), rtol=1e-6)
