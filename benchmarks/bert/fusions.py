@@ -44,4 +44,4 @@ FUSED_LAYERNORM = Optimisation(
     "fused-layernorm", "bias + dropout + residual + LayerNorm after the output GEMMs as "
     "compiled kernels (fusions.py)",
     apply=lambda wl, _: swap_class(wl.net, DenseLayerNorm, FusedDenseLayerNorm),
-    rtol=1e-3)   # other dropout masks than eager's
+    rtol=3e-3)   # other dropout masks than eager's
