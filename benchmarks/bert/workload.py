@@ -1,41 +1,36 @@
 """MLPerf Training ``bert``: BERT-large phase-2 pre-training to 72.0% masked-LM accuracy.
 
-Defaults are NVIDIA's v1.1 DGX A100 8-GPU settings (global batch 448 = 8 x 56,
-LAMB with base LR 3.5e-4, betas 0.9/0.999, weight decay 0.01, no warm-up,
-7100 steps, linear decay; evaluation on the 10000 held-out samples every
-150000 samples, at most 4.5M samples). Training reads one endless stream (no
-epochs); an evaluation's ``epoch_num`` is the number of samples trained, as the
-reference logs it.
+The hyper-parameters' defaults (``HParams``) are NVIDIA's v1.1 DGX A100 8-GPU settings (global
+batch 448 = 8 x 56, LAMB with base LR 3.5e-4, betas 0.9/0.999, weight decay 0.01, no warm-up,
+7100 steps, linear decay; evaluation on the 10000 held-out samples every 150000 samples, at
+most 4.5M samples). Training reads one endless stream (no epochs); an evaluation's
+``epoch_num`` is the number of samples trained, as the reference logs it. With no optimisation
+named the model is HuggingFace's eager BERT on the padded batch, its gradients averaged by DDP
+and LAMB updating one tensor at a time, as the reference; each optimisation
+(``--list-optimisations``) changes one of these from its own module.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bert import data
+from benchmarks.bert import attention, data, flat_lamb, fusions
 from benchmarks.bert.checkpoint import load_checkpoint
-from benchmarks.bert.model import (
-    ATTENTION_IMPLS,
-    BertConfig,
-    BertForPreTraining,
-    Fusions,
-    bucketed_packing,
-    mllog_tensor_names,
-    no_weight_decay,
-)
+from benchmarks.bert.model import BertConfig, BertForPreTraining
 from benchmarks.bert.schedule import bert_lr, eval_interval_samples, eval_steps
 from common import dist
 from common.errors import UserError
-from common.flat_params import FlatParameters
-from common.hparams import checked, positive
-from common.lamb import Lamb, LambHyper, ShardedLamb
+from common.hparams import checked, hparam, non_negative, open_fraction, positive
+from common.lamb import Lamb, LambHyper
 from common.mllog import constants
+from common.optimisations import COMPILE, CUDA_GRAPH, Registry, shared
 from common.workload import (
     CapturePolicy,
     EvalPoint,
@@ -49,9 +44,88 @@ FIXTURE_MARKER = "FIXTURE_COMPLETE"
 EVAL_SAMPLES = 10_000
 
 
+@dataclass
+class HParams:
+    """NVIDIA's v1.1 8-GPU settings (``config_DGXA100_1x8x56x1``), the reference's LAMB."""
+
+    max_seq_length: int = hparam(512, "tokens per sequence", positive)
+    max_predictions: int = hparam(76, "masked positions per sequence", positive)
+    batch_size: int = hparam(56, "per-rank batch per step", positive)
+    grad_accum: int = hparam(1, "micro-batches per step", positive)
+    eval_batch_size: int = hparam(128, "sequences per evaluation forward", positive)
+    lr: float = hparam(3.5e-4, "opt_base_learning_rate", positive)
+    epsilon: float = hparam(1e-6, "LAMB epsilon", positive)
+    beta1: float = hparam(0.9, "LAMB beta1", open_fraction)
+    beta2: float = hparam(0.999, "LAMB beta2", open_fraction)
+    weight_decay: float = hparam(0.01, "LAMB weight decay", non_negative)
+    max_grad_norm: float = hparam(1.0, "clip the gradients' global norm to this", positive)
+    warmup_steps: int = hparam(0, "steps of linear warm-up", non_negative)
+    start_warmup_step: int = hparam(0, "step the warm-up starts from (may be negative)")
+    max_steps: int = hparam(7100, "LR decay steps and the step cap", positive)
+    max_samples_termination: int = hparam(4_500_000, "sample cap", positive)
+    eval_start_samples: int | None = hparam(None, "first evaluation (default: the interval)",
+                                            non_negative)
+    eval_every_samples: int | None = hparam(None, "evaluation interval (default: MLPerf's "
+                                            "floor(0.05*(230.23*B+3e6), 25000))", positive)
+    eval_samples: int = hparam(EVAL_SAMPLES, "held-out sequences evaluated", positive)
+
+
+def _fill(v: float) -> None:
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 1, not {v}")
+
+
+def no_weight_decay(name: str) -> bool:
+    """The reference excludes LayerNorm and bias parameters from weight decay (and LAMB's ratio)."""
+    return "LayerNorm" in name or name.endswith("bias")
+
+
+def mllog_tensor_name(name: str) -> str:
+    """``bert.encoder.layer.3.attention.self.query.weight`` -> the TF name closed_bert.yaml uses."""
+    parts = name.split(".")
+    leaf = parts.pop()
+    path = "/".join(parts).replace("layer/", "layer_")
+    if name == "cls.predictions.bias":
+        return "cls/predictions/output_bias"
+    if parts[:2] == ["cls", "seq_relationship"]:
+        return f"{path}/output_{'weights' if leaf == 'weight' else 'bias'}"
+    if parts[-1].endswith("embeddings"):
+        return path
+    if parts[-1] == "LayerNorm":
+        return f"{path}/{'gamma' if leaf == 'weight' else 'beta'}"
+    return f"{path}/{'kernel' if leaf == 'weight' else 'bias'}"
+
+
+def mllog_tensor_names(model: torch.nn.Module) -> list[str]:
+    return [mllog_tensor_name(n) for n, _ in model.named_parameters()]
+
+
+def per_tensor_lamb(wl: BertWorkload, hyper: LambHyper, decay: list[bool]):
+    """The reference's ``(model, optimizer)``: DDP, LAMB one tensor at a time."""
+    return dist.data_parallel(wl.net, wl.env), Lamb(list(wl.net.parameters()), decay, hyper)
+
+
 class BertWorkload(Workload):
     name = constants.BERT
     targets = (Target("mlm_accuracy", 0.720),)
+    hparams = HParams
+    # fp32, the tiny config's three steps with dropout, on the CPU: sdpa, fused-gelu,
+    # flat-params 2.2e-7 off; unpad 9.4e-4 and fused-layernorm 1.1e-3 (other dropout masks);
+    # compile (GPU, every dropout Inductor's) not measured yet
+    optimisations = Registry(
+        attention.SDPA, attention.UNPAD, fusions.FUSED_GELU, fusions.FUSED_LAYERNORM,
+        flat_lamb.FLAT_PARAMS, flat_lamb.SHARDED_OPTIMIZER, flat_lamb.BF16_WEIGHTS,
+        shared(COMPILE, description="torch.compile the whole model (=MODE: default, tuned, "
+               "max-autotune-no-cudagraphs)",
+               apply=lambda wl, mode: setattr(wl, "model", maybe_compile(wl.model, mode)),
+               rtol=3e-3),
+        shared(CUDA_GRAPH))
+
+    def __init__(self, args: argparse.Namespace, env, precision):
+        super().__init__(args, env, precision)
+        # the reference's until an optimisation's select() changes them
+        self.impl.data_parallel, self.impl.sharded = per_tensor_lamb, False
+        self.impl.weight_dtype, self.impl.packing, self.impl.bucket = torch.float32, None, None
 
     @staticmethod
     def add_args(p: argparse.ArgumentParser) -> None:
@@ -64,69 +138,11 @@ class BertWorkload(Workload):
         p.add_argument("--init-checkpoint", type=Path,
                        help="phase-1 checkpoint in the reference's PyTorch format (default: "
                             "random init)")
-        p.add_argument("--max-seq-length", type=checked(int, positive), default=512)
-        p.add_argument("--max-predictions", type=checked(int, positive), default=76)
-        p.add_argument("--batch-size", type=checked(int, positive),
-                       default=56, help="per-rank batch per step")
-        p.add_argument("--grad-accum", type=checked(int, positive), default=1,
-                       help="micro-batches per step (each of --batch-size / --grad-accum)")
-        p.add_argument("--eval-batch-size", type=checked(int, positive), default=128)
-        p.add_argument("--lr", type=checked(float, positive),
-                       default=3.5e-4, help="opt_base_learning_rate")
-        p.add_argument("--epsilon", type=float, default=1e-6)
-        p.add_argument("--beta1", type=float, default=0.9)
-        p.add_argument("--beta2", type=float, default=0.999)
-        p.add_argument("--weight-decay", type=float, default=0.01)
-        p.add_argument("--max-grad-norm", type=float, default=1.0)
-        p.add_argument("--warmup-steps", type=int, default=0)
-        p.add_argument("--start-warmup-step", type=int, default=0)
-        p.add_argument("--max-steps", type=int, default=7100,
-                       help="opt_learning_rate_training_steps (and the step cap)")
-        p.add_argument("--max-samples-termination", type=int, default=4_500_000)
-        p.add_argument("--eval-start-samples", type=int, default=None,
-                       help="first evaluation (default: the MLPerf interval for the batch)")
-        p.add_argument("--eval-every-samples", type=int, default=None,
-                       help="evaluation interval (default floor(0.05*(230.23*B+3e6), 25000))")
-        p.add_argument("--eval-samples", type=int, default=EVAL_SAMPLES)
-        p.add_argument("--attention", default="sdpa", choices=ATTENTION_IMPLS,
-                       help="plain softmax, padded SDPA, or unpadded (packed) SDPA")
-        p.add_argument("--unpad-bucket", type=int, default=512,
-                       help="unpad: round each batch's token count up to a multiple of this, "
-                            "so a few CUDA graphs (one per bucket) serve all batches")
-        p.add_argument("--synthetic-fill", type=float, default=1.0,
+        p.add_argument("--synthetic-fill", type=checked(float, _fill), default=1.0,
                        help="throughput runs on synthetic data: the fraction of each sequence "
                             "that is real tokens (the rest padding; the reference data: ~0.6)")
-        p.add_argument("--fused-gelu", action=argparse.BooleanOptionalAction, default=False,
-                       help="bias+GELU as one compiled kernel")
-        p.add_argument("--fused-layernorm", action=argparse.BooleanOptionalAction,
-                       default=False, help="bias+dropout+residual+LayerNorm as compiled kernels")
-        p.add_argument("--flat-params", action=argparse.BooleanOptionalAction, default=True,
-                       help="parameters and gradients in one buffer, LAMB on the flat buffer")
-        p.add_argument("--bf16-weights", action=argparse.BooleanOptionalAction, default=False,
-                       help="amp-bf16 with --flat-params: bf16 model weights and gradients, "
-                            "fp32 master weights inside LAMB (no per-step weight casts)")
-        p.add_argument("--sharded-optimizer", action=argparse.BooleanOptionalAction,
-                       default=True, help="each rank updates its shard, then one all-gather")
 
     # -- set-up ---------------------------------------------------------------------------
-    def _check_args(self) -> None:
-        a, env = self.args, self.env
-        if a.batch_size % a.grad_accum:
-            raise UserError(f"--batch-size {a.batch_size} is not divisible by "
-                            f"--grad-accum {a.grad_accum}")
-        if a.precision == "amp-fp16":
-            raise UserError("amp-fp16 is not supported for bert (LAMB runs without a loss "
-                            "scaler): use --precision amp-bf16")
-        if a.attention == "unpad" and env.device.type == "cuda" and a.precision != "amp-bf16":
-            raise UserError(f"--attention unpad runs flash attention, which has no "
-                            f"{a.precision} kernel: use --precision amp-bf16")
-        if a.bf16_weights and not (a.flat_params and a.precision == "amp-bf16"):
-            raise UserError("--bf16-weights needs --flat-params and --precision amp-bf16")
-        if not 0 < a.synthetic_fill <= 1:
-            raise UserError(f"--synthetic-fill must be in (0, 1], not {a.synthetic_fill}")
-        if a.unpad_bucket < 1:
-            raise UserError(f"--unpad-bucket must be >= 1 token, not {a.unpad_bucket}")
-
     def _config(self) -> BertConfig:
         a = self.args
         # synthetic data: no folder to read; BERT-large unless --bert-config says otherwise
@@ -144,52 +160,42 @@ class BertWorkload(Workload):
             if n != config.vocab_size:
                 raise UserError(f"{vocab} has {n} tokens but the bert config says vocab_size "
                                 f"{config.vocab_size}: vocab and config/checkpoint do not match")
-        if a.max_seq_length > config.max_position_embeddings:
-            raise UserError(f"--max-seq-length {a.max_seq_length} exceeds the config's "
+        if self.hp.max_seq_length > config.max_position_embeddings:
+            raise UserError(f"--max-seq-length {self.hp.max_seq_length} exceeds the config's "
                             f"max_position_embeddings {config.max_position_embeddings}")
         return config
 
     def build(self) -> None:
-        a, env = self.args, self.env
-        self._check_args()
+        a, hp, env = self.args, self.hp, self.env
+        if hp.batch_size % hp.grad_accum:
+            raise UserError(f"--batch-size {hp.batch_size} is not divisible by "
+                            f"--grad-accum {hp.grad_accum}")
+        if a.precision == "amp-fp16":
+            raise UserError("amp-fp16 is not supported for bert (LAMB runs without a loss "
+                            "scaler): use --precision amp-bf16")
         self.config = self._config()
         self.fixture = not self.synthetic and (a.data_dir / FIXTURE_MARKER).is_file()
         if not self.synthetic:
             self.train_shards = data.Shards.scan(a.train_dir or a.data_dir / "training",
-                                                 a.max_seq_length, a.max_predictions)
+                                                 hp.max_seq_length, hp.max_predictions)
             self.eval_shards = data.Shards.scan(a.eval_dir or a.data_dir / "eval",
-                                                a.max_seq_length, a.max_predictions)
-        model = BertForPreTraining(self.config, a.attention,
-                                   Fusions(a.fused_gelu, a.fused_layernorm))
+                                                hp.max_seq_length, hp.max_predictions)
+        model = BertForPreTraining(self.config)
         if a.init_checkpoint:
             load_checkpoint(model, a.init_checkpoint)
         self.tensor_names = mllog_tensor_names(model)
-        model = model.to(env.device)
-        self.net = model
-        h = LambHyper(a.beta1, a.beta2, a.epsilon, a.weight_decay, a.max_grad_norm)
-        if a.flat_params:
-            shards = env.world_size if a.sharded_optimizer else 1
-            flat = FlatParameters(model, shards,
-                                  torch.bfloat16 if a.bf16_weights else torch.float32)
-            if env.distributed:
-                flat.broadcast(0)  # the same initial weights everywhere
-            decay = [not no_weight_decay(n) for n in flat.names]
-            self.optimizer = ShardedLamb(flat, decay, h, env.rank, env.world_size,
-                                         a.sharded_optimizer)
-            self.model = maybe_compile(model, a.compile)
-        else:
-            named = list(model.named_parameters())
-            self.optimizer = Lamb([p for _, p in named],
-                                  [not no_weight_decay(n) for n, _ in named], h)
-            self.model = maybe_compile(dist.data_parallel(model, env), a.compile)
+        self.net = model.to(env.device)
+        hyper = LambHyper(hp.beta1, hp.beta2, hp.epsilon, hp.weight_decay, hp.max_grad_norm)
+        decay = [not no_weight_decay(n) for n, _ in model.named_parameters()]
+        self.model, self.optimizer = self.impl.data_parallel(self, hyper, decay)
         self.step_count = torch.zeros((), device=env.device)
         self.lr = torch.zeros((), device=env.device)
         gbs = self.global_batch_size
-        every = a.eval_every_samples or eval_interval_samples(gbs)
-        first = a.eval_start_samples if a.eval_start_samples is not None else every
-        cap = min(a.max_steps, a.max_samples_termination // gbs)
+        every = hp.eval_every_samples or eval_interval_samples(gbs)
+        first = hp.eval_start_samples if hp.eval_start_samples is not None else every
+        cap = min(hp.max_steps, hp.max_samples_termination // gbs)
         if cap < 1:
-            raise UserError(f"--max-samples-termination {a.max_samples_termination} is less "
+            raise UserError(f"--max-samples-termination {hp.max_samples_termination} is less "
                             f"than one global batch ({gbs})")
         self.eval_at = eval_steps(gbs, first, every, cap)
         if self.synthetic:
@@ -199,10 +205,8 @@ class BertWorkload(Workload):
                                         self._packing)
 
     def _packing(self, mask: np.ndarray) -> tuple[np.ndarray, ...]:
-        """The bucketed packing appended to every training batch of ``--attention unpad``."""
-        if self.args.attention != "unpad":
-            return ()
-        return bucketed_packing(mask, self.args.grad_accum, self.args.unpad_bucket)
+        """What unpad appends to every training batch: its bucketed packing."""
+        return self.impl.packing(mask) if self.impl.packing else ()
 
     @property
     def dataset(self) -> str:
@@ -217,7 +221,7 @@ class BertWorkload(Workload):
 
     @property
     def global_batch_size(self) -> int:
-        return self.args.batch_size * self.env.world_size
+        return self.hp.batch_size * self.env.world_size
 
     @property
     def train_samples(self) -> int:
@@ -225,10 +229,10 @@ class BertWorkload(Workload):
 
     @property
     def eval_samples(self) -> int:
-        return min(self.args.eval_samples, self.eval_shards.samples)
+        return min(self.hp.eval_samples, self.eval_shards.samples)
 
     def hyperparameters(self) -> dict:
-        a, c = self.args, constants
+        a, c = self.hp, constants
         return {
             c.OPT_NAME: c.LAMB, c.GRADIENT_ACCUMULATION_STEPS: a.grad_accum,
             c.OPT_BASE_LR: a.lr, c.OPT_LAMB_EPSILON: a.epsilon, "opt_epsilon": a.epsilon,
@@ -251,15 +255,15 @@ class BertWorkload(Workload):
         return self.stream
 
     def capture_policy(self) -> CapturePolicy:
-        a = self.args
-        if not a.flat_params and self.env.distributed:
-            return CapturePolicy("never", reason="--no-flat-params uses DDP, which is not "
-                                                 "captured here")
-        if a.attention != "unpad":
+        hp = self.hp
+        if isinstance(self.optimizer, Lamb) and self.env.distributed:
+            return CapturePolicy("never", reason="without flat-params DDP averages the "
+                                                 "gradients, which is not captured here")
+        if self.impl.bucket is None:
             return CapturePolicy("static")
         # one graph per bucket of the unpadded token count of a micro-batch
-        tokens = a.batch_size // a.grad_accum * a.max_seq_length
-        return CapturePolicy("bucketed", max_graphs=-(-tokens // a.unpad_bucket))
+        tokens = hp.batch_size // hp.grad_accum * hp.max_seq_length
+        return CapturePolicy("bucketed", max_graphs=-(-tokens // self.impl.bucket))
 
     def training_state(self) -> list[torch.Tensor]:
         opt = self.optimizer
@@ -279,23 +283,23 @@ class BertWorkload(Workload):
     def train_step(self, ids, segments, mask, positions, mlm_ids, nsp_labels,
                    pack_index=None, pack_offsets=None) -> torch.Tensor:
         """One optimizer step; ``pack_*``: the batch's ``bucketed_packing`` (unpad)."""
-        a = self.args
-        self.lr.copy_(bert_lr(self.step_count, a.lr, a.max_steps, a.warmup_steps,
-                              a.start_warmup_step))
+        hp = self.hp
+        self.lr.copy_(bert_lr(self.step_count, hp.lr, hp.max_steps, hp.warmup_steps,
+                              hp.start_warmup_step))
         self.optimizer.zero_grad()
         total = torch.zeros((), device=ids.device)
-        micro = [t.chunk(a.grad_accum) for t in (ids, segments, mask, positions, mlm_ids,
-                                                  nsp_labels)]
+        micro = [t.chunk(hp.grad_accum) for t in (ids, segments, mask, positions, mlm_ids,
+                                                   nsp_labels)]
         packs = (zip(pack_index, pack_offsets) if pack_index is not None
-                 else [(None, None)] * a.grad_accum)
+                 else [()] * hp.grad_accum)
         for i, ((x, s, m, p, y, n), pack) in enumerate(zip(zip(*micro), packs)):
-            last = i == a.grad_accum - 1
+            last = i == hp.grad_accum - 1
             sync = (self.model.no_sync() if (not last and hasattr(self.model, "no_sync"))
                     else contextlib.nullcontext())
             with sync:
                 with self.precision.autocast():
                     mlm, nsp = self.model(x, s, m, p, *pack)
-                loss = self._loss(mlm, nsp, p, y, n) / a.grad_accum
+                loss = self._loss(mlm, nsp, p, y, n) / hp.grad_accum
                 loss.backward()
             total += loss.detach()
         self.optimizer.step(self.lr)
@@ -303,7 +307,7 @@ class BertWorkload(Workload):
         return total
 
     def evaluate(self) -> dict[str, float]:
-        a, env = self.args, self.env
+        a, env = self.hp, self.env
         self.model.eval()
         counts = torch.zeros(2, dtype=torch.float64, device=env.device)
         for ids, segments, mask, positions, mlm_ids, _ in data.eval_batches(
@@ -324,17 +328,17 @@ class BertWorkload(Workload):
     def flops_per_sample(self) -> float:
         """Training FLOPs of a synthetic sequence's real tokens (``--synthetic-fill``): the
         useful work, so FLOPs spent on padding do not count towards utilisation."""
-        a, c = self.args, self.config
-        s = data.synthetic_length(a.max_seq_length, a.max_predictions, a.synthetic_fill)
+        hp, c = self.hp, self.config
+        s = data.synthetic_length(hp.max_seq_length, hp.max_predictions, self.args.synthetic_fill)
         h, f, layers = c.hidden_size, c.intermediate_size, c.num_hidden_layers
         dense = layers * (4 * h * h + 2 * h * f)
         return 6.0 * dense * s + 12.0 * layers * s * s * h
 
     def synthetic_batch(self, batch_size: int) -> tuple[torch.Tensor, ...]:
         """Random tokens; each sequence has ``--synthetic-fill`` of its positions real, the
-        rest padding (plus the bucketed packing for ``--attention unpad``)."""
-        batch = data.synthetic_batch(batch_size, self.args.max_seq_length,
-                                     self.args.max_predictions, self.config.vocab_size,
+        rest padding (plus unpad's bucketed packing)."""
+        batch = data.synthetic_batch(batch_size, self.hp.max_seq_length,
+                                     self.hp.max_predictions, self.config.vocab_size,
                                      self.args.synthetic_fill, self.env.device)
         packing = self._packing(batch[2].cpu().numpy())
         return batch + tuple(torch.from_numpy(t).to(self.env.device) for t in packing)

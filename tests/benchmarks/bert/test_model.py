@@ -1,30 +1,36 @@
-"""BERT-large shapes and parameter count, attention paths, flat buffer, checkpoint errors."""
+"""BERT-large shapes and parameter count, the plain model's signatures, attention paths,
+fused chains, flat buffer, checkpoint errors."""
 
+import inspect
 import re
 from pathlib import Path
 
 import pytest
 import torch
+from mlperf_logging import compliance_checker
 
+from benchmarks.bert import model as bert_model
+from benchmarks.bert.attention import SdpaSelfAttention, bucketed_packing, unpad
 from benchmarks.bert.checkpoint import load_checkpoint
+from benchmarks.bert.fusions import (
+    FusedDenseLayerNorm,
+    FusedGeluIntermediate,
+    bias_dropout_add_layer_norm,
+)
 from benchmarks.bert.model import (
-    ATTENTION_IMPLS,
     BertConfig,
     BertForPreTraining,
-    Fusions,
-    bias_dropout_add_layer_norm,
-    bias_gelu,
-    bucketed_packing,
-    fused_bias_dropout_add_layer_norm,
-    fused_bias_gelu,
-    mllog_tensor_names,
+    DenseLayerNorm,
+    Intermediate,
+    SelfAttention,
+    swap_class,
 )
+from benchmarks.bert.workload import mllog_tensor_names
 from common.errors import UserError
 from common.flat_params import FlatParameters
+from common.fusion import compiled
 
-RULES = Path(__file__).resolve().parents[3] / (
-    ".venv/lib/python3.11/site-packages/mlperf_logging/compliance_checker/training_1.1.0/"
-    "closed_bert.yaml")
+RULES = Path(compliance_checker.__file__).parent / "training_1.1.0" / "closed_bert.yaml"
 SMALL = BertConfig(vocab_size=61, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                    intermediate_size=64, max_position_embeddings=16)
 
@@ -71,12 +77,45 @@ def _batch(seed=0):
     return ids, seg, mask, pos
 
 
-@pytest.mark.parametrize("impl", [i for i in ATTENTION_IMPLS if i != "plain"])
-def test_attention_paths_match_plain_on_real_tokens(impl):
+def test_the_model_takes_no_optimisation_switch():
+    """The plain network alone: the optimisations swap the built modules' classes
+    (attention.py, fusions.py, flat_lamb.py)."""
+    allowed = {"self", "c", "d_in", "embedding", "x", "mask", "residual", "first_token",
+               "input_ids", "segment_ids", "input_mask", "masked_lm_positions", "masked",
+               "first", "q", "k", "v", "p"}
+    classes = [c for _, c in inspect.getmembers(bert_model, inspect.isclass)
+               if issubclass(c, torch.nn.Module) and c.__module__ == bert_model.__name__]
+    assert len(classes) == 13
+    for cls in classes:
+        for name in ("__init__", "forward", "attend", "heads"):
+            if name in vars(cls):
+                assert set(inspect.signature(vars(cls)[name]).parameters) <= allowed, (cls, name)
+
+
+def sdpa(model):
+    swap_class(model, SelfAttention, SdpaSelfAttention)
+
+
+def fuse(model):
+    swap_class(model, Intermediate, FusedGeluIntermediate)
+    swap_class(model, DenseLayerNorm, FusedDenseLayerNorm)
+
+
+def built(transform=None, like=None, c=SMALL):
+    """A model of ``c`` with ``like``'s weights, then ``transform``ed as the optimisations do."""
+    model = BertForPreTraining(c)
+    if like is not None:
+        model.load_state_dict(like.state_dict())
+    if transform is not None:
+        transform(model)
+    return model.eval()
+
+
+@pytest.mark.parametrize("transform", [sdpa, unpad])
+def test_attention_paths_match_plain_on_real_tokens(transform):
     torch.manual_seed(0)
-    plain = BertForPreTraining(SMALL, "plain").eval()
-    other = BertForPreTraining(SMALL, impl).eval()
-    other.load_state_dict(plain.state_dict())
+    plain = built()
+    other = built(transform, plain)
     batch = _batch()
     mlm_p, nsp_p = plain(*batch)
     mlm_o, nsp_o = other(*batch)
@@ -107,19 +146,18 @@ def test_bucketed_packing_shapes_and_fillers():
 
 def test_bucketed_unpad_step_matches_padded_outputs_and_gradients():
     torch.manual_seed(0)
-    padded = BertForPreTraining(SMALL, "sdpa").eval()   # no dropout; gradients still flow
-    unpad = BertForPreTraining(SMALL, "unpad").eval()
-    unpad.load_state_dict(padded.state_dict())
+    padded = built(sdpa)   # no dropout (eval); gradients still flow
+    packed = built(unpad, padded)
     batch = _batch()
     pack = [torch.from_numpy(t[0]) for t in bucketed_packing(batch[2].numpy(), 1, 8)]
     outs = []
-    for model, extra in ((padded, []), (unpad, pack)):
+    for model, extra in ((padded, []), (packed, pack)):
         model.zero_grad()
         mlm, nsp = model(*batch, *extra)
         (mlm.square().mean() + nsp.square().mean()).backward()
         outs.append((mlm, nsp))
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
-    for (n, a), (_, b) in zip(padded.named_parameters(), unpad.named_parameters()):
+    for (n, a), (_, b) in zip(padded.named_parameters(), packed.named_parameters()):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=n)
 
 
@@ -129,13 +167,12 @@ def test_flash_varlen_matches_padded_sdpa_on_gpu():
     torch.manual_seed(0)
     c = BertConfig(vocab_size=61, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
                    intermediate_size=256, max_position_embeddings=16)
-    padded = BertForPreTraining(c, "sdpa").cuda().eval()
-    unpad = BertForPreTraining(c, "unpad").cuda().eval()
-    unpad.load_state_dict(padded.state_dict())
+    padded = built(sdpa, c=c).cuda()
+    packed = built(unpad, padded, c=c).cuda()
     batch = [t.cuda() for t in _batch()]
     pack = [torch.from_numpy(t[0]).cuda() for t in bucketed_packing(batch[2].cpu().numpy(), 1, 8)]
     grads = []
-    for model, extra in ((padded, []), (unpad, pack)):
+    for model, extra in ((padded, []), (packed, pack)):
         with torch.autocast("cuda", torch.bfloat16):
             mlm, nsp = model(*batch, *extra)
         (mlm.float().square().mean() + nsp.float().square().mean()).backward()
@@ -148,78 +185,58 @@ def test_flash_varlen_matches_padded_sdpa_on_gpu():
 
 def test_unpadded_hidden_states_ignore_padding():
     torch.manual_seed(0)
-    model = BertForPreTraining(SMALL, "unpad").eval()
+    model = built(unpad)
     ids, seg, mask, pos = _batch()
     noisy = ids.clone()
     noisy[mask == 0] = 7  # garbage in the padding must not change any output
     torch.testing.assert_close(model(noisy, seg, mask, pos), model(ids, seg, mask, pos))
 
 
-def test_fused_bias_gelu_matches_eager():
-    x, b = torch.randn(8, 64, requires_grad=True), torch.randn(64, requires_grad=True)
-    ref = bias_gelu(x, b)
-    gx, gb = torch.autograd.grad(ref.sum(), (x, b))
-    out = fused_bias_gelu(x, b)
-    fx, fb = torch.autograd.grad(out.sum(), (x, b))
-    torch.testing.assert_close(out, ref)
-    torch.testing.assert_close(fx, gx)
-    torch.testing.assert_close(fb, gb)
+@pytest.mark.parametrize("make, fused_cls, inputs", [
+    (lambda: Intermediate(SMALL), FusedGeluIntermediate, [(6, 32)]),
+    (lambda: DenseLayerNorm(SMALL, 32), FusedDenseLayerNorm, [(6, 32), (6, 32)]),
+], ids=["gelu", "layernorm"])
+def test_fused_chains_match_the_eager_modules(make, fused_cls, inputs):
+    """Each compiled chain (bias out of the GEMM) equals the plain module, forward and backward,
+    without dropout."""
+    torch.manual_seed(3)
+    plain, fused = make().eval(), make().eval()
+    with torch.no_grad():
+        for p in plain.parameters():
+            p.normal_()
+    fused.load_state_dict(plain.state_dict())
+    swap_class(fused, type(plain), fused_cls)
+    assert type(fused) is fused_cls
+    xs = [torch.randn(*shape, requires_grad=True) for shape in inputs]
+    outs, grads = [], []
+    for m in (plain, fused):
+        out = m(*xs)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out.square().sum(), [*xs, *m.parameters()]))
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
 
 
-def test_fused_bias_dropout_add_layer_norm_matches_eager():
-    g = torch.Generator().manual_seed(3)
-    x, b, r, w, lb = (torch.randn(*shape, generator=g, requires_grad=True)
-                      for shape in ((6, 32), (32,), (6, 32), (32,), (32,)))
-    ref = bias_dropout_add_layer_norm(x, b, r, w, lb, 0.0, 1e-12)
-    want = torch.autograd.grad(ref.square().sum(), (x, b, r, w, lb))
-    out = fused_bias_dropout_add_layer_norm(x, b, r, w, lb, 0.0, 1e-12)
-    got = torch.autograd.grad(out.square().sum(), (x, b, r, w, lb))
-    torch.testing.assert_close(out, ref)
-    for a, e in zip(got, want):
-        torch.testing.assert_close(a, e)
-    # with dropout, about p of the positions are dropped: after the row's LayerNorm the
-    # dropped zeros are the values below the row mean
-    y = fused_bias_dropout_add_layer_norm(torch.ones(4000, 32), torch.zeros(32),
-                                          torch.zeros(4000, 32), None, None, 0.25, 1e-12)
+def test_fused_dropout_drops_p_of_the_positions():
+    """About p of the positions are dropped: after the row's LayerNorm the dropped zeros are
+    the values below the row mean."""
+    y = compiled(bias_dropout_add_layer_norm)(torch.ones(4000, 32), torch.zeros(32),
+                                              torch.zeros(4000, 32), None, None, 0.25, 1e-12)
     assert torch.isfinite(y).all() and abs((y < 0).float().mean().item() - 0.25) < 0.01
 
 
 def test_fused_model_matches_plain_model_without_dropout():
     torch.manual_seed(0)
-    plain = BertForPreTraining(SMALL, "sdpa").eval()
-    fused = BertForPreTraining(SMALL, "sdpa", Fusions(True, True)).eval()
-    fused.load_state_dict(plain.state_dict())
+    plain = built(sdpa)
+    fused = built(lambda m: (sdpa(m), fuse(m)), plain)
     torch.testing.assert_close(fused(*_batch()), plain(*_batch()), atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("fused", [False, True])
-def test_bf16_weights_keep_the_residual_stream_bf16(fused):
-    """bf16 weights under autocast: every LayerNorm returns bf16 (not autocast's fp32), and the
-    outputs stay close to the fp32 model's."""
-    torch.manual_seed(0)
-    ref = BertForPreTraining(SMALL, "unpad").eval()
-    low = BertForPreTraining(SMALL, "unpad", Fusions(fused, fused)).eval()
-    low.load_state_dict(ref.state_dict())
-    low.to(torch.bfloat16)
-    seen = []
-    for m in low.modules():
-        if isinstance(m, torch.nn.LayerNorm):
-            m.register_forward_hook(lambda mod, args, out: seen.append(out.dtype))
-    with torch.autocast("cpu", torch.bfloat16):
-        got = low(*_batch())
-        want = ref(*_batch())
-    if not fused:
-        assert seen and set(seen) == {torch.bfloat16}
-    for g, w in zip(got, want):
-        assert g.dtype == torch.bfloat16
-        torch.testing.assert_close(g.float(), w.float(), atol=0.05, rtol=0.05)
 
 
 def test_flat_buffer_model_is_bit_identical():
     torch.manual_seed(0)
-    plain = BertForPreTraining(SMALL, "sdpa").eval()
-    flat_model = BertForPreTraining(SMALL, "sdpa").eval()
-    flat_model.load_state_dict(plain.state_dict())
+    plain = built(sdpa)
+    flat_model = built(sdpa, plain)
     flat = FlatParameters(flat_model, world_size=3)
     assert flat.data.numel() % 3 == 0 and flat.numel == sum(p.numel() for p in plain.parameters())
     for p in flat_model.parameters():

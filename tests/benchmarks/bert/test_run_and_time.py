@@ -60,8 +60,8 @@ def test_unpadded_bf16_weights_run_on_two_processes_reaches_target(tmp_path):
     the sharded LAMB and bf16 model weights over an fp32 master."""
     proc = run({"CONFIG": "cpu_tiny", "GPUS": "2", "LOGDIR": str(tmp_path), "SEED": "1",
                 "PRECISION": "amp-bf16",
-                "EXTRA_ARGS": "--batch-size 16 --attention unpad --unpad-bucket 128 "
-                              "--bf16-weights"})
+                "EXTRA_ARGS": "--batch-size 16 --opt unpad=128,flat-params,sharded-optimizer,"
+                              "bf16-weights"})
     log = tmp_path / "result_0.txt"
     summary = summarize(log)
     assert summary.status == "success" and summary.last_quality >= 0.72, proc.stderr[-3000:]
@@ -101,9 +101,11 @@ def test_sequence_length_mismatch(tmp_path, small_fixture):
 
 
 @pytest.mark.parametrize("flags, words", [
-    (["--bf16-weights", "--no-flat-params"], "--bf16-weights needs --flat-params"),
-    (["--bf16-weights"], "--precision amp-bf16"),          # these runs are fp32
-    (["--attention", "unpad", "--unpad-bucket", "0"], "--unpad-bucket must be >= 1"),
+    (["--opt", "bf16-weights"], "bf16-weights requires flat-params"),
+    (["--opt", "flat-params,bf16-weights"], "--precision amp-bf16"),   # these runs are fp32
+    (["--opt", "unpad=0"], "unpad=0: must be more than 0"),
+    (["--opt", "sdpa,unpad"], "unpad and sdpa exclude each other"),
+    (["--synthetic-fill", "0"], "must be more than 0 and at most 1"),
 ])
 def test_bad_optimisation_flags(tmp_path, small_fixture, flags, words):
     proc = run_module("--data-dir", str(small_fixture), "--log-file", str(tmp_path / "l.txt"),

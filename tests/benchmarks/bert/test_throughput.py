@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from benchmarks.bert import model, throughput
+from benchmarks.bert import fusions, throughput
 from benchmarks.bert.model import BertConfig
 from benchmarks.bert.workload import BertWorkload
 from common.precision import Precision
@@ -43,11 +43,24 @@ def stubs(monkeypatch):
     fake.BertForPreTraining = _HFBert
     monkeypatch.setitem(sys.modules, "transformers", fake)
     monkeypatch.setattr(BertWorkload, "_config", lambda self: TINY)
-    monkeypatch.setattr(model, "compiled", lambda fn: fn)
+    monkeypatch.setattr(fusions, "compiled", lambda fn: fn)
 
 
-@pytest.mark.parametrize("variants", [["hf-sdpa", "ours-unpad-bf16w-fused-ln"],
-                                      ["ours-unpad-bf16w-fused-ln", "hf-sdpa"]])
+def test_variants_are_the_registry_s():
+    config = ["unpad", "fused-gelu", "fused-layernorm", "flat-params", "sharded-optimizer",
+              "bf16-weights", "cuda-graph"]
+    assert throughput.OURS["plain"] == [] and throughput.OURS["config"] == config
+    assert throughput.OURS["config-minus-flat-params"] == [
+        "unpad", "fused-gelu", "fused-layernorm", "cuda-graph"]   # and what requires it
+    assert set(throughput.VARIANTS) == {"plain", "config", "hf-sdpa",
+                                        *(f"config-minus-{n}" for n in config)}
+
+
+# the config's step without the graph (CUDA only): what runs on the CPU
+OURS = "config-minus-cuda-graph"
+
+
+@pytest.mark.parametrize("variants", [["hf-sdpa", OURS], [OURS, "hf-sdpa"]])
 def test_each_variant_sets_up_on_its_own_in_either_order(stubs, variants):
     a = argparse.Namespace(batch_size=2, seq_len=32, fill=0.6)
     precision = Precision("amp-bf16", "cpu")
@@ -56,7 +69,7 @@ def test_each_variant_sets_up_on_its_own_in_either_order(stubs, variants):
         step, batch = throughput.setup(variant, a, precision, torch.device("cpu"))
         assert math.isfinite(float(step(*batch).detach()))
         batches[variant] = batch
-    hf, ours = batches["hf-sdpa"], batches["ours-unpad-bf16w-fused-ln"]
+    hf, ours = batches["hf-sdpa"], batches[OURS]
     assert len(hf) == 6 and len(ours) == 8            # ours adds unpad's packing
     for h, o in zip(hf, ours):                         # the same padded data for both
         assert torch.equal(h, o)
