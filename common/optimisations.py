@@ -310,7 +310,8 @@ def config_optimisations(benchmark: str, system: str) -> list[str]:
         raise UserError(f"no config {path}")
     out = subprocess.run(["bash", "-c", f'source {shlex.quote(str(path))} >/dev/null; '
                           'printf "%s\\n" "${OPTIMISATIONS[@]}"'], capture_output=True,
-                         text=True, env={"PATH": "/usr/bin:/bin", "BACKBONE_CHECKPOINT": "-"})
+                         text=True, env={"PATH": "/usr/bin:/bin", "BACKBONE_CHECKPOINT": "-",
+                                         "INIT_CHECKPOINT": "-"})
     if out.returncode:
         raise UserError(f"{path}: {out.stderr.strip()}")
     return [x for x in out.stdout.splitlines() if x]

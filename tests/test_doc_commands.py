@@ -821,7 +821,7 @@ def test_a_stale_command_fails(markdown, reason, monkeypatch):
     "    results/resnet/result_0.txt --ruleset 1.1.0 2>&1 | tee check.log\n```\n",
     "```\nexport CONFIG=8xH200 DATADIR=/data/imagenet\nbenchmarks/resnet/run_and_time.sh\n```\n",
     "```\nSEED=1 EXTRA_ARGS=\"--epochs 2 ARGS\" benchmarks/resnet/run_and_time.sh\n```\n",
-    "```\npython -m common.bench bert -b 8 --workload-args \"--attention unpad\"\n```\n",
+    "```\npython -m common.bench bert -b 8 --workload-args \"--opt unpad\"\n```\n",
     "```\npython -m benchmarks.maskrcnn.throughput --variants config-minus-<name>,config\n```\n",
 ], ids=["placeholders", "inline-optional-parts", "mention", "ellipsis", "continued",
         "exported", "extra-args", "workload-args", "variants"])

@@ -29,7 +29,7 @@ CASES = [
                 "--enc-post-rnn-layers 1 --pred-hidden 32 --pred-rnn-layers 1 "
                 "--joint-hidden 64 --grad-accum 1 --opt flat-params --lr 0.01"),
     ("unet3d", 1, "--filters 8,16,32,64,80 --input-shape 64,32,32 --lr 0.05"),
-    ("bert", 2, "--max-seq-length 16 --max-predictions 3 --flat-params --sharded-optimizer "
+    ("bert", 2, "--max-seq-length 16 --max-predictions 3 --opt flat-params,sharded-optimizer "
                 "--lr 5e-3"),
 ]
 

@@ -152,7 +152,7 @@ def test_bert_runs_under_the_harness_with_its_flops(tmp_path):
         [sys.executable, "-m", "common.bench", "bert", "-n", "1", "-b", "2", "--precision", "fp32",
          "--mode", "train,infer", "--iters", "2", "--warmup", "1", "--device", "cpu",
          "--workload-args", f"--bert-config {config} --max-seq-length 16 --max-predictions 3 "
-                            "--attention unpad --unpad-bucket 16 --synthetic-fill 0.5",
+                            "--opt unpad=16 --synthetic-fill 0.5",
          "-o", str(tmp_path / "out")],
         cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"), capture_output=True, text=True,
         timeout=600)
