@@ -146,7 +146,8 @@ class ImageCache:
         except (torch.cuda.OutOfMemoryError, RuntimeError):
             raise UserError(f"the image cache ({self.nbytes / 1e9:.1f} GB: {len(self)} images "
                             f"of up to {side}x{side}) does not fit in {self.holder} memory; "
-                            "lower --cache-side, or use --image-cache host or none") from None
+                            "lower --cache-side, use image-cache=host or drop image-cache"
+                            ) from None
         loader = torch.utils.data.DataLoader(
             _Decoded(self.records, side), batch_size=FILL_CHUNK, num_workers=self.num_workers,
             pin_memory=self.holder.type == "cuda")
