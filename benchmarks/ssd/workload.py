@@ -8,6 +8,11 @@ the IoU-constrained crop tried once (``max_samples`` 1). Evaluation splits into 
 forwards with NMS (``eval_outputs``, gathered on rank 0) and COCO scoring
 (``common.coco.evaluation.score``), which ``--background-scoring`` runs beside
 training.
+
+With no optimisation named the workload runs as the reference does: NCHW memory, eagerly,
+the dense matching, each image decoded and augmented on the CPU (``data.py``); each
+optimisation (``--list-optimisations``) changes one of these from its own module, applied to
+the built parts in the registry's order.
 """
 
 from __future__ import annotations
