@@ -62,7 +62,9 @@ from pycocotools import mask as mask_utils
 
 from benchmarks.maskrcnn.boxes import TO_REMOVE
 from common.coco import data as coco
-from common.coco.data import CocoSplit, Epoch, ImageRecord, batch_loader
+from common.coco import pipeline
+from common.coco.data import CocoSplit, ImageRecord
+from common.coco.pipeline import epoch_order, sample_generator
 from common.errors import UserError
 
 MIN_SIZE = 800              # INPUT.MIN_SIZE_TRAIN (800,) and MIN_SIZE_TEST
@@ -214,12 +216,6 @@ def eval_image(record: ImageRecord, min_size: int = MIN_SIZE,
     size = resized_size(record.width, record.height, min_size, max_size)
     image = resize_image(coco.decode_image(record.path, (record.width, record.height)), size)
     return to_normalized_tensor(image)
-
-
-def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
-    """The generator of one sample's random choices in one epoch."""
-    mixed = ((seed * 1_000_003 + epoch) * 1_000_003 + index) % (1 << 63)
-    return torch.Generator().manual_seed(mixed)
 
 
 def load_split(root, split: str) -> CocoSplit:
@@ -402,12 +398,6 @@ def grouped_batches(indices: np.ndarray, groups: np.ndarray, batch_size: int,
     return [batch for _, batch in sorted(batches, key=lambda b: b[0])]
 
 
-def epoch_order(n: int, seed: int, epoch: int) -> np.ndarray:
-    """The global sample order of a training epoch (the same on every rank)."""
-    g = torch.Generator().manual_seed(seed * 100_003 + epoch)
-    return torch.randperm(n, generator=g).numpy()
-
-
 def train_steps(n: int, groups: np.ndarray, batch_size: int, world_size: int) -> int:
     """Batches per rank and epoch: a rank's slice of ``n // world_size`` samples, in whole
     batches, less one per group beyond the first (what incomplete group batches can cost)."""
@@ -434,26 +424,21 @@ def eval_batches(groups: np.ndarray, batch_size: int, rank: int, world_size: int
                            drop_last=False)
 
 
-class Loader:
-    """Batches (:class:`TrainBatch` or :class:`EvalBatch`) of one rank, moved to ``device``;
-    ``epoch(e)`` is that epoch's pass."""
+class Loader(pipeline.Loader):
+    """Batches (:class:`TrainBatch` or :class:`EvalBatch`) of one rank, aspect-grouped."""
 
     def __init__(self, dataset: TrainDataset | EvalDataset, batch_size: int, rank: int = 0,
                  world_size: int = 1, seed: int = 0, num_workers: int = 0,
                  device: torch.device | str = "cpu",
                  size_divisibility: int = SIZE_DIVISIBILITY, aspect_grouping: bool = True,
                  buckets: Sequence[int] = ()):
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} outside world size {world_size}")
-        self.dataset, self.batch_size = dataset, batch_size
-        self.train = isinstance(dataset, TrainDataset)
-        self.rank, self.world_size, self.seed = rank, world_size, seed
-        self.num_workers, self.device = num_workers, torch.device(device)
+        train = isinstance(dataset, TrainDataset)
+        collate = functools.partial(collate_train if train else collate_eval,
+                                    size_divisibility=size_divisibility, buckets=tuple(buckets))
+        super().__init__(dataset, train, collate, batch_size, rank, world_size, seed,
+                         num_workers, device)
         self.groups = (aspect_groups(dataset.records) if aspect_grouping
                        else np.zeros(len(dataset), np.int64))
-        collate = collate_train if self.train else collate_eval
-        self.collate = functools.partial(collate, size_divisibility=size_divisibility,
-                                         buckets=tuple(buckets))
         if self.train and train_steps(len(dataset), self.groups, batch_size, world_size) < 1:
             raise UserError(f"{len(dataset)} training images cannot fill a batch of "
                             f"{batch_size} on each of {world_size} rank(s) in each aspect "
@@ -470,16 +455,6 @@ class Loader:
             return train_steps(len(self.dataset), self.groups, self.batch_size,
                                self.world_size)
         return len(self.batches(0))
-
-    def epoch(self, epoch: int) -> Epoch:
-        return Epoch(self, epoch)
-
-    def iterate(self, epoch: int):
-        if self.train:
-            self.dataset.epoch = epoch
-        for batch in batch_loader(self.dataset, self.batches(epoch), self.collate,
-                                  self.num_workers, self.device):
-            yield batch.to(self.device)
 
 
 def build_train_loader(split: CocoSplit, batch_size: int, rank: int = 0, world_size: int = 1,

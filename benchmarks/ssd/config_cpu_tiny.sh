@@ -8,6 +8,6 @@ FIXTURE_ARGS=(--train 300 --val 60 --image-size 128 --classes 3 --object-sizes 0
 TRAIN_ARGS=(
     --device cpu --precision "$PRECISION" --workers 1 --width 16
     --batch-size 16 --eval-batch-size 30 --max-boxes 8
-    --lr 0.05 --warmup-epochs 1 --lr-decay-epochs 28,35
+    --lr 0.05 --lr-decay-epochs 28,35
     --epochs 40 --eval-epochs 8,10,12,14,16,18,20,22,24,26,28,30,32,34,36,38
 )

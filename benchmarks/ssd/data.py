@@ -35,7 +35,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from common.coco.data import CocoSplit, Epoch, batch_loader, decode_image_chw
+from common.coco import pipeline
+from common.coco.data import CocoSplit, decode_image_chw
+from common.coco.pipeline import sample_generator
 from common.errors import UserError
 
 IMAGE_SIZE = 300
@@ -56,13 +58,7 @@ MAX_BOXES = 200                # SSDTransformer's max_num; COCO train2017 has at
 GREY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights
 
 
-# -- randomness -------------------------------------------------------------------------------
-def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
-    """The generator of one sample's augmentation in one epoch."""
-    mixed = ((seed * 1_000_003 + epoch) * 1_000_003 + index) % (1 << 63)
-    return torch.Generator().manual_seed(mixed)
-
-
+# -- randomness (a sample's generator: common.coco.pipeline.sample_generator) ----------------
 def _uniform(g: torch.Generator, lo: float = 0.0, hi: float = 1.0) -> float:
     return lo + (hi - lo) * torch.rand((), generator=g).item()
 
@@ -408,19 +404,13 @@ def collate_eval(samples) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
             torch.tensor(sizes, dtype=torch.int64))
 
 
-def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
-    """The global sample order of a training epoch (the same on every rank)."""
-    g = torch.Generator().manual_seed(seed * 100_003 + epoch)
-    return torch.randperm(n, generator=g).tolist()
-
-
 def train_batches(n: int, batch_size: int, rank: int, world_size: int, seed: int, epoch: int
                   ) -> list[list[int]]:
     """This rank's batches of a training epoch: global batch ``s`` is positions
     ``[s * G, (s + 1) * G)`` of the epoch's order (G = batch_size * world_size), and rank
     ``r`` takes its slice ``[r * batch_size, (r + 1) * batch_size)``; the last incomplete
     global batch is dropped."""
-    order, g = epoch_order(n, seed, epoch), batch_size * world_size
+    order, g = pipeline.epoch_order(n, seed, epoch), batch_size * world_size
     return [order[s * g + rank * batch_size:s * g + (rank + 1) * batch_size]
             for s in range(n // g)]
 
@@ -431,21 +421,17 @@ def eval_batches(n: int, batch_size: int, rank: int, world_size: int) -> list[li
     return [mine[i:i + batch_size] for i in range(0, len(mine), batch_size)]
 
 
-class Loader:
-    """Batches of one rank; ``epoch(e)`` is that epoch's pass (sized and iterable), each
-    batch's tensors moved to ``device``."""
+class Loader(pipeline.Loader):
+    """Batches of one rank (``train``: :func:`train_batches`, else :func:`eval_batches`)."""
 
     def __init__(self, dataset, train: bool, batch_size: int, rank: int = 0,
                  world_size: int = 1, seed: int = 0, num_workers: int = 0,
                  device: torch.device | str = "cpu"):
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} outside world size {world_size}")
+        super().__init__(dataset, train, collate_train if train else collate_eval, batch_size,
+                         rank, world_size, seed, num_workers, device)
         if train and len(dataset) < batch_size * world_size:
             raise UserError(f"{len(dataset)} training images cannot fill one global batch of "
                             f"{batch_size * world_size}; lower the batch size")
-        self.dataset, self.train, self.batch_size = dataset, train, batch_size
-        self.rank, self.world_size, self.seed = rank, world_size, seed
-        self.num_workers, self.device = num_workers, torch.device(device)
 
     def batches(self, epoch: int) -> list[list[int]]:
         n = len(self.dataset)
@@ -453,20 +439,6 @@ class Loader:
             return train_batches(n, self.batch_size, self.rank, self.world_size, self.seed,
                                  epoch)
         return eval_batches(n, self.batch_size, self.rank, self.world_size)
-
-    def __len__(self) -> int:
-        return len(self.batches(0))
-
-    def epoch(self, epoch: int) -> Epoch:
-        return Epoch(self, epoch)
-
-    def iterate(self, epoch: int):
-        if self.train:
-            self.dataset.epoch = epoch
-        for batch in batch_loader(self.dataset, self.batches(epoch),
-                                  collate_train if self.train else collate_eval,
-                                  self.num_workers, self.device):
-            yield tuple(t.to(self.device, non_blocking=True) for t in batch)
 
 
 def build_train_loader(split: CocoSplit, batch_size: int, rank: int = 0, world_size: int = 1,

@@ -1,4 +1,5 @@
-"""The image caches' batched colour jitter as four compiled passes (``--fused-jitter``).
+"""The image caches' batched colour jitter as four compiled passes (optimisation
+``fused-jitter``).
 
 ``data.apply_color_jitter``, the reference, runs each of the jitter's four steps as up to
 four gathered sub-batches, one op each, written back: measured on a batch of 128 at 300x300,
@@ -44,3 +45,11 @@ def warm_up(batch_size: int, size: int, device: torch.device) -> None:
     ``device`` from a zero batch (identity factors), so that they compile before the clock."""
     x = torch.zeros(batch_size, 3, size, size, device=device)
     apply_color_jitter(x, torch.ones(batch_size, 4), torch.arange(4).repeat(batch_size, 1))
+
+
+def apply(loader) -> None:
+    """The image cache's ``loader`` (``image_cache.CachedLoader``) jittering by
+    :func:`apply_color_jitter`, its compiled passes built for the loader's batches before the
+    clock (:func:`warm_up`)."""
+    loader.cache.jitter = apply_color_jitter
+    warm_up(loader.plans.batch_size, loader.plans.dataset.size, loader.cache.device)

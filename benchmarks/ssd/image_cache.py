@@ -1,4 +1,4 @@
-"""A device-resident cache of decoded training images for SSD (``--image-cache device``).
+"""A cache of decoded training images for SSD (optimisation ``image-cache=device|host``).
 
 NVIDIA's MLPerf Training v1.1 SSD decoded each COCO image once, kept it in GPU memory and ran
 the crop, flip, resize and colour jitter there, instead of decoding a JPEG per sample per
@@ -20,7 +20,7 @@ pixels; 2 epochs, 64 samples) the mean absolute difference from the CPU path is 
 (pixel values 0..1, before normalisation).
 Every rank caches every image (its batches come from the whole shuffled epoch): COCO's
 117266 images take 117266 x 3 x S^2 bytes per device, 51.9 GB at S = 384. Where that does
-not fit beside the step (one H100 at batch 1024), ``storage="host"`` (``--image-cache host``)
+not fit beside the step (one H100 at batch 1024), ``storage="host"`` (``image-cache=host``)
 keeps the cache in host memory: each batch's images are gathered there and copied to the
 device, where the same crop, flip, resize and jitter run.
 """
@@ -31,8 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.ssd import data
-from benchmarks.ssd import fused_jitter as fused_jitter_module
-from common.coco.data import CocoSplit, decode_image_chw
+from common.coco.data import Epoch, ImageRecord, decode_image_chw
 from common.errors import UserError
 
 MAX_SIDE = 384     # --cache-side default
@@ -84,8 +83,8 @@ def crop_flip_resize(images: torch.Tensor, windows: torch.Tensor, flips: torch.T
 class _Decoded(torch.utils.data.Dataset):
     """Decoded, downscaled images, zero-padded to [3, max_side, max_side]."""
 
-    def __init__(self, split: CocoSplit, max_side: int):
-        self.records, self.max_side = split.records, max_side
+    def __init__(self, records: list[ImageRecord], max_side: int):
+        self.records, self.max_side = records, max_side
 
     def __len__(self):
         return len(self.records)
@@ -99,24 +98,25 @@ class _Decoded(torch.utils.data.Dataset):
 
 
 class ImageCache:
-    """Every image of ``split``: uint8 [N, 3, max_side, max_side] (``images``, decoded by
+    """Every image of ``records``: uint8 [N, 3, max_side, max_side] (``images``, decoded by
     ``num_workers`` processes on first use), each in its top-left ``sizes[i]`` = (height,
     width) corner, held on ``device`` (``storage`` "device") or in host memory ("host");
-    batches are augmented on ``device`` either way."""
+    batches are augmented on ``device`` either way, their colour jitter by ``jitter``
+    (``data.apply_color_jitter``'s contract)."""
 
-    def __init__(self, split: CocoSplit, device: torch.device | str, max_side: int = MAX_SIDE,
-                 num_workers: int = 0, storage: str = "device", fused_jitter: bool = False):
+    def __init__(self, records: list[ImageRecord], device: torch.device | str,
+                 max_side: int = MAX_SIDE, num_workers: int = 0, storage: str = "device"):
         if max_side < 1:
             raise UserError(f"--cache-side {max_side}: must be at least 1 pixel")
         if storage not in STORAGES:
             raise ValueError(f"storage must be one of {STORAGES}, not {storage!r}")
-        self.split, self.device = split, torch.device(device)
+        self.records, self.device = records, torch.device(device)
         self.holder = self.device if storage == "device" else torch.device("cpu")
         self.max_side, self.num_workers = max_side, num_workers
-        self.fused_jitter = fused_jitter
+        self.jitter = data.apply_color_jitter
         self.sizes = torch.tensor([cached_size(r.height, r.width, max_side)
-                                   for r in split.records], dtype=torch.int64).view(-1, 2)
-        original = torch.tensor([(r.width, r.height) for r in split.records],
+                                   for r in records], dtype=torch.int64).view(-1, 2)
+        original = torch.tensor([(r.width, r.height) for r in records],
                                 dtype=torch.float64).view(-1, 2)
         self.scales = self.sizes.flip(1) / original   # (x, y): cached pixels per original one
         self._images = None
@@ -146,9 +146,10 @@ class ImageCache:
         except (torch.cuda.OutOfMemoryError, RuntimeError):
             raise UserError(f"the image cache ({self.nbytes / 1e9:.1f} GB: {len(self)} images "
                             f"of up to {side}x{side}) does not fit in {self.holder} memory; "
-                            "lower --cache-side, or use --image-cache host or none") from None
+                            "lower --cache-side, use image-cache=host or drop image-cache"
+                            ) from None
         loader = torch.utils.data.DataLoader(
-            _Decoded(self.split, side), batch_size=FILL_CHUNK, num_workers=self.num_workers,
+            _Decoded(self.records, side), batch_size=FILL_CHUNK, num_workers=self.num_workers,
             pin_memory=self.holder.type == "cuda")
         start = 0
         for chunk in loader:
@@ -165,15 +166,16 @@ class ImageCache:
         images = self.images.index_select(0, index.to(self.holder, non_blocking=True))
         images = images.to(self.device, non_blocking=True)
         x = crop_flip_resize(images, windows * self.scales[index].repeat(1, 2), flips, size)
-        jitter = (fused_jitter_module.apply_color_jitter if self.fused_jitter
-                  else data.apply_color_jitter)
-        return data.normalize(jitter(x, factors, order))
+        return data.normalize(self.jitter(x, factors, order))
 
 
 class PlanDataset(data.TrainDataset):
-    """``TrainDataset``'s samples without pixels: (index, crop window ltrb [4] in original
+    """A ``TrainDataset``'s samples without pixels: (index, crop window ltrb [4] in original
     pixels (the whole image when not cropped), flip, jitter factors [4], order [4], boxes,
     labels, valid)."""
+
+    def __init__(self, samples: data.TrainDataset):
+        vars(self).update(vars(samples))
 
     def __getitem__(self, i):
         r = self.records[i]
@@ -196,15 +198,8 @@ class CachedLoader:
     def __len__(self) -> int:
         return len(self.plans)
 
-    def epoch(self, epoch: int) -> data.Epoch:
-        return data.Epoch(self, epoch)
-
-    def warm_up(self) -> None:
-        """With ``--fused-jitter``, build its compiled passes for this loader's batches (a
-        zero batch, no dataset read), so that they compile before the clock."""
-        if self.cache.fused_jitter:
-            fused_jitter_module.warm_up(self.plans.batch_size, self.plans.dataset.size,
-                                        self.cache.device)
+    def epoch(self, epoch: int) -> Epoch:
+        return Epoch(self, epoch)
 
     def iterate(self, epoch: int):
         size = self.plans.dataset.size
@@ -213,15 +208,13 @@ class CachedLoader:
             yield images, *(t.to(self.cache.device, non_blocking=True) for t in targets)
 
 
-def build_train_loader(split: CocoSplit, batch_size: int, rank: int = 0, world_size: int = 1,
-                       seed: int = 0, num_workers: int = 0, device: torch.device | str = "cpu",
-                       max_boxes: int = data.MAX_BOXES, max_samples: int = data.MAX_SAMPLES,
-                       max_side: int = MAX_SIDE, storage: str = "device",
-                       fused_jitter: bool = False) -> CachedLoader:
-    """``data.build_train_loader``'s batches with the pixels from a device cache of
-    ``split`` (filled on the first batch); ``num_workers`` decode it and compute plans;
-    ``fused_jitter``: the colour jitter of :mod:`benchmarks.ssd.fused_jitter`."""
-    plans = data.Loader(PlanDataset(split, seed, max_boxes, max_samples), True, batch_size,
-                        rank, world_size, seed, num_workers)
-    return CachedLoader(ImageCache(split, device, max_side, num_workers, storage, fused_jitter),
-                        plans)
+def cached(loader: data.Loader, storage: str = "device", max_side: int = MAX_SIDE
+           ) -> CachedLoader:
+    """The training ``loader``'s batches (the same samples, plans and targets) with the pixels
+    from a cache of its images in ``storage``, filled on the first batch; its workers decode
+    the cache and compute the plans."""
+    samples = loader.dataset
+    plans = data.Loader(PlanDataset(samples), True, loader.batch_size, loader.rank,
+                        loader.world_size, loader.seed, loader.num_workers)
+    return CachedLoader(ImageCache(samples.records, loader.device, max_side, loader.num_workers,
+                                   storage), plans)

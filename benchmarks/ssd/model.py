@@ -24,10 +24,6 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from benchmarks.ssd import heads
-from common import pool
-from common.stem import space_to_depth_conv
-
 NUM_CLASSES = 81                      # 80 COCO categories and background (label 0)
 NUM_DEFAULTS = (4, 6, 6, 6, 4, 4)     # default boxes per position of each feature map
 WIDTH = 64                            # ResNet-34's stem width; every channel count scales with it
@@ -74,10 +70,8 @@ class ResNet34Backbone(nn.Module):
     reference's ``_ModifyBlock(stride=(1, 1))``), but still widens, so its first block
     keeps the 1x1 projection, at stride 1."""
 
-    def __init__(self, width: int = WIDTH, space_to_depth: bool = False,
-                 fused_pool: bool = False):
+    def __init__(self, width: int = WIDTH):
         super().__init__()
-        self.space_to_depth, self.fused_pool = space_to_depth, fused_pool
         self.conv1 = nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(width)
         self.relu = nn.ReLU(inplace=True)
@@ -90,10 +84,7 @@ class ResNet34Backbone(nn.Module):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = space_to_depth_conv(x, self.conv1.weight, 16) if self.space_to_depth \
-            else self.conv1(x)
-        x = pool.relu_max_pool_3x3_s2(self.bn1(x)) if self.fused_pool \
-            else self.maxpool(self.relu(self.bn1(x)))
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         return self.layer3(self.layer2(self.layer1(x)))
 
     def load_torchvision(self, state_dict: Mapping[str, torch.Tensor]) -> None:
@@ -106,16 +97,12 @@ class SSD300(nn.Module):
     """``forward(images [B, 3, 300, 300])`` -> ``(locs [B, 4, 8732], confs [B, C, 8732])``,
     the reference's layout: box index = feature map offset + (default box * H + y) * W + x,
     the order of :func:`benchmarks.ssd.boxes.dboxes300_coco`. ``width`` scales every channel
-    count (64: the reference's); a smaller one keeps the code path for CPU fixtures.
-    ``class_last_heads``: the same scores with the classes at stride 1 (:mod:`.heads`)."""
+    count (64: the reference's); a smaller one keeps the code path for CPU fixtures."""
 
-    def __init__(self, num_classes: int = NUM_CLASSES, width: int = WIDTH,
-                 space_to_depth: bool = False, fused_pool: bool = False,
-                 class_last_heads: bool = False):
+    def __init__(self, num_classes: int = NUM_CLASSES, width: int = WIDTH):
         super().__init__()
         self.num_classes = num_classes
-        self.class_last_heads = class_last_heads
-        self.backbone = ResNet34Backbone(width, space_to_depth, fused_pool)
+        self.backbone = ResNet34Backbone(width)
         chans = out_channels(width)
         # 38 -> 19 -> 10 -> 5 by stride 2, then 5 -> 3 -> 1 by unpadded 3x3 convolutions
         self.additional_blocks = nn.ModuleList(
@@ -144,11 +131,13 @@ class SSD300(nn.Module):
             features.append(x)
         b = x.shape[0]
         locs = torch.cat([loc(f).reshape(b, 4, -1) for f, loc in zip(features, self.loc)], 2)
-        if self.class_last_heads:
-            return locs, heads.class_last_scores(features, self.conf, self.num_classes)
-        confs = torch.cat([conf(f).reshape(b, self.num_classes, -1)
-                           for f, conf in zip(features, self.conf)], 2)
-        return locs, confs
+        return locs, self.scores(features)
+
+    def scores(self, features: list[torch.Tensor]) -> torch.Tensor:
+        """The confidence heads' scores ``[B, C, 8732]`` of the six feature maps."""
+        b = features[0].shape[0]
+        return torch.cat([conf(f).reshape(b, self.num_classes, -1)
+                          for f, conf in zip(features, self.conf)], 2)
 
 
 def mllog_parameter_names(model: SSD300) -> dict[str, str]:

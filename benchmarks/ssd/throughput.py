@@ -1,34 +1,29 @@
-"""SSD300 training throughput on device-resident batches: ours against what a user would run.
+"""SSD300 training throughput on device-resident batches: the registry's variants against what
+a user would run.
 
-    python -m benchmarks.ssd.throughput --batch-size 128 --precision amp-bf16 \
-        --variants ours,ours-compile,ours-eager,plain-compile,torchvision-vgg16
+    python -m benchmarks.ssd.throughput --batch-size 1024 --precision amp-bf16 \
+        --variants plain-compile,config,config-minus-fused-match,torchvision-vgg16
 
-``ours`` is the workload's real training step (SSD300 with the ResNet-34 backbone,
-channels-last, matching and the loss batched on the device, momentum SGD) captured as one
-CUDA graph; ``ours-compile`` also runs the model and the matching + loss through
-``torch.compile`` inside that graph (``ours-compile-s2d``: with the stem convolution over
-2x2 pixel blocks, ``--space-to-depth``; ``ours-compile-s2d-pool`` adds the stem's ReLU +
-max-pool with a gather-free backward, ``--fused-pool``, and ``ours-compile-s2d-pool-heads``
-the confidence scores with the classes innermost, ``--class-last-heads``;
-``ours-tuned-s2d-pool-heads`` is that step under ``--compile tuned``, Inductor's
-coordinate-descent tuning of each fused kernel; ``ours-tuned-match``, the GPU configs' step,
-adds the matching's IoU maxima in one Triton kernel, ``--fused-match``);
-``ours-eager`` is the step without graph or compile.
-The baselines: ``plain-compile`` is the same model trained as a user would write it,
-``torch.compile(model)`` (channels-last, autocast) with the same matching and loss run
-eagerly and ``torch.optim.SGD`` (``plain-compile-tuned``: compiled with the same tuning as
-``ours-tuned-*``); ``torchvision-vgg16`` is torchvision's ``ssd300_vgg16``
-(its own matching and loss, eager, at ``--vgg-batch-size`` where a large batch would not
-fit). Every variant gets the same images and boxes (4 per image, padded to
-``--max-boxes``); ``--profile`` adds kernel time by family. MFU (``common.mfu``) counts the
-FLOPs of one plain training step on that batch, for every variant but ``torchvision-vgg16``,
-another network, counted on its own step.
+The workload's variants are its real training step (SSD300 with the ResNet-34 backbone,
+matching and the loss batched on the device, momentum SGD) with the registry's optimisations:
+``plain`` with none (the reference path, eager), ``config`` with the 1xH100 config's (but the
+image cache and its jitter, which feed the step rather than change it),
+``config-minus-<name>`` without one (and what requires it); a variant with ``cuda-graph``
+runs as one CUDA graph. The baselines: ``plain-compile`` is the same model trained as a user
+would write it, ``torch.compile(model)`` (channels-last, autocast) with the same matching and
+loss run eagerly and ``torch.optim.SGD`` (``plain-compile-tuned``: compiled with the tuning
+of ``compile=tuned``); ``torchvision-vgg16`` is torchvision's ``ssd300_vgg16`` (its own
+matching and loss, eager, at ``--vgg-batch-size`` where a large batch would not fit). Every
+variant gets the same images and boxes (4 per image, padded to ``--max-boxes``);
+``--profile`` adds kernel time by family. MFU (``common.mfu``) counts the FLOPs of one plain
+training step on that batch, for every variant but ``torchvision-vgg16``, another network,
+counted on its own step.
 
 With ``--coco-dir DIR`` (a COCO 2017 layout, such as the fixture at a real image size) the
 training input pipeline is timed too: the CPU path (decode and augment in ``--workers``
-processes) and the image cache in device or host memory (``--image-cache device|host``: its
-one-off fill, then batches; each also with ``--fused-jitter``), as images/s
-delivered on the GPU.
+processes) and the image cache in device or host memory (``image-cache=device|host``: its
+one-off fill, then batches; each also with ``fused-jitter``), as images/s delivered on the
+GPU.
 """
 
 from __future__ import annotations
@@ -41,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.ssd import data, image_cache
+from benchmarks.ssd import data, fused_jitter, image_cache
 from benchmarks.ssd.boxes import dboxes300_coco, match
 from benchmarks.ssd.loss import Loss
 from benchmarks.ssd.model import SSD300
@@ -49,27 +44,24 @@ from benchmarks.ssd.workload import SSDWorkload
 from common.coco.data import load_split
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
-from common.kernel_profile import kernel_breakdown
 from common.mfu import MFU
+from common.optimisations import ablation_variants, config_optimisations
 from common.precision import Precision
-from common.throughput import gpu_variants, time_steps, tool_parser
+from common.throughput import gpu_variants, measure_variant, report_variants, tool_parser
 from common.training import build_parser
 from common.workload import maybe_compile
 
-# variant -> (CUDA graph, compile mode, other workload flags) for the workload's step
-OURS = {"ours": (True, "none", ()), "ours-compile": (True, "default", ()),
-        "ours-eager": (False, "none", ()),
-        "ours-compile-s2d": (True, "default", ("--space-to-depth",)),
-        "ours-compile-s2d-pool": (True, "default", ("--space-to-depth", "--fused-pool")),
-        "ours-compile-s2d-pool-heads": (True, "default", ("--space-to-depth", "--fused-pool",
-                                                          "--class-last-heads")),
-        "ours-tuned-s2d-pool-heads": (True, "tuned", ("--space-to-depth", "--fused-pool",
-                                                      "--class-last-heads")),
-        "ours-tuned-match": (True, "tuned", ("--space-to-depth", "--fused-pool",
-                                             "--class-last-heads", "--fused-match"))}
-VARIANTS = (*OURS, "plain-compile", "plain-compile-tuned", "torchvision-vgg16")
+BASELINES = ("plain-compile", "plain-compile-tuned", "torchvision-vgg16")
+INPUTS = ("image-cache", "fused-jitter")   # they feed the step: not timed on synthetic batches
 NUM_CLASSES = 81
 LR = 2.5e-3 * 4   # any small LR: throughput only
+
+
+def ours_variants() -> dict[str, list[str]]:
+    """variant -> ``--optimisations`` items."""
+    config = [o for o in config_optimisations("ssd", "1xH100")
+              if o.partition("=")[0] not in INPUTS]
+    return ablation_variants(SSDWorkload.optimisations, config)
 
 
 def workload(batch_size: int, max_boxes: int, precision: Precision, device, *flags: str):
@@ -83,11 +75,12 @@ def workload(batch_size: int, max_boxes: int, precision: Precision, device, *fla
     return wl, wl.synthetic_batch(batch_size)
 
 
-def ours(variant: str, batch_size: int, max_boxes: int, precision: Precision, device):
-    graph, compile_mode, flags = OURS[variant]
-    wl, batch = workload(batch_size, max_boxes, precision, device, "--channels-last",
-                         "--compile", compile_mode, *flags)
-    return GraphedStep(wl.train_step, enabled=graph), batch
+def ours_step(items: list[str], batch_size: int, max_boxes: int, precision: Precision, device):
+    """The workload's step with the optimisations ``items`` (a CUDA graph with ``cuda-graph``)
+    and its batch."""
+    wl, batch = workload(batch_size, max_boxes, precision, device,
+                         *(["--opt", ",".join(items)] if items else []))
+    return GraphedStep(wl.train_step, enabled=wl.args.cuda_graph), batch
 
 
 def plain_compile(precision: Precision, device, mode: str = "default"):
@@ -143,13 +136,11 @@ def input_pipeline(coco_dir: Path, batch_size: int, workers: int, cache_side: in
     for name in ("cpu-decode", "device-cache", "device-cache-fused-jitter", "host-cache",
                  "host-cache-fused-jitter"):
         common = dict(seed=0, num_workers=workers, device=device, max_boxes=200)
-        if name == "cpu-decode":
-            loader, fill = data.build_train_loader(split, batch_size, **common), 0.0
-        else:
-            loader = image_cache.build_train_loader(
-                split, batch_size, max_side=cache_side, storage=name.split("-")[0],
-                fused_jitter=name.endswith("fused-jitter"), **common)
-            loader.warm_up()        # as the workload does, before its clock
+        loader, fill = data.build_train_loader(split, batch_size, **common), 0.0
+        if name != "cpu-decode":
+            loader = image_cache.cached(loader, name.split("-")[0], cache_side)
+            if name.endswith("fused-jitter"):
+                fused_jitter.apply(loader)      # its warm-up as the workload's, before the clock
             t0 = time.perf_counter()
             loader.cache.fill()
             torch.cuda.synchronize()
@@ -188,8 +179,7 @@ def input_pipeline(coco_dir: Path, batch_size: int, workers: int, cache_side: in
 
 def main(argv=None) -> int:
     p = tool_parser("python -m benchmarks.ssd.throughput", __doc__,
-                    "ours,ours-compile,ours-eager,plain-compile,torchvision-vgg16",
-                    warmup=20, iters=30)
+                    "plain-compile,config,torchvision-vgg16", warmup=20, iters=30)
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--max-boxes", type=int, default=200)
     p.add_argument("--vgg-batch-size", type=int,
@@ -202,7 +192,8 @@ def main(argv=None) -> int:
                         "a fixture's epoch holds many batches, as COCO's 916 of 128 do")
     p.add_argument("--cache-side", type=int, default=image_cache.MAX_SIDE)
     a = p.parse_args(argv)
-    variants = gpu_variants(p, a.variants, VARIANTS)
+    ours = ours_variants()
+    variants = gpu_variants(p, a.variants, [*ours, *BASELINES])
     device = torch.device("cuda")
     torch.backends.cudnn.benchmark = True
     precision = Precision(a.precision, "cuda")
@@ -212,35 +203,24 @@ def main(argv=None) -> int:
     rows = []
     for v in variants:
         size = a.vgg_batch_size if v == "torchvision-vgg16" and a.vgg_batch_size else a.batch_size
-        if v in OURS:
-            step, batch = ours(v, size, a.max_boxes, precision, device)
+        own = mfu
+        if v in ours:
+            step, batch = ours_step(ours[v], size, a.max_boxes, precision, device)
         else:
             batch = data.synthetic_batch(size, NUM_CLASSES, device, a.max_boxes)
             mode = "tuned" if v.endswith("-tuned") else "default"
             step = torchvision_vgg16(precision, device) if v == "torchvision-vgg16" \
                 else plain_compile(precision, device, mode)
-        own = mfu
-        if v == "torchvision-vgg16":
-            own = mfu.counted(step, batch)
-            print(f"{v}: {own}", flush=True)
-        m = time_steps(v, step, batch, device, a.warmup, a.iters)
-        rows.append({"variant": v, "batch_size": size, "precision": a.precision,
-                     "samples_per_second": m.samples_per_second,
-                     **own.row(m.samples_per_second),
-                     "peak_memory_gib": m.peak_memory_bytes / 2**30})
-        print(f"{v:18s} batch {size} {a.precision}: {m.samples_per_second:8.1f} img/s, "
-              f"{own.text(m.samples_per_second)}, peak {m.peak_memory_bytes / 2**30:.1f} GiB",
-              flush=True)
-        if a.profile:
-            print(kernel_breakdown(step, batch), flush=True)
+            if v == "torchvision-vgg16":
+                own = mfu.counted(step, batch)
+                print(f"{v}: {own}", flush=True)
+        rows.append(measure_variant(v, step, batch, device, a.warmup, a.iters, "img/s", own,
+                                    a.profile, batch_size=size, precision=a.precision))
         del step, batch
         gc.collect()
+        torch._dynamo.reset()   # each variant compiles afresh, as in its own process
         torch.cuda.empty_cache()
-    base = {r["variant"]: r["samples_per_second"] for r in rows}
-    for ref in ("plain-compile", "torchvision-vgg16"):
-        if ref in base:
-            for r in rows:
-                print(f"{r['variant']:18s} x{r['samples_per_second'] / base[ref]:.2f} vs {ref}")
+    failed = report_variants(rows, ("plain-compile", "torchvision-vgg16"), None)
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
               "results": rows}
     if a.coco_dir:
@@ -249,7 +229,7 @@ def main(argv=None) -> int:
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)
-    return 0
+    return failed
 
 
 if __name__ == "__main__":

@@ -8,17 +8,23 @@ the IoU-constrained crop tried once (``max_samples`` 1). Evaluation splits into 
 forwards with NMS (``eval_outputs``, gathered on rank 0) and COCO scoring
 (``common.coco.evaluation.score``), which ``--background-scoring`` runs beside
 training.
+
+With no optimisation named the workload runs as the reference does: NCHW memory, eagerly,
+the dense matching, each image decoded and augmented on the CPU (``data.py``); each
+optimisation (``--list-optimisations``) changes one of these from its own module, applied to
+the built parts in the registry's order.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from benchmarks.ssd import data, image_cache
+from benchmarks.ssd import data, fused_jitter, heads, image_cache, stem
 from benchmarks.ssd.boxes import dboxes300_coco, decode_batch, dense_overlaps, match
 from benchmarks.ssd.loss import Loss
 from benchmarks.ssd.model import SSD300, WIDTH, mllog_tensor_names
@@ -26,9 +32,9 @@ from common import dist
 from common.coco import cli
 from common.coco import data as coco
 from common.coco.evaluation import Detections, ScoreRequest, score
-from common.errors import UserError, require_cuda
-from common.hparams import checked, non_negative, positive
+from common.hparams import checked, hparam, non_negative, open_fraction, positive
 from common.mllog import constants
+from common.optimisations import COMPILE, CUDA_GRAPH, Optimisation, Registry, shared
 from common.precision import grad_scaler_state
 from common.sgd import DeviceLRSGD
 from common.workload import (
@@ -44,11 +50,28 @@ COCO_TRAIN_IMAGES, COCO_EVAL_IMAGES = coco.COCO_TRAIN_IMAGES, coco.COCO_EVAL_IMA
 BASE_BATCH = 32   # the reference's LR is --lr x global batch / 32
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        return [int(v) for v in text.split(",") if v]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers like 40,50, got {text!r}") from None
+@dataclass
+class HParams:
+    """The reference's training recipe (``train.py``'s defaults)."""
+
+    batch_size: int = hparam(32, "per-rank images per step", check=positive)
+    eval_batch_size: int = hparam(64, "per-rank images per evaluation forward", check=positive)
+    epochs: int = hparam(80, "epoch cap", check=positive)
+    lr: float = hparam(2.5e-3, "learning rate per 32 images of global batch", check=positive)
+    warmup_epochs: float = hparam(1.0, "linear warm-up length in epochs (the reference's "
+                                  "--warmup)", check=non_negative)
+    warmup_factor: int = hparam(0, "the warm-up starts at LR x (1 - 2^-factor)",
+                                check=non_negative)
+    lr_decay_epochs: list[int] = hparam([40, 50], "epochs after which the LR drops x0.1",
+                                        check=positive)
+    eval_epochs: list[int] = hparam([40, 50, 55, 60, 65, 70, 75, 80], "evaluate after these "
+                                    "epochs (and at the cap)", check=positive)
+    momentum: float = hparam(0.9, "SGD momentum", check=open_fraction)
+    weight_decay: float = hparam(5e-4, "weight decay of every parameter", check=non_negative)
+    max_samples: int = hparam(data.MAX_SAMPLES, "tries of the IoU-constrained crop",
+                              choices=data.MAX_SAMPLES_ALLOWED)
+    bn_group: int = hparam(1, "ranks sharing batch-norm statistics (model_bn_span)",
+                           check=positive)
 
 
 def lr_at(step: torch.Tensor, base: float, warmup_steps: int, warmup_factor: int,
@@ -62,79 +85,98 @@ def lr_at(step: torch.Tensor, base: float, warmup_steps: int, warmup_factor: int
     return torch.where(step < warmup_steps, warm, decayed)
 
 
+def _storage(text: str) -> str:
+    if text not in image_cache.STORAGES:
+        raise argparse.ArgumentTypeError(f"storage must be one of {image_cache.STORAGES}")
+    return text
+
+
+def _image_cache(wl: SSDWorkload, storage: str) -> None:
+    if not wl.synthetic:
+        wl.train_loader = image_cache.cached(wl.train_loader, storage, wl.args.cache_side)
+
+
+def _fused_jitter(wl: SSDWorkload, _) -> None:
+    if not wl.synthetic:
+        fused_jitter.apply(wl.train_loader)
+
+
+def _fused_match(wl: SSDWorkload, _) -> None:
+    from benchmarks.ssd.match_triton import fused_overlaps  # Triton: GPU machines only
+
+    wl.overlaps = fused_overlaps
+
+
+def _compile(wl: SSDWorkload, mode: str) -> None:
+    wl.model = maybe_compile(wl.model, mode)
+    wl.match_loss = maybe_compile(wl._match_loss, mode)
+
+
+# Measured in fp32 on the CPU, the tiny config: fused-pool and class-last-heads 6.4e-8 from the
+# plain path's losses. Channels-last and space-to-depth change the convolutions' algorithms:
+# the first two losses (the first update has LR 0) within 4.7e-7, the third, after one update,
+# 1.5e-4 and 1.7e-4 off (the gradients of the batch norms' biases, sums that nearly cancel,
+# differ by up to 5% of their largest entry). The caches' first batch: 4.7e-5 from the CPU
+# pipeline's images (normalised units), the targets equal.
+_BATCH_ATOL, _LAYOUT_RTOL = 1e-4, 5e-4
+REGISTRY = Registry(
+    Optimisation("image-cache", "=STORAGE: every training image decoded once into a cache in "
+                 "device or host memory (--cache-side), each batch cropped, flipped, resized "
+                 "and jittered on the device (image_cache.py)", apply=_image_cache,
+                 value_type=_storage, default="device", compare="batches", atol=_BATCH_ATOL),
+    Optimisation("fused-jitter", "the image cache's colour jitter as four compiled passes over "
+                 "the batch (fused_jitter.py)", apply=_fused_jitter, requires=("image-cache",),
+                 compare="batches", atol=_BATCH_ATOL),
+    Optimisation("channels-last", "the network, and so its activations, in channels-last "
+                 "memory", select=lambda wl, _: setattr(wl.impl, "memory_format",
+                                                        torch.channels_last),
+                 rtol=_LAYOUT_RTOL),
+    Optimisation("space-to-depth", "the stem's 7x7 stride-2 convolution as a 4x4 one over 2x2 "
+                 "pixel blocks (stem.py)", apply=lambda wl, _: stem.space_to_depth(
+                     wl.net.backbone), rtol=_LAYOUT_RTOL),
+    Optimisation("fused-pool", "the stem's ReLU + max-pool as one op with a gather-free "
+                 "backward (stem.py)", apply=lambda wl, _: stem.fused_pool(wl.net.backbone)),
+    Optimisation("class-last-heads", "the confidence heads' output channels reordered so "
+                 "each box's class scores are contiguous, padded to multiples of 8 "
+                 "(heads.py)", apply=lambda wl, _: heads.apply(wl.net)),
+    Optimisation("fused-match", "the matching's IoU maxima in one Triton kernel, without the "
+                 "[batch, boxes, 8732] IoU matrix (match_triton.py)", apply=_fused_match,
+                 cuda=True),
+    # not measured on a GPU yet: a rounding change is amplified as channels-last's is
+    shared(COMPILE, apply=_compile, rtol=_LAYOUT_RTOL, description="torch.compile the model "
+           "and the matching + loss, each a region (=MODE: default, tuned, "
+           "max-autotune-no-cudagraphs)"),
+    # GradScaler reads its overflow flag on the host: amp-fp16 cannot be captured
+    shared(CUDA_GRAPH, precisions=("fp32", "tf32", "amp-bf16")),
+)
+
+
 class SSDWorkload(Workload):
     name = constants.SSD
     targets = (Target("bbox_map", 0.23),)
     scorer = staticmethod(score)
+    hparams = HParams
+    optimisations = REGISTRY
 
     @staticmethod
     def add_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--data-dir", type=Path,
                        help="COCO 2017: annotations/instances_{train,val}2017.json, "
                             "{train,val}2017/*.jpg")
-        p.add_argument("--batch-size", type=checked(int, positive),
-                       default=32, help="per-rank images per step")
-        p.add_argument("--eval-batch-size", type=checked(int, positive), default=64)
-        p.add_argument("--epochs", type=checked(int, positive), default=80, help="epoch cap")
-        p.add_argument("--lr", type=checked(float, positive), default=2.5e-3,
-                       help="learning rate per 32 images of global batch")
-        p.add_argument("--warmup-epochs", type=checked(float, non_negative), default=1.0,
-                       help="linear warm-up length in epochs (the reference's --warmup)")
-        p.add_argument("--warmup-factor", type=int, default=0)
-        p.add_argument("--lr-decay-epochs", type=_ints, default=[40, 50],
-                       help="epochs after which the LR drops x0.1")
-        p.add_argument("--eval-epochs", type=_ints, default=[40, 50, 55, 60, 65, 70, 75, 80],
-                       help="evaluate after these epochs (and at the cap)")
-        p.add_argument("--momentum", type=float, default=0.9)
-        p.add_argument("--weight-decay", type=float, default=5e-4)
-        p.add_argument("--max-samples", type=int, default=1, choices=(1, 50),
-                       help="tries of the IoU-constrained crop")
         p.add_argument("--max-boxes", type=checked(int, positive), default=data.MAX_BOXES,
                        help="ground-truth boxes per image, padded (static step shapes)")
         p.add_argument("--width", type=checked(int, positive), default=WIDTH,
                        help="ResNet-34 stem width; every channel count scales with it "
                             "(64: the reference; smaller only for CPU fixtures)")
-        p.add_argument("--bn-group", type=checked(int, positive),
-                       default=1, help="ranks sharing BN statistics")
-        p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=False)
-        p.add_argument("--space-to-depth", action=argparse.BooleanOptionalAction, default=False,
-                       help="the stem convolution over 2x2 pixel blocks (same result; cuDNN "
-                            "is slow on 3 input channels)")
-        p.add_argument("--class-last-heads", action=argparse.BooleanOptionalAction,
-                       default=False, help="confidence heads with their output channels "
-                       "reordered so each box's class scores are contiguous (benchmarks/ssd/"
-                       "heads.py; the same scores)")
-        p.add_argument("--fused-pool", action=argparse.BooleanOptionalAction, default=False,
-                       help="the stem's ReLU + max-pool as one op with a gather-free backward "
-                            "(common.pool; the same result)")
-        p.add_argument("--fused-match", action=argparse.BooleanOptionalAction, default=False,
-                       help="matching's IoU maxima in one Triton kernel, without the "
-                            "[batch, boxes, 8732] IoU matrix (benchmarks/ssd/match_triton.py; "
-                            "the same targets; CUDA only)")
-        p.add_argument("--image-cache", default="none", choices=("none", *image_cache.STORAGES),
-                       help="device: decode every training image once (on the first batch) "
-                            "and keep it on the device, where crop, flip, resize and colour "
-                            "jitter run; host: keep it in host memory and copy each batch's "
-                            "images to the device (benchmarks/ssd/image_cache.py)")
-        p.add_argument("--cache-side", type=int, default=image_cache.MAX_SIDE,
-                       help="longer side of cached images in pixels; memory: images x 3 x "
-                            "side^2 bytes (COCO at 384: 51.9 GB per rank)")
-        p.add_argument("--fused-jitter", action=argparse.BooleanOptionalAction, default=False,
-                       help="with --image-cache: the colour jitter as four compiled passes "
-                            "over the batch (benchmarks/ssd/fused_jitter.py; the same result)")
+        p.add_argument("--cache-side", type=checked(int, positive), default=image_cache.MAX_SIDE,
+                       help="image-cache: longer side of cached images in pixels; memory: "
+                            "images x 3 x side^2 bytes (COCO at 384: 51.9 GB per rank)")
         cli.add_args(p, "resnet34")
 
     # -- set-up ---------------------------------------------------------------------------
     def build(self) -> None:
-        a, env = self.args, self.env
-        if a.fused_jitter and a.image_cache == "none":
-            raise UserError("--fused-jitter is the image cache's colour jitter: add "
-                            "--image-cache device or host, or leave it out")
+        a, h, env = self.args, self.hp, self.env
         self.overlaps = dense_overlaps
-        if a.fused_match:
-            require_cuda(env.device, "--fused-match runs a Triton kernel")
-            from benchmarks.ssd.match_triton import fused_overlaps
-            self.overlaps = fused_overlaps
         if not self.synthetic:
             self.train_split = coco.load_split(a.data_dir, "train")
             self.val_split = coco.load_split(a.data_dir, "val")
@@ -142,42 +184,35 @@ class SSDWorkload(Workload):
         else:
             num_classes = 81
         self.num_classes = num_classes
-        model = SSD300(num_classes, a.width, a.space_to_depth, a.fused_pool,
-                       a.class_last_heads)
+        model = SSD300(num_classes, a.width)
         if a.backbone_checkpoint:
             cli.load_backbone(a.backbone_checkpoint, "resnet34",
                               model.backbone.load_torchvision)
         self.tensor_names = mllog_tensor_names(model)
-        model = dist.group_norm_layers(model, env, a.bn_group)
-        mem = torch.channels_last if a.channels_last else torch.contiguous_format
+        model = dist.group_norm_layers(model, env, h.bn_group)
+        mem = getattr(self.impl, "memory_format", torch.contiguous_format)
         self.net = model.to(env.device, memory_format=mem)
-        self.model = maybe_compile(dist.data_parallel(self.net, env), a.compile)
+        self.model = dist.data_parallel(self.net, env)
         self.dboxes = dboxes300_coco().to(env.device)
         self.loss = Loss(self.dboxes).to(env.device)
-        self.match_loss = maybe_compile(self._match_loss, a.compile)
+        self.match_loss = self._match_loss
         self.lr = torch.zeros((), device=env.device)
         self.step_count = torch.zeros((), device=env.device)
-        self.optimizer = DeviceLRSGD(self.net.parameters(), lr=self.lr, momentum=a.momentum,
-                                     weight_decay=a.weight_decay)
+        self.optimizer = DeviceLRSGD(self.net.parameters(), lr=self.lr, momentum=h.momentum,
+                                     weight_decay=h.weight_decay)
         self.scaler = self.precision.grad_scaler()
         if self.synthetic:
             self._steps_per_epoch = COCO_TRAIN_IMAGES // self.global_batch_size
         else:
             common = dict(rank=env.rank, world_size=env.world_size, num_workers=a.workers,
                           device=env.device)
-            train = dict(seed=a.seed, max_boxes=a.max_boxes, max_samples=a.max_samples, **common)
-            if a.image_cache != "none":
-                self.train_loader = image_cache.build_train_loader(
-                    self.train_split, a.batch_size, max_side=a.cache_side,
-                    storage=a.image_cache, fused_jitter=a.fused_jitter, **train)
-                self.train_loader.warm_up()
-            else:
-                self.train_loader = data.build_train_loader(self.train_split, a.batch_size,
-                                                            **train)
-            self.eval_loader = data.build_eval_loader(self.val_split, a.eval_batch_size,
+            self.train_loader = data.build_train_loader(
+                self.train_split, h.batch_size, seed=a.seed, max_boxes=a.max_boxes,
+                max_samples=h.max_samples, **common)
+            self.eval_loader = data.build_eval_loader(self.val_split, h.eval_batch_size,
                                                       **common)
             self._steps_per_epoch = len(self.train_loader)
-        self.warmup_steps = max(1, int(a.warmup_epochs * self.train_samples
+        self.warmup_steps = max(1, int(h.warmup_epochs * self.train_samples
                                        / self.global_batch_size))
 
     @property
@@ -188,7 +223,7 @@ class SSDWorkload(Workload):
 
     @property
     def global_batch_size(self) -> int:
-        return self.args.batch_size * self.env.world_size
+        return self.hp.batch_size * self.env.world_size
 
     @property
     def train_samples(self) -> int:
@@ -200,10 +235,10 @@ class SSDWorkload(Workload):
 
     @property
     def base_lr(self) -> float:
-        return self.args.lr * self.global_batch_size / BASE_BATCH
+        return self.hp.lr * self.global_batch_size / BASE_BATCH
 
     def hyperparameters(self) -> dict:
-        a, c = self.args, constants
+        a, c = self.hp, constants
         return {
             c.OPT_NAME: "sgd", c.GRADIENT_ACCUMULATION_STEPS: 1,
             c.OPT_BASE_LR: self.base_lr, c.OPT_WEIGHT_DECAY: a.weight_decay,
@@ -222,7 +257,7 @@ class SSDWorkload(Workload):
         return self._steps_per_epoch
 
     def eval_points(self) -> list[EvalPoint]:
-        a = self.args
+        a = self.hp
         epochs = sorted({e for e in a.eval_epochs if 1 <= e < a.epochs} | {a.epochs})
         return epoch_points(epochs, self.steps_per_epoch)
 
@@ -234,7 +269,7 @@ class SSDWorkload(Workload):
 
     # -- steps ----------------------------------------------------------------------------
     def train_step(self, images, boxes, labels, valid) -> torch.Tensor:
-        a = self.args
+        a = self.hp
         self.lr.copy_(lr_at(self.step_count, self.base_lr, self.warmup_steps, a.warmup_factor,
                             self.steps_per_epoch, a.lr_decay_epochs))
         self.optimizer.zero_grad(set_to_none=True)
@@ -262,8 +297,8 @@ class SSDWorkload(Workload):
 
     def warm_up_eval(self) -> None:
         """The model's evaluation forward at ``--eval-batch-size``, compiled before the clock
-        with ``--compile``."""
-        self.infer_step(*self.synthetic_batch(self.args.eval_batch_size))
+        under ``compile``."""
+        self.infer_step(*self.synthetic_batch(self.hp.eval_batch_size))
 
     def infer_step(self, images, *targets) -> torch.Tensor:
         self.model.eval()

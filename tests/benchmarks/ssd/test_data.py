@@ -9,6 +9,7 @@ from benchmarks.ssd import data
 from benchmarks.ssd.boxes import box_iou, dboxes300_coco, match
 from common.coco.data import load_split
 from common.coco.fixture import write_fixture
+from common.coco.pipeline import epoch_order
 from common.errors import UserError
 
 
@@ -155,7 +156,7 @@ def test_ranks_read_disjoint_slices_of_each_global_batch():
     r0 = data.train_batches(n, bs, 0, 2, seed=5, epoch=1)
     r1 = data.train_batches(n, bs, 1, 2, seed=5, epoch=1)
     assert len(r0) == len(r1) == n // 6
-    order = data.epoch_order(n, 5, 1)
+    order = epoch_order(n, 5, 1)
     for s, (a, b) in enumerate(zip(r0, r1)):
         assert sorted(a + b) == sorted(order[6 * s:6 * s + 6]) and not set(a) & set(b)
     assert data.train_batches(n, bs, 0, 2, seed=5, epoch=2) != r0

@@ -1,11 +1,12 @@
-"""The device image cache (--image-cache device) against the CPU input pipeline, on the CPU."""
+"""The image cache (optimisation ``image-cache``) and its fused jitter against the CPU input
+pipeline, on the CPU."""
 
 from pathlib import Path
 
 import pytest
 import torch
 
-from benchmarks.ssd import data, image_cache
+from benchmarks.ssd import data, fused_jitter, image_cache
 from benchmarks.ssd.workload import SSDWorkload
 from common.coco.data import decode_image_chw, load_split
 from common.coco.fixture import write_fixture
@@ -15,6 +16,14 @@ from common.precision import Precision
 from common.training import build_parser
 
 LOADER = dict(batch_size=2, seed=3, max_boxes=8, rank=1, world_size=2)
+
+
+def _cached(train, max_side, storage="device", fused=False, **loader):
+    cached = image_cache.cached(data.build_train_loader(train, **LOADER, **loader), storage,
+                                max_side)
+    if fused:
+        fused_jitter.apply(cached)
+    return cached
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +37,11 @@ def train(root):
     return load_split(root, "train")
 
 
-@pytest.mark.parametrize("storage, fused_jitter", [(s, False) for s in image_cache.STORAGES]
+@pytest.mark.parametrize("storage, fused", [(s, False) for s in image_cache.STORAGES]
                          + [("device", True)])
-def test_cache_loader_matches_the_cpu_loader(train, storage, fused_jitter):
+def test_cache_loader_matches_the_cpu_loader(train, storage, fused):
     cpu = data.build_train_loader(train, **LOADER)
-    cached = image_cache.build_train_loader(train, max_side=144, storage=storage,
-                                            fused_jitter=fused_jitter, **LOADER)  # no shrinking
+    cached = _cached(train, 144, storage, fused)   # 144: no shrinking
     assert len(cached) == len(cpu) == len(train) // 4
     for epoch in (0, 1):
         assert cached.batches(epoch) == cpu.batches(epoch)
@@ -101,7 +109,7 @@ def test_crops_and_flips_put_a_square_where_its_box_goes():
 
 
 def test_cache_fills_on_first_use_and_holds_every_image(train):
-    loader = image_cache.build_train_loader(train, max_side=144, num_workers=2, **LOADER)
+    loader = _cached(train, 144, num_workers=2)
     cache = loader.cache
     assert not cache.filled and cache.nbytes == len(train) * 3 * 144 * 144
     images, *_ = next(iter(loader.epoch(0)))
@@ -118,12 +126,12 @@ def test_a_corrupt_image_is_named_in_one_line_when_the_cache_fills(tmp_path):
     root = write_fixture(tmp_path / "fx", train=3, val=1, image_size=32, classes=2, seed=0)
     split = load_split(root, "train")
     Path(split.records[1].path).write_bytes(b"not a jpeg")
-    cache = image_cache.ImageCache(split, "cpu", 32, num_workers=1)
+    cache = image_cache.ImageCache(split.records, "cpu", 32, num_workers=1)
     with pytest.raises(UserError) as err:
         cache.fill()
     assert one_line(err.value).startswith(f"{split.records[1].path}: cannot decode image")
     with pytest.raises(UserError, match="--cache-side 0"):
-        image_cache.ImageCache(split, "cpu", 0)
+        image_cache.ImageCache(split.records, "cpu", 0)
 
 
 def test_shrinking_keeps_the_aspect_and_never_enlarges(train):
@@ -134,7 +142,7 @@ def test_shrinking_keeps_the_aspect_and_never_enlarges(train):
     assert image_cache.downscale(image, 60).shape == (3, 45, 60)
     assert image_cache.downscale(image, 200) is image
 
-    cache = image_cache.ImageCache(train, "cpu", 64)
+    cache = image_cache.ImageCache(train.records, "cpu", 64)
     for i, r in enumerate(train.records):
         h, w = cache.sizes[i].tolist()
         assert max(h, w) == 64 and abs(h / w - r.height / r.width) <= 1 / min(h, w)
@@ -142,16 +150,16 @@ def test_shrinking_keeps_the_aspect_and_never_enlarges(train):
         assert torch.equal(cache.images[i, :, :h, :w], small)
     # windows scaled to the shrunk images: near the CPU pipeline (measured mean 0.03), not equal
     cpu = data.build_train_loader(train, **LOADER)
-    shrunk = image_cache.build_train_loader(train, max_side=64, **LOADER)
+    shrunk = _cached(train, 64)
     for (x, *targets), (y, *cached_targets) in zip(cpu.epoch(0), shrunk.epoch(0), strict=True):
         assert all(torch.equal(a, b) for a, b in zip(targets, cached_targets, strict=True))
         assert (y - x).abs().mean() < 0.1
 
 
-def test_the_workload_switch_trains_from_the_cache(root):
+def test_the_workload_optimisation_trains_from_the_cache(root):
     args = build_parser(SSDWorkload).parse_args(
-        ["--data-dir", str(root), "--seed", "1", "--image-cache", "device", "--cache-side", "96",
-         "--width", "8", "--workers", "0", "--batch-size", "2", "--max-boxes", "8"])
+        ["--data-dir", str(root), "--seed", "1", "--opt", "image-cache=device", "--cache-side",
+         "96", "--width", "8", "--workers", "0", "--batch-size", "2", "--max-boxes", "8"])
     wl = SSDWorkload(args, DistEnv(), Precision("fp32", "cpu"))
     wl.setup()
     assert isinstance(wl.train_loader, image_cache.CachedLoader)
@@ -162,8 +170,6 @@ def test_the_workload_switch_trains_from_the_cache(root):
 
 
 def test_fused_color_jitter_equals_the_batched_reference():
-    from benchmarks.ssd import fused_jitter
-
     g = torch.Generator().manual_seed(1)
     x = torch.rand(8, 3, 12, 10, generator=g)
     factors = torch.tensor([data.jitter_params(data.sample_generator(1, 0, i))[0]
@@ -178,8 +184,6 @@ def test_fused_color_jitter_equals_the_batched_reference():
 
 
 def test_fused_jitter_warm_up_builds_the_batches_compiled_code():
-    from benchmarks.ssd import fused_jitter
-
     fused_jitter.warm_up(8, 12, torch.device("cpu"))
     x = torch.rand(8, 3, 12, 12, generator=torch.Generator().manual_seed(2))
     order = torch.tensor([[(k + j) % 4 for j in range(4)] for k in range(8)])
@@ -188,8 +192,8 @@ def test_fused_jitter_warm_up_builds_the_batches_compiled_code():
     assert out.shape == x.shape and not torch.equal(out, x)
 
 
-def test_fused_jitter_without_an_image_cache_is_one_line():
-    args = build_parser(SSDWorkload).parse_args(["--synthetic-data", "--fused-jitter"])
-    wl = SSDWorkload(args, DistEnv(), Precision("fp32", "cpu"))
-    with pytest.raises(UserError, match="--fused-jitter .* --image-cache"):
-        wl.setup()
+def test_fused_jitter_without_an_image_cache_is_one_line(capsys):
+    with pytest.raises(SystemExit):
+        build_parser(SSDWorkload).parse_args(["--synthetic-data", "--opt", "fused-jitter"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "fused-jitter requires image-cache" in err

@@ -2,6 +2,7 @@
 v1.1), its outputs have the reference's layout, and its tensor names are the ruleset's."""
 
 import ast
+import inspect
 import math
 from pathlib import Path
 
@@ -11,10 +12,13 @@ import torch
 import yaml
 from torch import nn
 
+from benchmarks.ssd import heads, stem
 from benchmarks.ssd.heads import _ChannelsLastGrad, box_major
 from benchmarks.ssd.model import (
     NUM_DEFAULTS,
     SSD300,
+    BasicBlock,
+    ResNet34Backbone,
     mllog_parameter_names,
     mllog_tensor_names,
 )
@@ -152,11 +156,31 @@ def test_every_trainable_parameter_has_one_name(model):
     assert shape["ssd0_expand_conv4_weight"] == (256, 128, 3, 3)
 
 
+@pytest.mark.parametrize("cls", [SSD300, ResNet34Backbone, BasicBlock])
+def test_the_model_takes_no_optimisation_switch(cls):
+    """The reference network alone: optimisations transform the built model (stem.py,
+    heads.py)."""
+    allowed = {"self", "num_classes", "width", "cin", "cout", "stride", "downsample", "x"}
+    for fn in (cls.__init__, cls.forward):
+        assert set(inspect.signature(fn).parameters) <= allowed, fn
+
+
+def _transformed(plain: SSD300, transform) -> SSD300:
+    """A copy of ``plain`` (the same weights) with ``transform`` applied, state_dict keys
+    unchanged."""
+    model = SSD300(plain.num_classes, width=8).double()
+    model.load_state_dict(plain.state_dict())
+    keys = list(model.state_dict())
+    transform(model)
+    assert list(model.state_dict()) == keys
+    return model
+
+
 def test_space_to_depth_stem_gives_the_same_outputs():
     torch.manual_seed(0)
     plain = SSD300(5, width=8).double().eval()     # fp64: no rounding to tell apart
-    s2d = SSD300(5, width=8, space_to_depth=True).double().eval()
-    s2d.load_state_dict(plain.state_dict())
+    s2d = _transformed(plain, lambda m: stem.space_to_depth(m.backbone)).eval()
+    assert type(s2d.backbone.conv1) is stem.SpaceToDepthConv
     x = torch.randn(2, 3, 300, 300, dtype=torch.float64)
     with torch.no_grad():
         for a, b in zip(plain(x), s2d(x)):
@@ -166,8 +190,8 @@ def test_space_to_depth_stem_gives_the_same_outputs():
 def test_fused_pool_gives_the_same_outputs_and_gradients():
     torch.manual_seed(0)
     plain = SSD300(5, width=8).double()         # fp64: no rounding to tell apart
-    fused = SSD300(5, width=8, fused_pool=True).double()
-    fused.load_state_dict(plain.state_dict())
+    fused = _transformed(plain, lambda m: stem.fused_pool(m.backbone))
+    assert type(fused.backbone.maxpool) is stem.ReluMaxPool
     x = torch.randn(2, 3, 300, 300, dtype=torch.float64)
     outs = [model(x) for model in (plain, fused)]
     for a, b in zip(*outs):
@@ -182,8 +206,8 @@ def test_fused_pool_gives_the_same_outputs_and_gradients():
 def test_class_last_heads_give_the_same_scores_and_gradients(channels_last):
     torch.manual_seed(0)
     plain = SSD300(5, width=8).double()         # fp64: no rounding to tell apart
-    last = SSD300(5, width=8, class_last_heads=True).double()
-    last.load_state_dict(plain.state_dict())
+    last = _transformed(plain, heads.apply)
+    assert type(last) is heads.ClassLastSSD300
     x = torch.randn(2, 3, 300, 300, dtype=torch.float64)
     if channels_last:
         plain, last = (m.to(memory_format=torch.channels_last) for m in (plain, last))

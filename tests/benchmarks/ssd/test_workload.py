@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from benchmarks.ssd.model import SSD300
-from benchmarks.ssd.workload import SSDWorkload, lr_at
+from benchmarks.ssd.workload import HParams, SSDWorkload, lr_at
 from common.coco import cli
 from common.errors import UserError
 
@@ -28,12 +28,11 @@ def test_lr_is_the_references_warmup_and_decay(factor):
 def test_evaluation_points_and_decay_boundaries_follow_the_rules(monkeypatch):
     monkeypatch.setattr(SSDWorkload, "steps_per_epoch", 7)
     wl = SSDWorkload.__new__(SSDWorkload)
-    wl.args = type("A", (), {"eval_epochs": [40, 50, 55, 60, 65, 70, 75, 80], "epochs": 80,
-                             "lr_decay_epochs": [40, 50]})()
+    wl.hp = HParams()   # the reference's
     points = wl.eval_points()
     assert [p.epoch_num for p in points] == [40, 50, 55, 60, 65, 70, 75, 80]
     assert points[0].step == 280 and (points[1].first_epoch_num, points[1].epoch_count) == (41, 10)
-    first, second = wl.args.lr_decay_epochs   # closed_ssd.yaml's integer rules
+    first, second = wl.hp.lr_decay_epochs   # closed_ssd.yaml's integer rules
     assert (10 * (first / 40 - 1)).is_integer() and (10 * (second / 50 - 1)).is_integer()
 
 
@@ -51,8 +50,19 @@ def test_fused_match_off_the_gpu_is_one_line():
     from common.training import build_parser
 
     args = SSDWorkload.parse_bench_args(build_parser(SSDWorkload),
-                                        ["--fused-match", "--width", "8"], "synthetic", 2)
-    wl = SSDWorkload(args, DistEnv(device=torch.device("cpu")), Precision("fp32", "cpu"))
-    with pytest.raises(UserError, match="--fused-match runs a Triton kernel") as e:
-        wl.setup()
+                                        ["--opt", "fused-match", "--width", "8"], "synthetic", 2)
+    with pytest.raises(UserError, match="optimisation fused-match needs CUDA") as e:
+        SSDWorkload(args, DistEnv(device=torch.device("cpu")), Precision("fp32", "cpu"))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("flag, value", [("--batch-size", "0"), ("--epochs", "-1"),
+                                         ("--max-samples", "7"), ("--lr-decay-epochs", "40,x"),
+                                         ("--bn-group", "0"), ("--momentum", "1")])
+def test_a_bad_hyper_parameter_is_a_one_line_parse_error(flag, value, capsys):
+    from common.training import build_parser
+
+    with pytest.raises(SystemExit) as e:
+        build_parser(SSDWorkload).parse_args(["--synthetic-data", flag, value])
+    assert e.value.code == 2
+    assert flag in capsys.readouterr().err.strip().splitlines()[-1]

@@ -1,0 +1,79 @@
+"""The shared COCO input-pipeline skeleton (common/coco/pipeline.py): per-sample generators, the
+epoch's order, and a Loader that runs a subclass's sampling and collation in worker processes."""
+
+from typing import NamedTuple
+
+import pytest
+import torch
+
+from common.coco import pipeline
+
+
+def test_a_samples_generator_depends_on_seed_epoch_and_index_only():
+    def draw(*key):
+        return torch.rand(4, generator=pipeline.sample_generator(*key))
+    assert torch.equal(draw(3, 1, 7), draw(3, 1, 7))
+    others = [draw(4, 1, 7), draw(3, 2, 7), draw(3, 1, 8)]
+    assert not any(torch.equal(draw(3, 1, 7), o) for o in others)
+
+
+def test_an_epochs_order_is_a_permutation_per_seed_and_epoch():
+    order = pipeline.epoch_order(50, 5, 1)
+    assert sorted(order) == list(range(50)) and all(type(i) is int for i in order)
+    assert pipeline.epoch_order(50, 5, 1) == order
+    assert pipeline.epoch_order(50, 5, 2) != order and pipeline.epoch_order(50, 6, 1) != order
+
+
+class Pair(NamedTuple):
+    index: torch.Tensor
+    epoch: torch.Tensor
+
+
+class Numbers(torch.utils.data.Dataset):
+    """Sample i of epoch e: (i, e), so a batch shows which epoch the worker saw."""
+
+    def __init__(self, n: int):
+        self.n, self.epoch = n, 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i, self.epoch
+
+
+def collate(samples) -> Pair:
+    return Pair(*(torch.tensor(v) for v in zip(*samples)))
+
+
+class Halves(pipeline.Loader):
+    """Rank r's batches: the r-th half of the epoch's order, in pairs."""
+
+    def batches(self, epoch):
+        order = pipeline.epoch_order(len(self.dataset), self.seed, epoch)
+        mine = order[self.rank::self.world_size]
+        return [mine[i:i + self.batch_size] for i in range(0, len(mine), self.batch_size)]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_loader_collates_the_subclasss_batches_for_the_epoch(workers):
+    loader = Halves(Numbers(8), True, collate, 2, rank=1, world_size=2, seed=3,
+                    num_workers=workers)
+    assert len(loader) == 2 and len(loader.epoch(5)) == 2
+    batches = list(loader.epoch(5))
+    assert all(type(b) is Pair for b in batches)
+    assert [b.index.tolist() for b in batches] == loader.batches(5)
+    assert all(b.epoch.tolist() == [5, 5] for b in batches)   # set before the workers start
+
+
+def test_an_evaluation_loader_leaves_the_datasets_epoch_alone():
+    data = Numbers(4)
+    loader = Halves(data, False, lambda s: tuple(torch.tensor(v) for v in zip(*s)), 2)
+    (index, epoch), (index2, _) = loader.epoch(9)
+    assert data.epoch == 0 and epoch.tolist() == [0, 0]
+    assert type(index) is torch.Tensor and sorted(index.tolist() + index2.tolist()) == [0, 1, 2, 3]
+
+
+def test_a_rank_outside_the_world_is_refused():
+    with pytest.raises(ValueError, match="rank 2 outside world size 2"):
+        Halves(Numbers(4), True, collate, 2, rank=2, world_size=2)
