@@ -1,14 +1,9 @@
-"""The attention optimisations, each a class swap on the built plain model.
+"""The attention optimisations ``sdpa`` and ``unpad``, each a class swap on the plain model.
 
-``sdpa``: attention on the padded batch as one ``F.scaled_dot_product_attention`` call (the
-padding as a boolean mask) in place of the reference's explicit softmax. ``unpad``: padding
-tokens removed before the first layer, every layer on the packed ``[tokens, hidden]`` matrix,
-attention over the variable-length sequences (flash attention on CUDA through ATen's
-``_flash_attention_forward``/``_backward``, whose static shapes run inside CUDA graphs; one SDPA
-call per sequence elsewhere). ``unpad=BUCKET`` rounds each training batch's token count up to a
-multiple of BUCKET with filler sequences of padding positions (``bucketed_packing``, on the
-host as batches are read), so a CUDA graph per bucket serves every batch; evaluation packs each
-batch exactly (``Packing.from_mask``).
+Unpadded attention runs flash attention on CUDA through ATen's ``_flash_attention_forward`` /
+``_backward``, whose static shapes run inside CUDA graphs, and one SDPA call per sequence
+elsewhere. Training batches are packed on the host as they are read (``bucketed_packing``),
+evaluation batches exactly (``Packing.from_mask``).
 """
 
 from __future__ import annotations
@@ -42,11 +37,9 @@ SDPA = Optimisation(
 class Packing:
     """Where the tokens of a padded ``[batch, seq]`` batch live in the packed token matrix.
 
-    ``index`` [tokens]: the flat positions (``b * seq + s``) gathered into the
-    packed matrix; ``offsets`` [sequences + 1] (int32): sequence ``i`` is rows
-    ``offsets[i]:offsets[i + 1]``. The batch's sequences come first; a bucketed
-    packing (``bucketed_packing``) then has filler sequences made of padding
-    positions, which no output reads and which therefore get zero gradient.
+    ``index`` [tokens]: the flat positions (``b * seq + s``) packed; ``offsets`` (int32):
+    sequence ``i`` is rows ``offsets[i]:offsets[i + 1]``, the batch's sequences first, then
+    any filler sequences of padding positions (no output reads them: zero gradient).
     """
 
     index: torch.Tensor
@@ -62,14 +55,12 @@ class Packing:
 
 
 def bucketed_packing(mask: np.ndarray, micro: int, bucket: int) -> tuple[np.ndarray, ...]:
-    """Static-shape packings of the ``micro`` micro-batches of a host ``mask`` [batch, seq].
+    """``index`` [micro, tokens] (int64) and ``offsets`` [micro, rows + 1 + fillers] (int32):
+    static-shape packings of the ``micro`` micro-batches of ``mask`` [batch, seq] (host).
 
-    The token count is the largest micro-batch's, rounded up to a multiple of
-    ``bucket`` (at most all positions); the gap is filled with padding positions
-    split into ``ceil(bucket / seq)`` filler sequences (some possibly empty), so
-    every batch of a bucket has the same shapes and one CUDA graph serves them.
-    Returns ``index`` [micro, tokens] (int64) and ``offsets`` [micro, rows + 1 + fillers]
-    (int32), ``rows`` being the micro-batch size.
+    The token count is the largest micro-batch's rounded up to a multiple of ``bucket`` (at
+    most all positions), the gap filled by ``ceil(bucket / seq)`` filler sequences of padding
+    positions (some empty), so one CUDA graph serves every batch of a bucket.
     """
     b, s = mask.shape
     parts = mask.reshape(micro, b // micro, s).astype(bool)
@@ -107,17 +98,6 @@ class FlashVarlen(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-def varlen_attention(q, k, v, packing: Packing, dropout_p: float) -> torch.Tensor:
-    """Attention within each packed sequence of ``q, k, v`` [tokens, heads, dim]."""
-    if q.is_cuda:
-        return FlashVarlen.apply(q, k, v, packing.offsets, packing.max_len, dropout_p)
-    bounds = packing.offsets.tolist()
-    pieces = [F.scaled_dot_product_attention(*(t[a:b].transpose(0, 1) for t in (q, k, v)),
-                                             dropout_p=dropout_p).transpose(0, 1)
-              for a, b in zip(bounds, bounds[1:]) if b > a]
-    return torch.cat(pieces)
-
-
 class UnpaddedSelfAttention(SelfAttention):
     """Self-attention of the packed tokens ``x`` [tokens, hidden] within each sequence of
     ``packing`` (what the encoder passes as its mask)."""
@@ -127,7 +107,13 @@ class UnpaddedSelfAttention(SelfAttention):
         q, k, v = (y.view(t, self.heads, self.head_dim)
                    for y in (self.query(x), self.key(x), self.value(x)))
         p = self.dropout_p if self.training else 0.0
-        return varlen_attention(q, k, v, packing, p).reshape(t, h)
+        if x.is_cuda:
+            return FlashVarlen.apply(q, k, v, packing.offsets, packing.max_len, p).reshape(t, h)
+        bounds = packing.offsets.tolist()
+        pieces = [F.scaled_dot_product_attention(*(y[a:b].transpose(0, 1) for y in (q, k, v)),
+                                                 dropout_p=p).transpose(0, 1)
+                  for a, b in zip(bounds, bounds[1:]) if b > a]
+        return torch.cat(pieces).reshape(t, h)
 
 
 class UnpaddedBertForPreTraining(BertForPreTraining):

@@ -1,11 +1,6 @@
-"""Loading the reference's phase-1 checkpoint into ``BertForPreTraining``.
-
-The reference's PyTorch checkpoint (``model.ckpt-28252.pt``, converted from
-the TensorFlow phase-1 checkpoint by its ``convert_tf_checkpoint.py``) is a
-``torch.save``'d dict whose ``"model"`` entry is a state dict named like this
-model's parameters (``bert.embeddings.word_embeddings.weight``...). The
-word-embedding / decoder rows may be the plain vocabulary (30522): they are
-copied into the padded rows of this model.
+"""Loading the reference's PyTorch phase-1 checkpoint (``model.ckpt-28252.pt``, from its
+``convert_tf_checkpoint.py``) into ``BertForPreTraining``; word-embedding and decoder rows of
+the unpadded vocabulary (30522) fill the first rows of the padded ones.
 """
 
 from __future__ import annotations

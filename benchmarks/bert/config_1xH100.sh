@@ -1,8 +1,5 @@
-# BERT-large on one H100: global batch 256 as 4 micro-batches of 64, with the
-# hyper-parameters of the ruleset's reference convergence point for batch 256
-# (13700 steps; the rest as the reference). Needs DATADIR with training/ and eval/ shards,
-# bert_config.json and INIT_CHECKPOINT (the reference's phase-1 checkpoint,
-# model.ckpt-28252.pt).
+# BERT-large on one H100: global batch 256 as 4 micro-batches of 64, the ruleset's reference
+# convergence point for batch 256 (13700 steps). Needs DATADIR and INIT_CHECKPOINT (README.md).
 NPROC=1
 PRECISION=${PRECISION:-amp-bf16}
 OPTIMISATIONS=(unpad fused-gelu fused-layernorm flat-params sharded-optimizer bf16-weights

@@ -1,7 +1,5 @@
-# A 2-layer, 64-wide BERT (the fixture's bert_config.json) on the CPU fixture:
-# sequences of 64 tokens, 10 predictions, global batch 32, evaluation every
-# 1600 samples. For CI and first contact, not an MLPerf result. The model is not
-# BERT-large, so the run is logged as an open-division run: closed_bert.yaml requires
+# A 2-layer, 64-wide BERT (the fixture's bert_config.json) on the CPU fixture, for CI and first
+# contact, not an MLPerf result. Logged as an open-division run: closed_bert.yaml requires
 # weights_initialization events for BERT-large's 24 layers, which this model does not have.
 NPROC=1   # GPUS=2: the same run on 2 gloo processes
 PRECISION=${PRECISION:-fp32}

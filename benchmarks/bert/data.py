@@ -6,11 +6,9 @@ positions (the reference: S=512, P=76):
     input_ids [N, S]  input_mask [N, S]  segment_ids [N, S]
     masked_lm_positions [N, P]  masked_lm_ids [N, P]  next_sentence_labels [N]
 
-Masked positions are padded with 0 (position 0 is always ``[CLS]``, never
-masked). ``Shards.scan`` checks every shard's keys, shapes and sequence counts
-up front (HDF5 headers only, so it stays fast on multi-GB shards); the values
-are checked shard by shard as ``read_shard`` loads them. The training stream
-holds one shard in memory at a time.
+Masked positions are padded with 0 (position 0 is always ``[CLS]``, never masked). Keys and
+shapes are checked up front from the HDF5 headers (fast on multi-GB shards), the values shard
+by shard as they are loaded.
 """
 
 from __future__ import annotations
@@ -125,12 +123,9 @@ def _to_device(arrays: dict[str, np.ndarray], rows, device,
 
 def train_stream(shards: Shards, vocab_size: int, global_batch: int, rank: int, world: int,
                  seed: int, device, extra=lambda mask: ()) -> Iterator[tuple[torch.Tensor, ...]]:
-    """Endless global batches (shards and rows reshuffled every pass); yields this rank's slice
-    (with ``extra(host input_mask)`` appended, e.g. the unpadded packing).
-
-    One shard is in memory at a time; rows left over at the end of a shard
-    start the next batch.
-    """
+    """Endless global batches (shards and rows reshuffled every pass), one shard in memory at a
+    time, a shard's left-over rows starting the next batch; yields this rank's slice, with
+    ``extra(host input_mask)`` appended (unpad's packing)."""
     local = global_batch // world
     rng = np.random.default_rng(seed)
     carry = None
@@ -174,11 +169,8 @@ def synthetic_length(seq_len: int, max_pred: int, fill: float) -> int:
 
 def synthetic_batch(batch: int, seq_len: int, max_pred: int, vocab_size: int, fill: float,
                     device) -> tuple[torch.Tensor, ...]:
-    """A device-resident random batch for throughput runs (never for training).
-
-    Every sequence has ``round(fill * seq_len)`` real tokens followed by padding
-    and ``max_pred`` masked positions among the real tokens.
-    """
+    """A device-resident random batch for throughput runs (never for training): every sequence
+    has ``synthetic_length`` real tokens, then padding, ``max_pred`` of them masked."""
     g = torch.Generator().manual_seed(0)
     real = synthetic_length(seq_len, max_pred, fill)
     max_pred = min(max_pred, real - 1)

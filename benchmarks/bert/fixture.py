@@ -2,16 +2,13 @@
 
     python -m benchmarks.bert.fixture OUTDIR [--words 32] [--train-docs 400] [--eval-docs 150]
 
-The words are made-up syllable pairs. Every document has one topic word and
-is a few sentences of 3-8 repetitions of it, each ended by a full stop. A
-masked word is the topic of its own segment; when segment B comes from a
-random other document (next-sentence label 1) the two segments differ, so
-the model must learn to attend within its segment; full stops are not
-predictable from the bag of words, so accuracy stays below 1.
-Writes ``vocab.txt``, ``bert_config.json`` (a small BERT), the raw text under
-``text/``, then ``training/*.hdf5`` and the held-out ``eval/*.hdf5`` via
-``benchmarks.bert.prepare_data``. A ``FIXTURE_COMPLETE`` file records the
-parameters; a folder that already holds the same fixture is reused (``common.fixture_cache``).
+The words are made-up syllable pairs; every document has one topic word and is a few sentences
+of 3-8 repetitions of it, each ended by a full stop. A masked word is the topic of its own
+segment; when segment B comes from a random other document (next-sentence label 1) the two
+segments differ, so the model must learn to attend within its segment; full stops are not
+predictable from the bag of words, so accuracy stays below 1. Writes ``vocab.txt``, a small
+``bert_config.json``, ``text/``, then ``training/`` and ``eval/`` shards; a folder holding the
+same fixture is reused (``common.fixture_cache``).
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
-"""The ``flat-params``, ``sharded-optimizer`` and ``bf16-weights`` optimisations: every
-parameter and gradient a view of one buffer (``common.flat_params``) and LAMB on it
-(``common.lamb.ShardedLamb``: whole-buffer and multi-tensor kernels, one gradient collective),
-in place of DDP and LAMB one tensor at a time (the reference's), selected before ``build()``
-(the parameters must be views of the buffer before anything wraps them). Sharded, each rank
-updates its shard after one reduce-scatter and one all-gather brings the weights back. bf16
-weights (under amp-bf16): the buffer's weights and gradients in bf16 (no per-step weight
-casts, half the gradient traffic) over fp32 master weights and moments in LAMB, and every
-LayerNorm's output in bf16 (statistics still in fp32) instead of autocast's fp32, so the
-residual stream stays bf16; micro-batch gradients then add up in bf16, as NVIDIA's fp16 BERT
-adds them in fp16.
+"""The ``flat-params``, ``sharded-optimizer`` and ``bf16-weights`` optimisations.
+
+Every parameter and gradient a view of one buffer (``common.flat_params``) and LAMB on it
+(``common.lamb.ShardedLamb``) in place of DDP and per-tensor LAMB, selected before ``build()``:
+the parameters must be views of the buffer before anything wraps them. bf16 weights: the buffer
+in bf16 (no per-step weight casts, half the gradient traffic) over fp32 masters and moments,
+LayerNorm outputs in bf16 (statistics in fp32) so the residual stream stays bf16; micro-batch
+gradients then add up in bf16, as NVIDIA's fp16 BERT adds them in fp16.
 """
 
 from __future__ import annotations
@@ -44,8 +41,7 @@ SHARDED_OPTIMIZER = Optimisation(
 
 
 def layer_norm(x, weight, bias, eps: float) -> torch.Tensor:
-    """LayerNorm over the last dimension, its output in the weights' dtype when they are in
-    low precision (autocast would return fp32)."""
+    """LayerNorm over the last dimension, in low-precision weights' dtype (autocast's: fp32)."""
     if weight is None or weight.dtype == torch.float32:
         return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
     with torch.autocast(x.device.type, enabled=False):

@@ -1,14 +1,11 @@
 """BERT for pre-training (masked LM + next sentence), as the MLPerf reference defines it.
 
-The network computes what HuggingFace's ``BertForPreTraining`` computes with its eager
-attention (an explicit softmax over the padded sequence, padding masked by -10000). Module and
-parameter names follow the reference's PyTorch checkpoint
-(``bert.encoder.layer.0.attention.self.query.weight``...), so a converted phase-1 checkpoint
-loads as a plain state dict. The masked-LM head transforms only the masked positions, which is
-the same loss as transforming every position. The optimisations (``--list-optimisations``)
-swap the classes of the built modules (``attention.py``, ``fusions.py``, ``flat_lamb.py``); the
-``mask`` the encoder passes to every attention is whatever its attention takes (the padded
-batch's ``[batch, seq]`` mask here).
+HuggingFace's ``BertForPreTraining`` with its eager attention (an explicit softmax, padding
+masked by -10000), named as the reference's PyTorch checkpoint
+(``bert.encoder.layer.0.attention.self.query.weight``...) so that a converted phase-1
+checkpoint loads as a plain state dict. The masked-LM head transforms only the masked
+positions: the same loss as transforming every position. Optimisations swap the classes of the
+built modules (``swap_class``); the ``mask`` the encoder passes on is whatever its attention takes.
 """
 
 from __future__ import annotations
@@ -225,14 +222,12 @@ class BertForPreTraining(nn.Module):
         return self.heads(masked, x[:, 0])
 
     def heads(self, masked, first):
-        """The masked-LM logits of the ``masked`` positions' hidden states and the NSP logits
-        of each sequence's ``first`` token."""
+        """The masked-LM logits of the ``masked`` hidden states, the NSP logits of ``first``."""
         return self.cls.predictions(masked), self.cls.seq_relationship(self.bert.pooler(first))
 
 
 def swap_class(module: nn.Module, plain: type, new: type) -> None:
-    """Every submodule of ``module`` of class ``plain`` (exactly) becomes a ``new``: the same
-    parameters and state_dict keys, another forward."""
+    """Every submodule of exactly class ``plain`` becomes a ``new`` (its parameters kept)."""
     for m in module.modules():
         if type(m) is plain:
             m.__class__ = new

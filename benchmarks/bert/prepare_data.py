@@ -24,6 +24,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from benchmarks.bert.data import KEYS
 from common.cli import OneLineParser, one_line_errors
 from common.errors import UserError
 
@@ -131,26 +132,18 @@ def create_instances(docs: list[list[list[int]]], ids: dict[str, int], vocab_siz
 
 def write_shard(path: Path, instances: list[dict], max_seq: int, max_pred: int) -> None:
     n = len(instances)
-    arr = {k: np.zeros((n, max_seq), np.int32) for k in ("input_ids", "input_mask", "segment_ids")}
-    pos = np.zeros((n, max_pred), np.int32)
-    lab = np.zeros((n, max_pred), np.int32)
+    ids, mask, seg = (np.zeros((n, max_seq), dtype) for dtype in (np.int32, np.int8, np.int8))
+    pos, lab = np.zeros((n, max_pred), np.int32), np.zeros((n, max_pred), np.int32)
     nsp = np.zeros(n, np.int8)
     for r, inst in enumerate(instances):
-        t = len(inst["tokens"])
-        arr["input_ids"][r, :t] = inst["tokens"]
-        arr["input_mask"][r, :t] = 1
-        arr["segment_ids"][r, :t] = inst["segments"]
-        p = len(inst["positions"])
+        t, p = len(inst["tokens"]), len(inst["positions"])
+        ids[r, :t], mask[r, :t], seg[r, :t] = inst["tokens"], 1, inst["segments"]
         pos[r, :p], lab[r, :p] = inst["positions"], inst["labels"]
         nsp[r] = inst["is_random"]
     path.parent.mkdir(parents=True, exist_ok=True)
     with h5py.File(path, "w") as f:
-        f.create_dataset("input_ids", data=arr["input_ids"], dtype="i4", compression="gzip")
-        f.create_dataset("input_mask", data=arr["input_mask"], dtype="i1", compression="gzip")
-        f.create_dataset("segment_ids", data=arr["segment_ids"], dtype="i1", compression="gzip")
-        f.create_dataset("masked_lm_positions", data=pos, dtype="i4", compression="gzip")
-        f.create_dataset("masked_lm_ids", data=lab, dtype="i4", compression="gzip")
-        f.create_dataset("next_sentence_labels", data=nsp, dtype="i1", compression="gzip")
+        for key, a in zip(KEYS, (ids, mask, seg, pos, lab, nsp)):
+            f.create_dataset(key, data=a, compression="gzip")   # int32, or int8 where it fits
 
 
 def prepare(inputs: list[Path], vocab: Path, output_dir: Path, max_seq: int = 512,

@@ -4,12 +4,11 @@ variants against HuggingFace.
     python -m benchmarks.bert.throughput --batch-size 32 --seq-len 512 --fill 0.6 \
         --precision amp-bf16 --variants config,config-minus-unpad,hf-sdpa
 
-Every sequence of the synthetic batch has ``fill`` of its positions real, the rest padding (0.6:
-about the reference data's mean fill). ``plain``, ``config`` (the 1xH100 config's) and
-``config-minus-<name>``: the workload's real step with those optimisations. ``hf-sdpa``:
-``transformers.BertForPreTraining`` (SDPA attention) with ``torch.optim.AdamW`` on the same
-padded batch. ``--profile`` adds each variant's GPU kernel time by kernel family. MFU counts the
-FLOPs of a sequence's real tokens for every variant (``common.mfu``).
+Every synthetic sequence has ``fill`` of its positions real (0.6: about the reference data's
+mean), the rest padding. ``plain``, ``config`` (the 1xH100 config's) and ``config-minus-<name>``:
+the workload's real step with those optimisations. ``hf-sdpa``: ``transformers.BertForPreTraining``
+(SDPA attention) with ``torch.optim.AdamW`` on the same padded batch. ``--profile`` adds the GPU
+kernel time by kernel family. MFU counts the FLOPs of the real tokens only (``common.mfu``).
 """
 
 from __future__ import annotations
@@ -48,19 +47,14 @@ def ours(variant: str, a, precision: Precision, device):
     return wl, wl.synthetic_batch(a.batch_size)
 
 
-def padded_batch(a, device) -> tuple[torch.Tensor, ...]:
-    """The batch of every ``ours`` variant, without unpad's packing."""
-    return data.synthetic_batch(a.batch_size, a.seq_len, HParams.max_predictions,
-                                BertConfig().vocab_size, a.fill, device)
-
-
 def hf(a, precision: Precision, device):
     import transformers
     model = transformers.BertForPreTraining(transformers.BertConfig(
         vocab_size=30528, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
         intermediate_size=4096, attn_implementation="sdpa")).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    batch = padded_batch(a, device)
+    batch = data.synthetic_batch(a.batch_size, a.seq_len, HParams.max_predictions,
+                                 BertConfig().vocab_size, a.fill, device)   # ours, padded
     ids, seg, mask, pos, labels, nsp = batch
     mlm_labels = torch.full_like(ids, -100).scatter_(1, pos, labels)
 

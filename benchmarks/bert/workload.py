@@ -1,13 +1,8 @@
 """MLPerf Training ``bert``: BERT-large phase-2 pre-training to 72.0% masked-LM accuracy.
 
-The hyper-parameters' defaults (``HParams``) are NVIDIA's v1.1 DGX A100 8-GPU settings (global
-batch 448 = 8 x 56, LAMB with base LR 3.5e-4, betas 0.9/0.999, weight decay 0.01, no warm-up,
-7100 steps, linear decay; evaluation on the 10000 held-out samples every 150000 samples, at
-most 4.5M samples). Training reads one endless stream (no epochs); an evaluation's
-``epoch_num`` is the number of samples trained, as the reference logs it. With no optimisation
-named the model is HuggingFace's eager BERT on the padded batch, its gradients averaged by DDP
-and LAMB updating one tensor at a time, as the reference; each optimisation
-(``--list-optimisations``) changes one of these from its own module.
+Training reads one endless stream (no epochs); an evaluation's ``epoch_num`` is the number of
+samples trained, as the reference logs it. With no optimisation named: HuggingFace's eager BERT
+on the padded batch, DDP and LAMB one tensor at a time, as the reference.
 """
 
 from __future__ import annotations
@@ -17,7 +12,6 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -125,7 +119,8 @@ class BertWorkload(Workload):
         super().__init__(args, env, precision)
         # the reference's until an optimisation's select() changes them
         self.impl.data_parallel, self.impl.sharded = per_tensor_lamb, False
-        self.impl.weight_dtype, self.impl.packing, self.impl.bucket = torch.float32, None, None
+        self.impl.weight_dtype, self.impl.bucket = torch.float32, None
+        self.impl.packing = lambda mask: ()   # unpad: the bucketed packing of a training batch
 
     @staticmethod
     def add_args(p: argparse.ArgumentParser) -> None:
@@ -202,11 +197,7 @@ class BertWorkload(Workload):
             return
         self.stream = data.train_stream(self.train_shards, self.config.vocab_size, gbs,
                                         env.rank, env.world_size, a.seed, env.device,
-                                        self._packing)
-
-    def _packing(self, mask: np.ndarray) -> tuple[np.ndarray, ...]:
-        """What unpad appends to every training batch: its bucketed packing."""
-        return self.impl.packing(mask) if self.impl.packing else ()
+                                        self.impl.packing)
 
     @property
     def dataset(self) -> str:
@@ -218,10 +209,6 @@ class BertWorkload(Workload):
                     f"benchmarks.bert.fixture, not Wikipedia ({n} train sequences)")
         return (f"MLPerf BERT HDF5 shards ({len(self.train_shards.files)} files, {n} train "
                 f"sequences; wikipedia 2020-01-01 when prepared by the reference)")
-
-    @property
-    def global_batch_size(self) -> int:
-        return self.hp.batch_size * self.env.world_size
 
     @property
     def train_samples(self) -> int:
@@ -241,9 +228,6 @@ class BertWorkload(Workload):
             c.OPT_LAMB_BETA_1: a.beta1, c.OPT_LAMB_BETA_2: a.beta2,
             c.OPT_LAMB_WEIGHT_DECAY: a.weight_decay, c.MAX_SEQUENCE_LENGTH: a.max_seq_length,
         }
-
-    def initialized_tensors(self) -> list[str]:
-        return self.tensor_names
 
     # -- the evaluation schedule ----------------------------------------------------------
     steps_per_epoch = None   # one endless stream
@@ -275,11 +259,6 @@ class BertWorkload(Workload):
         return state
 
     # -- steps ----------------------------------------------------------------------------
-    def _loss(self, mlm, nsp, positions, mlm_ids, nsp_labels) -> torch.Tensor:
-        labels = torch.where(positions != 0, mlm_ids, -100)
-        mlm_loss = F.cross_entropy(mlm.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
-        return mlm_loss + F.cross_entropy(nsp.float(), nsp_labels)
-
     def train_step(self, ids, segments, mask, positions, mlm_ids, nsp_labels,
                    pack_index=None, pack_offsets=None) -> torch.Tensor:
         """One optimizer step; ``pack_*``: the batch's ``bucketed_packing`` (unpad)."""
@@ -293,13 +272,14 @@ class BertWorkload(Workload):
         packs = (zip(pack_index, pack_offsets) if pack_index is not None
                  else [()] * hp.grad_accum)
         for i, ((x, s, m, p, y, n), pack) in enumerate(zip(zip(*micro), packs)):
-            last = i == hp.grad_accum - 1
-            sync = (self.model.no_sync() if (not last and hasattr(self.model, "no_sync"))
-                    else contextlib.nullcontext())
-            with sync:
+            last = i == hp.grad_accum - 1   # DDP: average the gradients once, after the last
+            with (self.model.no_sync() if not last and hasattr(self.model, "no_sync")
+                  else contextlib.nullcontext()):
                 with self.precision.autocast():
                     mlm, nsp = self.model(x, s, m, p, *pack)
-                loss = self._loss(mlm, nsp, p, y, n) / hp.grad_accum
+                labels = torch.where(p != 0, y, -100).flatten()
+                loss = (F.cross_entropy(mlm.float().flatten(0, 1), labels, ignore_index=-100)
+                        + F.cross_entropy(nsp.float(), n)) / hp.grad_accum
                 loss.backward()
             total += loss.detach()
         self.optimizer.step(self.lr)
@@ -340,7 +320,7 @@ class BertWorkload(Workload):
         batch = data.synthetic_batch(batch_size, self.hp.max_seq_length,
                                      self.hp.max_predictions, self.config.vocab_size,
                                      self.args.synthetic_fill, self.env.device)
-        packing = self._packing(batch[2].cpu().numpy())
+        packing = self.impl.packing(batch[2].cpu().numpy())
         return batch + tuple(torch.from_numpy(t).to(self.env.device) for t in packing)
 
     def infer_step(self, ids, segments, mask, positions, mlm_ids, nsp_labels,

@@ -1,7 +1,6 @@
-# DLRM on one H100 with the reference's hyper-parameters. NOT the closed-division model: the
-# reference's 40M-capped tables (187.8M rows x 128: 96 GB fp32 + 48 GB bf16) exceed one H100's
-# 80 GB, so every table is capped at 10M rows (54M rows, ~28 GB fp32 + ~14 GB bf16). For
-# single-GPU development and throughput; closed results need config_8xH200.
+# DLRM on one H100 for development and throughput, NOT the closed-division model: the reference's
+# tables (96 GB fp32 + 48 GB bf16) exceed its 80 GB, so every table is capped at 10M rows (54M
+# rows, ~28 GB fp32 + ~14 GB bf16). Closed results need config_8xH200.
 NPROC=1
 PRECISION=${PRECISION:-amp-bf16}
 OPTIMISATIONS=(fused-sgd hybrid-embeddings prefetch cache-eval)

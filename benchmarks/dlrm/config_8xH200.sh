@@ -1,6 +1,5 @@
-# DLRM on 8 H200s with the reference convergence point of global batch 55296 (the
-# hyper-parameters' defaults): 6912 samples per GPU; frequent rows replicated, rare rows
-# sharded over the 8 GPUs (all-to-all over NCCL).
+# DLRM on 8 H200s with the hyper-parameters' defaults (the reference convergence point of global
+# batch 55296): 6912 samples per GPU, rare embedding rows sharded over the 8 GPUs.
 NPROC=8
 PRECISION=${PRECISION:-amp-bf16}
 OPTIMISATIONS=(fused-sgd hybrid-embeddings prefetch cache-eval)

@@ -1,25 +1,21 @@
 """Hybrid-parallel embeddings (NVIDIA's HugeCTR scheme for MLPerf DLRM, here in PyTorch).
 
-All 26 tables are numbered as one global row space (``offset[t] + id``).
-Category statistics pick the *frequent* rows: they are replicated on every
-rank, looked up locally and trained data-parallel (their gradient is summed
-with the MLP's). Every other row is *rare*: row ``g`` lives only on rank
-``g % world`` (local row ``g // world``). Every rank reads the whole global
-batch's category ids (as HugeCTR's readers do), so it knows without any
-communication which rare rows it must serve to which rank: that index plan
-is computed ahead of the step (``compute_plan``), and one all-to-all per
-direction moves the looked-up vectors forward and their gradients back.
-Threshold 0 makes every row frequent (pure data parallel); ``inf`` makes
-every row rare (pure model parallel). Both are ordinary settings.
-
-Gradients are those of the *sum* of all ranks' losses: rare-row gradients
-arrive at their owner from every rank; frequent-row gradients must be
-all-reduced (``frequent_grad`` returns this rank's part).
+All 26 tables are numbered as one global row space (``offset[t] + id``). Category statistics
+pick the *frequent* rows: replicated on every rank, looked up locally and trained data-parallel
+(their gradient is summed with the MLP's). Every other row is *rare*: row ``g`` lives only on
+rank ``g % world`` (local row ``g // world``). Every rank reads the whole global batch's
+category ids (as HugeCTR's readers do), so it knows without any communication which rare rows
+it must serve to which rank: that index plan is computed ahead of the step (``compute_plan``),
+and one all-to-all per direction moves the looked-up vectors forward and their gradients back.
+Threshold 0 makes every row frequent (pure data parallel), ``inf`` every row rare (pure model
+parallel). Gradients are those of the *sum* of all ranks' losses: rare-row gradients arrive at
+their owner from every rank; frequent-row gradients must be all-reduced.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 import torch.distributed as dist
@@ -56,10 +52,7 @@ class Plan:
 
 
 def frequent_rows(sparse: torch.Tensor, sizes: list[int], threshold: float) -> torch.Tensor:
-    """Global rows whose id occurs at least ``threshold`` times in ``sparse`` [N, T].
-
-    Threshold 0 selects every row, ``inf`` none.
-    """
+    """Global rows whose id occurs at least ``threshold`` times in ``sparse`` [N, T]."""
     offsets = _offsets(sizes)
     picked = []
     for t, n in enumerate(sizes):
@@ -69,10 +62,7 @@ def frequent_rows(sparse: torch.Tensor, sizes: list[int], threshold: float) -> t
 
 
 def _offsets(sizes: list[int]) -> list[int]:
-    out = [0]
-    for n in sizes[:-1]:
-        out.append(out[-1] + n)
-    return out
+    return [0, *accumulate(sizes[:-1])]
 
 
 def compute_plan(sparse: torch.Tensor, bounds: list[int], rank: int, world: int,

@@ -1,14 +1,12 @@
 """The DLRM of the MLPerf reference (facebookresearch/dlrm as used by mlcommons/training v1.1).
 
-Bottom MLP on the 13 dense features (13-512-256-128, ReLU after every layer),
-one embedding row per categorical feature, the dot interaction (the bottom
-output concatenated with the strictly-lower triangle of the pairwise dot
-products of the 27 vectors: 128 + 351 = 479 features), top MLP
-(479-1024-1024-512-256-1, ReLU between layers) giving a click logit. The
-reference ends with a sigmoid and BCE; the logit with ``binary_cross_entropy_with_logits``
-is the same loss, computed stably. Initialisation is the reference's: weights
-N(0, sqrt(2 / (fan_in + fan_out))), biases N(0, sqrt(1 / fan_out)), embedding
-rows U(-sqrt(1 / n), sqrt(1 / n)) for a table of n rows.
+Bottom MLP on the 13 dense features (13-512-256-128, ReLU after every layer), one embedding row
+per categorical feature, the dot interaction (the bottom output concatenated with the strictly
+lower triangle of the pairwise dot products of the 27 vectors: 128 + 351 = 479 features), top
+MLP (479-1024-1024-512-256-1, ReLU between layers) giving a click logit: the reference's
+sigmoid and BCE are ``binary_cross_entropy_with_logits``, computed stably. Initialisation is the
+reference's: weights N(0, sqrt(2 / (fan_in + fan_out))), biases N(0, sqrt(1 / fan_out)),
+embedding rows U(-sqrt(1 / n), sqrt(1 / n)) for a table of n rows.
 """
 
 from __future__ import annotations
@@ -75,27 +73,19 @@ class DenseArch(nn.Module):
         return self.top_mlp(dot_interaction(bottom_out, emb)).squeeze(1)
 
 
-def init_table_chunk(table: int, start: int, rows: int, size: int, dim: int, seed: int,
-                     device) -> torch.Tensor:
-    """Rows ``[start, start + rows)`` of table ``table``: the reference's uniform init.
-
-    Chunks are generated from their own seed, so any process can materialise
-    any subset of rows (replicated or sharded) and get the same values.
-    """
-    g = torch.Generator(device=device)
-    g.manual_seed(seed * 1_000_003 + table * 10_007 + start)
-    bound = math.sqrt(1.0 / size)
-    return torch.empty(rows, dim, device=device).uniform_(-bound, bound, generator=g)
-
-
 INIT_CHUNK_ROWS = 1 << 20
 
 
 def table_chunks(table: int, size: int, dim: int, seed: int, device):
-    """Yields ``(start, rows)`` covering a whole table in init chunks."""
+    """Yields ``(start, rows)`` covering table ``table`` with the reference's uniform init, each
+    chunk from its own seed, so that any process can materialise any subset of rows (replicated
+    or sharded) and get the same values."""
+    bound = math.sqrt(1.0 / size)
     for start in range(0, size, INIT_CHUNK_ROWS):
+        g = torch.Generator(device=device)
+        g.manual_seed(seed * 1_000_003 + table * 10_007 + start)
         n = min(INIT_CHUNK_ROWS, size - start)
-        yield start, init_table_chunk(table, start, n, size, dim, seed, device)
+        yield start, torch.empty(n, dim, device=device).uniform_(-bound, bound, generator=g)
 
 
 class PlainEmbeddings(nn.Module):
@@ -119,11 +109,7 @@ class PlainEmbeddings(nn.Module):
 
 
 def mllog_tensor_names(bottom: list[int], top: list[int]) -> list[str]:
-    """``weights_initialization`` tensor names, as closed_dlrm.yaml (1.1.0) spells them.
-
-    ``bottom`` and ``top`` are the MLP widths (``top`` without its input width);
-    the reference's 3 bottom and 5 top layers give exactly the nine names the
-    ruleset lists.
-    """
+    """``weights_initialization`` tensor names, as closed_dlrm.yaml (1.1.0) spells them, of the
+    MLP widths ``bottom`` and ``top`` (without its input width): nine for the reference's."""
     return (["embeddings"] + [f"bottom_mlp_dense{i}" for i in range(1, len(bottom))]
             + [f"top_mlp_dense{i}" for i in range(1, len(top) + 1)])

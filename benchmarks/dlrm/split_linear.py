@@ -1,20 +1,14 @@
 """``nn.Linear`` whose weight gradient runs on a side CUDA stream (``split-linear``).
 
-In a linear layer's backward the data gradient ``dX = dY W`` (which the
-layer below waits for) and the weight gradients ``dW = dY^T X``,
-``db = sum(dY)`` are independent: NVIDIA's MLPerf DLRM runs them on two
-streams. Here ``dX`` stays on the current stream and is returned through
-autograd; ``dW`` and ``db`` go to one side stream per device, forked from
-the current stream, and are accumulated straight into the parameters'
-``.grad`` there (autograd would read a returned gradient on the current
-stream before the side stream has written it). ``wait_for_weight_grads()``
-joins the side streams back; call it after ``backward()`` and before
-anything reads the gradients. The join in both directions also makes the
-side stream legal inside CUDA-graph capture. On the CPU the same
-arithmetic runs inline. Under autocast the GEMMs run in the autocast dtype
-exactly as ``nn.Linear`` would; the gradients accumulate in the
-parameters' own dtype. ``split(module)`` turns a module's ``nn.Linear`` layers into
-:class:`SplitLinear` in place, their parameters kept.
+In a linear layer's backward the data gradient ``dX = dY W`` (which the layer below waits for)
+and the weight gradients ``dW = dY^T X``, ``db = sum(dY)`` are independent: NVIDIA's MLPerf DLRM
+runs them on two streams. ``dX`` stays on the current stream; ``dW`` and ``db`` go to one side
+stream per device, forked from the current one, and accumulate straight into ``.grad`` there
+(autograd would read a returned gradient on the current stream before the side stream wrote
+it). ``wait_for_weight_grads()`` joins the side streams back: call it after ``backward()``,
+before anything reads the gradients; joined both ways, the side stream is also legal inside
+CUDA-graph capture. On the CPU the same arithmetic runs inline. Under autocast the GEMMs run in
+the autocast dtype as ``nn.Linear``'s do; the gradients accumulate in the parameters' dtype.
 """
 
 from __future__ import annotations

@@ -6,17 +6,15 @@ variants.
     torchrun --nproc_per_node 8 -m benchmarks.dlrm.throughput --max-ind-range 40000000 \\
         --variants config-plus-model-parallel-embeddings,config
 
-Every variant is the workload's real ``train_step`` on one global batch of ``--batch-size``
-whose category ids follow a power law over each table (``data.power_law_ids``), built once
-with its index plan: the figure leaves out the input pipeline (``prefetch``) and evaluation.
-``plain``: no optimisation (one ``nn.EmbeddingBag`` a table, ``torch.optim.SGD``, one process
-only); ``config``: the 1xH100 config's optimisations; ``config-minus-<name>`` without one
-(and what requires it); ``config-plus-<name>`` with one more (in place of what it excludes).
-Under torchrun each rank trains its share of the global batch; rank 0 prints the global
-samples/s. The default ``--max-ind-range`` caps tables at 10M rows, as config_1xH100.sh; a
+Every variant is the workload's real ``train_step`` on one global batch of ``--batch-size`` with
+power-law category ids (``data.power_law_ids``) and its index plan, built once: no input
+pipeline (``prefetch``), no evaluation. ``plain``: no optimisation (one process only);
+``config``: the 1xH100 config's optimisations; ``config-minus-<name>`` without one (and what
+requires it); ``config-plus-<name>`` with one more (in place of what it excludes). Under
+torchrun each rank trains its share of the global batch; rank 0 prints the global samples/s. A
 variant whose tables would not fit the free device memory is skipped with one line.
-``--profile`` adds each variant's GPU kernel time by kernel family. MFU (``common.mfu``) takes
-the workload's FLOPs per sample (MLPs and interaction), over the peak of all the GPUs.
+``--profile`` adds the GPU kernel time by kernel family; MFU (``common.mfu``) counts the MLPs and
+the interaction, over the peak of all the GPUs.
 """
 
 from __future__ import annotations

@@ -281,9 +281,6 @@ class DLRMWorkload(Workload):
                 "sgd_opt_learning_rate_decay_poly_power": a.poly_power,
                 "sgd_opt_learning_rate_decay_steps": a.decay_steps}
 
-    def initialized_tensors(self) -> list[str]:
-        return self.tensor_names
-
     # -- schedule: every --eval-every of an epoch, in fractional epochs -------------------
     def eval_points(self) -> list[EvalPoint]:
         spe = self.steps_per_epoch
