@@ -1,5 +1,5 @@
 """A ResNet stem's ReLU and 3x3 stride-2 max-pool (padding 1) with a gather-free backward
-(ResNet-50's ``--cudnn-fusion``, SSD's ``--fused-pool``).
+(ResNet-50's ``cudnn-fusion``, SSD's ``fused-pool`` optimisations).
 
 ``nn.MaxPool2d`` under Inductor recomputes the window arguments in its backward and
 gathers every input pixel's gradient from up to four windows of recomputed indices:
