@@ -223,7 +223,8 @@ def test_non_finite_loss_aborts_at_the_next_read_back(tmp_path, capsys):
     assert [e["key"] for e in events].count("eval_accuracy") == 1   # no evaluation after it
 
 
-def test_non_finite_loss_names_the_epoch_of_its_step_not_of_the_read_back(tmp_path, capsys):
+def test_non_finite_loss_read_back_in_a_later_epoch_names_the_epoch_of_its_step(tmp_path,
+                                                                                capsys):
     """Step 7 is in epoch 1; the read-back that finds it, at step 10, in epoch 2."""
     code, _, _ = _run(tmp_path, ToyWorkload, "--poison-step", "7", "--log-every", "5",
                       "--eval-every", "2", "--target", "1.01")
