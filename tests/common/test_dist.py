@@ -204,3 +204,30 @@ def test_launcher_rank_reads_torchrun_then_slurm_and_changes_nothing(monkeypatch
     monkeypatch.setenv("RANK", "5")
     before = dict(os.environ)
     assert dist.launcher_rank() == 5 and dict(os.environ) == before
+
+
+class _Cycle:
+    def __init__(self, ddp):
+        self.ddp, self.me = ddp, self
+
+
+def _frozen_worker(rank, world, port, out):
+    import gc
+    import weakref
+    _rendezvous(rank, world, port)
+    env = dist.init_distributed("cpu")
+    cycle = _Cycle(dist.data_parallel(torch.nn.Linear(3, 2), env))
+    alive = weakref.ref(cycle)
+    del cycle
+    gc.freeze()                   # what --gc-freeze does after setup
+    dist.shutdown()
+    out[rank] = alive() is None, gc.get_freeze_count()
+
+
+def test_shutdown_frees_cycles_that_gc_freeze_moved_out_of_reach():
+    """A cycle holding a DDP module (and through it the group's finished work) is freed
+    before the group is destroyed, even when --gc-freeze froze it."""
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_frozen_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+        assert dict(out) == {0: (True, 0), 1: (True, 0)}
