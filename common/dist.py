@@ -156,9 +156,9 @@ def shutdown() -> None:
     Callers drop their own references (the workload, its DDP module) first;
     ``gc.collect`` then frees whatever cycles still hold a group, so destroying
     it really joins gloo's worker threads (``gc.unfreeze`` first: objects that
-    ``--gc-freeze`` moved out of the collector's reach would escape it). A group that outlives this call is
-    destroyed during interpreter finalisation instead, where a gloo thread
-    still holding a finished work's tensors can abort the process
+    ``--gc-freeze`` moved out of the collector's reach would escape it). A group
+    that outlives this call is destroyed during interpreter finalisation instead,
+    where a gloo thread still holding a finished work's tensors can abort the process
     ("terminate called without an active exception").
     """
     if dist.is_initialized():
