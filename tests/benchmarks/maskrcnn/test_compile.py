@@ -1,7 +1,11 @@
 """``compile``: the networks' three compiled regions give the eager step's losses and
 gradients on batches whose padded size changes; a new size compiles the backbone once and
 the heads never again; the warm-up before the clock builds the training and evaluation
-graphs. ``compile-losses``: the same losses, no graph per count."""
+graphs. ``compile-losses``: the same losses, no graph per count.
+
+The graph counts are Dynamo's, whatever the backend: those tests run on ``aot_eager``
+(Inductor's C++ code generation takes minutes on the CPU); the last test runs Inductor over
+every compiled region and checks its numerics."""
 
 import pytest
 import torch
@@ -17,6 +21,15 @@ from common.training import warm_up
 from tests.benchmarks.maskrcnn.test_workload import TINY, build
 
 
+@pytest.fixture
+def aot_eager(monkeypatch):
+    """``torch.compile`` on ``aot_eager``: Dynamo's graphs and AOTAutograd's forward and
+    backward, run by eager kernels; the mode and Inductor options are dropped."""
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, dynamic=None, **_: compile_(
+        fn, dynamic=dynamic, backend="aot_eager"))
+
+
 def same_training(plain, compiled, batches):
     """A training step of both workloads on each batch: the same losses, then weights."""
     for batch in batches:
@@ -29,7 +42,7 @@ def same_training(plain, compiled, batches):
         torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_compiled_regions_compute_the_eager_steps_losses_and_gradients():
+def test_compiled_regions_compute_the_eager_steps_losses_and_gradients(aot_eager):
     torch._dynamo.reset()
     counters.clear()
     plain, compiled = build(TINY), build([*TINY, "--opt", "compile"])
@@ -42,7 +55,7 @@ def test_compiled_regions_compute_the_eager_steps_losses_and_gradients():
     assert counters["stats"]["unique_graphs"] == 4, dict(counters["stats"])
 
 
-def test_the_warm_up_builds_the_training_and_evaluation_graphs():
+def test_the_warm_up_builds_the_training_and_evaluation_graphs(aot_eager):
     torch._dynamo.reset()
     counters.clear()
     wl = build([*TINY, "--opt", "compile"])
@@ -59,7 +72,7 @@ def test_the_warm_up_builds_the_training_and_evaluation_graphs():
 
 
 @pytest.mark.parametrize("opts", ["compile", "compile,compile-proposals"])
-def test_a_short_evaluation_batch_runs_the_warmed_up_graphs(opts):
+def test_a_short_evaluation_batch_runs_the_warmed_up_graphs(opts, aot_eager):
     torch._dynamo.reset()
     counters.clear()
     plain, compiled = build(TINY), build([*TINY, "--opt", opts])
