@@ -21,10 +21,10 @@ TINY_BERT = {"vocab_size": 61, "hidden_size": 32, "num_hidden_layers": 1,
 # (workload, per-rank batch, model flags of its cpu_tiny config, or smaller)
 CASES = [
     ("resnet", 4, "--image-size 32 --optimizer lars --lr 2.0 --warmup-epochs 1"),
-    ("ssd", 2, "--width 16 --max-boxes 8 --lr 0.05"),
-    ("maskrcnn", 2, "--width 8 --fpn-channels 32 --box-head-dim 128 --mask-head-dim 32 "
-                    "--min-size 128 --max-size 128 --rpn-batch-size-per-image 64 "
-                    "--roi-batch-size-per-image 64 --lr 0.02"),
+    ("ssd", 2, "--width 4 --max-boxes 8 --lr 0.05"),
+    ("maskrcnn", 2, "--width 4 --fpn-channels 8 --box-head-dim 16 --mask-head-dim 8 "
+                    "--min-size 64 --max-size 64 --rpn-batch-size-per-image 32 "
+                    "--roi-batch-size-per-image 32 --lr 0.02"),
     ("rnnt", 2, "--vocab-size 48 --enc-hidden 64 --enc-pre-rnn-layers 1 "
                 "--enc-post-rnn-layers 1 --pred-hidden 32 --pred-rnn-layers 1 "
                 "--joint-hidden 64 --grad-accum 1 --opt flat-params --lr 0.01"),

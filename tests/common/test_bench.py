@@ -170,7 +170,7 @@ def test_bert_runs_under_the_harness_with_its_flops(tmp_path):
 @pytest.mark.slow
 def test_spatial_group_counts_each_shared_sample_once(tmp_path):
     """U-Net split over 2 ranks: one sample per step for the pair, FLOPs of a whole sample."""
-    args = "--input-shape 64,64,64 --filters 8,16,32,64,80"
+    args = "--input-shape 64,32,32 --filters 4,8,16,32,40"
     records = {}
     for n, group in ((1, 1), (2, 2)):
         out = tmp_path / f"n{n}"
