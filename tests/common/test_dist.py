@@ -1,9 +1,11 @@
 """common.dist on two gloo processes: DDP averages gradients across ranks; variable-size
 results (tensors or picklable objects) gather on rank 0."""
 
+import gc
 import os
 import socket
 import time
+import weakref
 from datetime import timedelta
 
 import pytest
@@ -212,8 +214,6 @@ class _Cycle:
 
 
 def _frozen_worker(rank, world, port, out):
-    import gc
-    import weakref
     _rendezvous(rank, world, port)
     env = dist.init_distributed("cpu")
     cycle = _Cycle(dist.data_parallel(torch.nn.Linear(3, 2), env))

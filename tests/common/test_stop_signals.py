@@ -7,13 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from common import training
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.entry_points import REPO
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

@@ -5,15 +5,13 @@ import pytest
 from compliance.check import check_log
 from compliance.logs import read_events, summarize
 from tests.compliance import e2e_logs
-from tests.entry_points import run_script
+from tests.entry_points import TWO_THREADS, run_script
 
 
 @pytest.mark.slow
 def test_tiny_config_reaches_both_targets_and_passes_compliance(tmp_path):
-    # two compute threads: the suite runs one test at a time, so the run has both of CI's
-    # cores (the config's one thread guards a loaded machine)
     proc = run_script("maskrcnn", {"CONFIG": "cpu_tiny", "LOGDIR": str(tmp_path), "SEED": "100",
-                                   "OMP_NUM_THREADS": "2"}, timeout=900)
+                                   **TWO_THREADS}, timeout=900)
     log = tmp_path / "result_0.txt"
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert check_log(log).compliant and "compliance PASS" in proc.stdout
