@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.resnet.fixture import write_fixture
 from compliance.check import check_log
 from compliance.logs import summarize
-from tests.entry_points import REPO
+from tests.entry_points import REPO, SMALL_RESNET_FIXTURE, SMALL_RESNET_FLAGS
 
 START_S = 120   # both agents up, the rendezvous made, the model built and run_start logged
 LOST_S = 60     # a surviving node ends within this after its peer is lost (the test's bound)
@@ -60,9 +61,9 @@ class Node:
         self.logdir = self.dir / "logs"
         env = dict(os.environ, CONFIG="cpu_tiny", SEED="1", LOGDIR=str(self.logdir),
                    OMP_NUM_THREADS="1",
-                   PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-                   **env_extra)
+                   PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
         env.pop("DATADIR", None)
+        env.update(env_extra)
         with open(self.dir / "stdout", "w") as out, open(self.dir / "stderr", "w") as err:
             self.proc = subprocess.Popen(
                 ["bash", str(REPO / f"benchmarks/{benchmark}/run_and_time.sh")], cwd=REPO,
@@ -81,7 +82,7 @@ class Node:
         self.proc.wait()
 
 
-def two_nodes(tmp_path: Path, benchmark: str, slurm: bool = False) -> list[Node]:
+def two_nodes(tmp_path: Path, benchmark: str, slurm: bool = False, **env_extra) -> list[Node]:
     port = str(_free_port())
     if slurm:   # what an sbatch job's `srun --ntasks-per-node=1` gives each task
         envs = [{"SLURM_NNODES": "2", "SLURM_NTASKS": "2", "SLURM_NODEID": str(r),
@@ -90,7 +91,7 @@ def two_nodes(tmp_path: Path, benchmark: str, slurm: bool = False) -> list[Node]
     else:
         envs = [{"NNODES": "2", "NODE_RANK": str(r), "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": port} for r in range(2)]
-    return [Node(tmp_path, benchmark, r, env) for r, env in enumerate(envs)]
+    return [Node(tmp_path, benchmark, r, {**env, **env_extra}) for r, env in enumerate(envs)]
 
 
 def wait_for_run_start(nodes: list[Node]) -> Path:
@@ -107,7 +108,11 @@ def wait_for_run_start(nodes: list[Node]) -> Path:
 @pytest.mark.slow
 @pytest.mark.parametrize("benchmark", ["resnet", "dlrm"])
 def test_two_nodes_run_to_the_end_with_one_compliant_log(tmp_path, benchmark):
-    nodes = two_nodes(tmp_path, benchmark)
+    small = {}   # ResNet's run on a smaller fixture than cpu_tiny's: seconds, not a minute
+    if benchmark == "resnet":
+        small = dict(DATADIR=str(write_fixture(tmp_path / "data", **SMALL_RESNET_FIXTURE)),
+                     EXTRA_ARGS=SMALL_RESNET_FLAGS)
+    nodes = two_nodes(tmp_path, benchmark, **small)
     try:
         for n in nodes:
             assert n.proc.wait(timeout=1500) == 0, n.output()[-3000:]

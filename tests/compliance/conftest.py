@@ -10,14 +10,9 @@ import pytest
 from benchmarks.resnet.fixture import write_fixture
 from compliance import package
 from tests.compliance import e2e_logs, handmade_logs
+from tests.entry_points import SMALL_RESNET_FIXTURE, SMALL_RESNET_FLAGS
 
 REPO = Path(__file__).resolve().parents[2]
-# 4 classes at 32 px: each run of the real model reaches 0.759 top-1 in a few seconds; the
-# fixture's label noise (4 of the 100 validation images) keeps top-1 below 1.0, which the
-# 1.1.0 rules reject.
-FIXTURE = dict(num_classes=4, train_per_class=24, val_per_class=25, image_size=40)
-FLAGS = ("--image-size 32 --batch-size 16 --eval-batch-size 50 --workers 0 --epochs 8 "
-         "--warmup-epochs 0")
 # The fields no machine can tell about itself.
 USER_FIELDS = {"host_processor_frequency": "2450 MHz", "host_processor_interconnect": "N/A",
                "host_storage_type": "NVMe SSD", "host_storage_capacity": "1 TB",
@@ -47,9 +42,9 @@ def handmade_tree(tmp_path_factory) -> Path:
 def resnet_logs(tmp_path_factory) -> Path:
     """LOGDIR with result_0..4.txt from five real tiny ResNet-50 runs (seeds 100-104)."""
     root = tmp_path_factory.mktemp("resnet_runs")
-    data = write_fixture(root / "data", **FIXTURE)
+    data = write_fixture(root / "data", **SMALL_RESNET_FIXTURE)
     env = dict(os.environ, DATADIR=str(data), LOGDIR=str(root / "logs"), NEXP="5", SEED="100",
-               EXTRA_ARGS=FLAGS, PATH=f"{Path(sys.executable).parent}{os.pathsep}"
+               EXTRA_ARGS=SMALL_RESNET_FLAGS, PATH=f"{Path(sys.executable).parent}{os.pathsep}"
                f"{os.environ['PATH']}")
     proc = subprocess.run(["bash", str(REPO / "benchmarks/resnet/run_and_time.sh")], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=600)
