@@ -20,6 +20,10 @@
 #            (SLURM_NNODES, SLURM_NODEID, the first host of SLURM_JOB_NODELIST): docs/slurm.md
 #   COLLECTIVE_TIMEOUT_S  seconds a collective waits for its peers (default 300, common/dist.py)
 #   EXTRA_ARGS  more flags for the training program (started as python -m common.entry)
+#   DRY_RUN  STEPS (a positive integer): each run a dry run of the config as written (--dry-run
+#            STEPS: STEPS timed training steps and one full evaluation, common/dry_run.py), its
+#            log no result; its projected time-to-train (compliance.projection) instead of the
+#            compliance check and the RESULT line
 # A variable set but empty is refused where it names a path (DATADIR, FIXTURE_DIR, LOGDIR) and
 # taken as unset otherwise.
 # SIGINT/SIGTERM, at any moment, stop the current run (its log, if it began one, ends with
@@ -106,6 +110,12 @@ if [[ -n ${SEED:-} ]]; then
         || die "SEED=$SEED: run $NEXP would use seed $((base_seed + NEXP - 1)), above $MAX_SEED: lower SEED or NEXP"
 else
     base_seed=$(( ((RANDOM << 15) | RANDOM) % (MAX_SEED - NEXP + 2) ))
+fi
+dry=()
+if [[ -n ${DRY_RUN:-} ]]; then
+    small_int DRY_RUN && ((REPLY > 0)) \
+        || die "DRY_RUN=$DRY_RUN is not a positive integer: set it to the training steps to time, e.g. DRY_RUN=200, or unset it"
+    dry=(--dry-run "$REPLY")
 fi
 if [[ -n ${COLLECTIVE_TIMEOUT_S:-} ]]; then
     small_int COLLECTIVE_TIMEOUT_S && ((REPLY > 0)) \
@@ -272,12 +282,17 @@ for ((i = 0; i < NEXP; i++)); do
     # common.entry: SIGINT ends the program until its handler is installed (Python's own would
     # raise KeyboardInterrupt inside whatever library it is importing)
     run_child "${launch[@]}" -m common.entry "benchmarks.$BENCHMARK" --data-dir "$DATADIR" \
-        --seed "$seed" --log-file "$log" "${OPTIMISE[@]}" "${TRAIN_ARGS[@]}" "${extra[@]}"
+        --seed "$seed" --log-file "$log" "${OPTIMISE[@]}" "${TRAIN_ARGS[@]}" "${extra[@]}" \
+        "${dry[@]}"
     note_stop
     # 2: bad input, already reported in one line; no run to check (a stop signal wins).
     [[ -z $stop_name ]] && ((child_rc == 2)) && exit 2
     if [[ ${NODE_RANK:-0} != 0 ]]; then   # global rank 0, on node 0, writes the log
         ((child_rc == 0)) || failed=1
+    elif [[ -s $log && ${#dry[@]} -gt 0 ]]; then   # a dry run: a projection, no verdict
+        ((child_rc == 0)) || failed=1
+        ((child_rc == 0)) && { env --ignore-signal=INT python -m compliance.projection \
+            --ruleset "$RULESET" "$log" || failed=1; }
     elif [[ -s $log ]]; then
         # a Ctrl-C now lets the check of the finished log end (seconds): its verdict is owed
         env --ignore-signal=INT python -m compliance.check --ruleset "$RULESET" "$log" \

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common import dist, gc_pauses, hparams, optimisations
+from common import dist, dry_run, gc_pauses, hparams, optimisations
 from common.cli import OneLineParser
 from common.cuda_graph import GraphedStep, graphed_step
 from common.errors import UserError, one_line
@@ -159,6 +159,12 @@ def build_parser(workload_cls: type[Workload]) -> argparse.ArgumentParser:
     g.add_argument("--bind-cpus", action="store_true",
                    help="bind each rank to its own share of its GPU's NUMA-local CPU cores, "
                         "loader processes included (common/cpu_binding.py)")
+    g.add_argument("--dry-run", type=hparams.checked(int, hparams.positive), default=None,
+                   metavar="STEPS",
+                   help="train STEPS steps, each timed, then one full evaluation pass, and "
+                        "report initialization, step p50/p99, p_whole/p_train/p_core and peak "
+                        "memory instead of training to the target; the log is marked as a dry "
+                        "run and never passes for a result (common/dry_run.py)")
     g.add_argument("--gc-freeze", action="store_true",
                    help="before run_start, freeze every object setup made out of the garbage "
                         "collector's reach, so its full collections stay short "
@@ -486,16 +492,59 @@ def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
             return _run_logged(workload_cls, args, env)
 
 
+def _dry_run(wl: Workload, step, log: MLLog, args, env, init_s: float) -> None:
+    """``--dry-run``: the steps asked for, each timed to its end on the device, then one full
+    evaluation pass; the report goes to the log and the console."""
+    stream, window = _Stream(wl, log), _LossWindow(args.dry_run, env.device)
+    sync = torch.cuda.synchronize if env.device.type == "cuda" else lambda: None
+    step_s, wait_s = [], []
+    progress = Progress(args.dry_run, "dry run", enabled=env.is_main)
+    for n in range(1, args.dry_run + 1):
+        t0 = time.perf_counter()
+        batch = stream.next()
+        t1 = time.perf_counter()
+        window.add(step(*batch), n, stream.epoch)
+        stream.stepped()
+        sync()
+        step_s.append(time.perf_counter() - t0)
+        wait_s.append(t1 - t0)
+        raise_if_stopped()
+        progress.update(1)
+    progress.close()
+    window.read_back()
+    at = {constants.EPOCH_NUM: stream.epoch}
+    log.start(constants.EVAL_START, metadata=at)
+    t_eval = time.perf_counter()
+    with torch.no_grad():
+        metrics = wl.evaluate()
+    sync()
+    eval_s = time.perf_counter() - t_eval
+    log.event(constants.EVAL_ACCURACY, wl.eval_accuracy(metrics), metadata=at)
+    log.end(constants.EVAL_STOP, metadata=at)
+    report = dry_run.Report.measure(
+        step_s, wait_s, global_batch_size=wl.global_batch_size,
+        steps_per_epoch=wl.steps_per_epoch, init_s=init_s, eval_s=eval_s,
+        eval_samples=wl.eval_samples, peak_device_bytes=peak_memory_bytes(env.device),
+        peak_host_bytes=dry_run.peak_host_bytes(),
+        eval_points=[[p.step, p.epoch_num] for p in wl.eval_points()])
+    log.event(dry_run.REPORT_KEY, report.as_dict())
+    for line in report.lines():
+        say(line, env.is_main)
+
+
 def _run_logged(workload_cls: type[Workload], args, env) -> int:
     """The logged run, ``run_stop`` whatever ends it, then the closing line."""
     status, run_started, code = constants.ABORTED, False, EXIT_ABORTED
-    t_run = 0.0
+    t_run = t_init = 0.0
     log = wl = scorer = step = None
     outcome = _Outcome()
     try:
         log = MLLog(args.log_file, rank=env.rank)
         log.event(constants.CACHE_CLEAR, True)
+        t_init = time.perf_counter()
         log.start(constants.INIT_START)
+        if args.dry_run:
+            log.event(dry_run.DRY_RUN_KEY, args.dry_run)
         _log_submission(log, workload_cls, args)
         log.event(constants.SEED, args.seed)
         torch.manual_seed(args.seed + env.rank)
@@ -510,7 +559,7 @@ def _run_logged(workload_cls: type[Workload], args, env) -> int:
         step = _prepare_step(wl, args, env)
         if args.init_steps:
             warm_up(wl, step, args.init_steps, env)
-        if args.background_scoring:
+        if args.background_scoring and not args.dry_run:
             scorer = BackgroundScorer(type(wl).scorer, env)
         if args.gc_freeze:
             gc_pauses.freeze()
@@ -518,9 +567,13 @@ def _run_logged(workload_cls: type[Workload], args, env) -> int:
         log.end(constants.INIT_STOP)
         log.start(constants.RUN_START)
         run_started, t_run = True, time.perf_counter()
-        outcome = run(wl, step, log, args, env, scorer)
-        status = constants.SUCCESS if outcome.reached else constants.ABORTED
-        code = 0 if outcome.reached else EXIT_ABORTED
+        if args.dry_run:
+            _dry_run(wl, step, log, args, env, init_s=t_run - t_init)
+            code = 0   # status stays aborted: a dry run is no result
+        else:
+            outcome = run(wl, step, log, args, env, scorer)
+            status = constants.SUCCESS if outcome.reached else constants.ABORTED
+            code = 0 if outcome.reached else EXIT_ABORTED
     except BaseException as exc:  # logged as aborted, then reported
         code = _ended_by(exc, env.rank, logged=log is not None)
     finally:
@@ -540,7 +593,10 @@ def _run_logged(workload_cls: type[Workload], args, env) -> int:
                        wl.describe(outcome.metrics) if outcome.metrics else "none")
               if run_started else None)
         dist.shutdown()
-    if run_started and env.is_main:
+    if run_started and env.is_main and args.dry_run and code == 0:
+        say(f"dry run: done, its log is no result ({args.log_file or 'no log file'}; "
+            f"python -m compliance.projection LOG projects a time-to-train)")
+    elif run_started and env.is_main:
         seconds = time.perf_counter() - t_run
         peak = peak_memory_bytes(env.device) / 2**30
         mem = f", peak device memory {peak:.2f} GiB" if env.device.type == "cuda" else ""

@@ -123,13 +123,14 @@ def epoch_points(eval_epochs: Sequence[int], steps_per_epoch: int) -> list[EvalP
     return points
 
 
-def interval_points(steps: Sequence[int], epoch_num: Callable[[int], float]) -> list[EvalPoint]:
+def interval_points(steps: Sequence[int], epoch_num: Callable[[int], float],
+                    start: float = 0) -> list[EvalPoint]:
     """Evaluations after the given cumulative step counts, in a continuous unit such as
-    samples trained (BERT) or fractional epochs (DLRM): ``epoch_num(step)``. A block
-    starts where the previous one ended."""
+    samples trained (BERT) or fractional epochs (DLRM): ``epoch_num(step)``, which is
+    ``start`` before the first step. A block starts where the previous one ended."""
     if list(steps) != sorted(set(steps)) or not steps or steps[0] < 1:
         raise ValueError(f"evaluation steps must rise from 1 or more: {list(steps)}")
-    points, prev = [], 0
+    points, prev = [], start
     for s in steps:
         num = epoch_num(s)
         count = num - prev

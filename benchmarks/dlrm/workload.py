@@ -2,7 +2,7 @@
 
 ``HParams`` holds the ruleset's reference convergence point for global batch 55296 (NVIDIA's
 v1.1 setting): one epoch (75868 steps), evaluation on the whole test set every 0.05 epoch;
-``epoch_num`` is the fractional epoch, as the reference logs it. No optimisation named: the
+``epoch_num`` is 1 plus the epochs trained, as the reference logs it. No optimisation named: the
 reference's one ``nn.EmbeddingBag`` a table and ``torch.optim.SGD``, in one process.
 """
 
@@ -286,7 +286,9 @@ class DLRMWorkload(Workload):
         spe = self.steps_per_epoch
         ends = [k * self.interval for k in range(1, self.units_per_epoch)] + [spe]
         steps = [e * spe + end for e in range(self.hp.epochs) for end in ends]
-        return interval_points(steps, lambda step: round(step / spe, 6))
+        # 1-based, as the reference logs it ((j + 1) / len(train_ld) + k + 1) and the RCPs
+        # count: the end of the first epoch is epoch_num 2
+        return interval_points(steps, lambda step: round(1 + step / spe, 6), start=1)
 
     def epoch_batches(self, epoch: int) -> _Epoch:
         return _Epoch(self, self.train_sched.ranges(epoch - 1, self.args.seed, self.hp.shuffle))

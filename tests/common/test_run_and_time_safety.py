@@ -206,6 +206,7 @@ def test_package_reads_no_log_in_the_folders_aside(tmp_path):
     ({"NEXP": "12345678901234567890123"}, "NEXP=12345678901234567890123"),
     ({"RULESET": "9.9.9"}, "RULESET=9.9.9"), ({"DATADIR": ""}, "DATADIR"),
     ({"FIXTURE_DIR": ""}, "FIXTURE_DIR"), ({"COLLECTIVE_TIMEOUT_S": "0"}, "COLLECTIVE_TIMEOUT_S"),
+    ({"DRY_RUN": "0"}, "DRY_RUN=0"), ({"DRY_RUN": "all"}, "DRY_RUN=all"),
     ({"SLURM_NNODES": "2", "SLURM_NTASKS": "4"}, "SLURM_NTASKS=4"),
     ({"SLURM_NNODES": "two", "SLURM_NODEID": "0"}, "SLURM_NNODES=two"),
     ({"SLURM_NNODES": "08", "SLURM_NODEID": "0"}, "needs MASTER_ADDR"),   # 8 nodes

@@ -28,6 +28,11 @@ def test_every_epoch_schedule():
     assert [p.first_epoch_num for p in epoch_points([1, 2, 3], 4)] == [1, 2, 3]
 
 
+def test_interval_points_from_a_start_other_than_zero():
+    points = interval_points([2, 4], lambda step: 1 + step / 4, start=1)
+    assert points == [EvalPoint(2, 1.5, 1, 0.5), EvalPoint(4, 2.0, 1.5, 0.5)]
+
+
 def test_interval_points_in_samples_start_where_the_last_block_ended():
     points = interval_points([3, 5], lambda step: step * 8)
     assert points == [EvalPoint(3, 24, 0, 24), EvalPoint(5, 40, 24, 16)]

@@ -1,0 +1,85 @@
+"""``--dry-run STEPS``: a config run as written for a bounded number of training steps and
+one full evaluation pass, every step timed, instead of training to the target.
+
+The log says so (key ``dry_run``), so that the compliance check and the packager refuse it,
+and carries the measurements (key ``dry_run_report``) from which ``python -m
+compliance.projection`` projects a time-to-train. FlagPerf's throughputs, over the dry run's
+samples: ``p_whole`` over initialization, training and the evaluation; ``p_train`` over the
+training steps with their waits for input; ``p_core`` over the steps less those waits.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+from dataclasses import asdict, dataclass
+
+DRY_RUN_KEY = "dry_run"          # value: the steps asked for
+REPORT_KEY = "dry_run_report"    # value: a Report as a dict
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) by the nearest rank."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def peak_host_bytes() -> int:
+    """This process's peak resident memory (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@dataclass(frozen=True)
+class Report:
+    steps: int
+    global_batch_size: int
+    steps_per_epoch: int | None
+    init_s: float
+    step_p50_s: float
+    step_p99_s: float
+    input_wait_p50_s: float
+    train_s: float            # the steps' wall time, waits for input included
+    input_wait_s: float
+    eval_s: float
+    eval_samples: int
+    peak_device_bytes: int
+    peak_host_bytes: int
+    eval_points: list         # the schedule: [optimizer steps, epoch_num] of each evaluation
+
+    @classmethod
+    def measure(cls, step_s: list[float], wait_s: list[float], **fields) -> Report:
+        return cls(steps=len(step_s), step_p50_s=percentile(step_s, 50),
+                   step_p99_s=percentile(step_s, 99), input_wait_p50_s=percentile(wait_s, 50),
+                   train_s=sum(step_s), input_wait_s=sum(wait_s), **fields)
+
+    @property
+    def samples(self) -> int:
+        return self.steps * self.global_batch_size
+
+    @property
+    def p_whole(self) -> float:
+        return self.samples / (self.init_s + self.train_s + self.eval_s)
+
+    @property
+    def p_train(self) -> float:
+        return self.samples / self.train_s
+
+    @property
+    def p_core(self) -> float:
+        return self.samples / (self.train_s - self.input_wait_s)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        gib = 2**30
+        return [
+            f"dry run: {self.steps} steps of {self.global_batch_size} after {self.init_s:.1f} s "
+            f"of initialization; step p50 {self.step_p50_s * 1e3:.2f} ms, p99 "
+            f"{self.step_p99_s * 1e3:.2f} ms, waiting for input p50 "
+            f"{self.input_wait_p50_s * 1e3:.2f} ms",
+            f"dry run: p_whole {self.p_whole:.1f}, p_train {self.p_train:.1f}, p_core "
+            f"{self.p_core:.1f} samples/s; evaluation of {self.eval_samples} samples "
+            f"{self.eval_s:.2f} s; peak memory {self.peak_device_bytes / gib:.2f} GiB device, "
+            f"{self.peak_host_bytes / gib:.2f} GiB host (this process)",
+        ]

@@ -1,0 +1,122 @@
+"""A projected time-to-train from a dry run's log (``--dry-run STEPS``, or ``DRY_RUN=STEPS``
+for ``run_and_time.sh``): a projection with its inputs shown, never a result.
+
+    python -m compliance.projection LOG [--ruleset 1.1.0]
+
+The ruleset's reference convergence points (RCPs, ``mlperf_logging``'s files) give the mean
+epochs to converge at the run's global batch (samples for BERT; interpolated between the
+RCPs around it, as the RCP checker does). A run stops at the first evaluation of its schedule
+at or past that mean: the projection is that evaluation's optimizer steps times the measured
+step p50, plus the evaluations up to it times the measured evaluation (initialization is
+outside MLPerf's time-to-train). Exit status 0 with a projection, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlperf_logging.rcp_checker import rcp_checker
+
+from common.cli import OneLineParser
+from common.dry_run import DRY_RUN_KEY, REPORT_KEY, Report
+from common.errors import UserError
+from compliance.check import DEFAULT_RULESET
+from compliance.logs import read_events
+
+# The RCP checker looks up the runs a submission needs (for interpolation's acceptance bound,
+# not the mean) in a table of later rulesets, which have no DLRM; 1.1.0 asked for 5.
+rcp_checker.submission_runs["training"].setdefault("dlrm", 5)
+
+
+@dataclass(frozen=True)
+class Projection:
+    benchmark: str
+    global_batch_size: int
+    rcp: str                   # which RCP, or how it was made
+    mean_epochs: float         # in the schedule's units (BERT: samples)
+    eval_epoch: float          # the evaluation that would end the run
+    steps: int
+    evaluations: int
+    report: Report
+
+    @property
+    def seconds(self) -> float:
+        return self.steps * self.report.step_p50_s + self.evaluations * self.report.eval_s
+
+    def line(self) -> str:
+        r = self.report
+        return (f"projected time-to-train (a projection, not a result): {self.seconds / 60:.1f} "
+                f"min = {self.steps} steps x {r.step_p50_s * 1e3:.2f} ms (step p50) + "
+                f"{self.evaluations} evaluations x {r.eval_s:.2f} s; {self.benchmark} at global "
+                f"batch {self.global_batch_size} converges in {self.mean_epochs:g} epochs on "
+                f"average ({self.rcp}), so the run would stop at the evaluation at epoch_num "
+                f"{self.eval_epoch:g}")
+
+
+def rcp_mean(benchmark: str, batch: int, ruleset: str) -> tuple[float, str]:
+    """The RCP mean epochs at ``batch`` and where it came from; ValueError without one."""
+    try:
+        checker = rcp_checker.RCP_Checker("training", ruleset, benchmark, verbose=False)
+    except (OSError, KeyError) as exc:
+        raise ValueError(f"no RCPs for {benchmark} in ruleset {ruleset}") from exc
+    record = checker._find_rcp(batch, "pruned_rcps")
+    if record is not None:
+        return float(record["RCP Mean"]), f"the RCP of batch {batch}"
+    low = checker._find_top_min_rcp(batch, "pruned_rcps")
+    high = checker._find_bottom_max_rcp(batch, "pruned_rcps")
+    if low is not None and high is not None:
+        _, record = checker._create_interp_rcp(batch, low, high)
+        return (float(record["RCP Mean"]),
+                f"interpolated between the RCPs of batches {low['BS']} and {high['BS']}")
+    if high is not None:   # below the smallest: the checker holds the run to that RCP
+        return float(high["RCP Mean"]), f"the smallest RCP's, batch {high['BS']}"
+    raise ValueError(f"no RCP of {benchmark} covers global batch {batch} (the largest is "
+                     f"{low['BS']}): the ruleset does not allow it")
+
+
+def project(path: str | Path, ruleset: str = DEFAULT_RULESET) -> Projection:
+    """The projection of a dry run's log; ValueError naming what is missing."""
+    found = {e["key"]: e for e in read_events(path)}
+    if DRY_RUN_KEY not in found or REPORT_KEY not in found:
+        raise ValueError(f"{path} is not a dry run's log: run with --dry-run STEPS "
+                         f"(run_and_time.sh: DRY_RUN=STEPS)")
+    report = Report(**found[REPORT_KEY]["value"])
+    benchmark = found["submission_benchmark"]["value"]
+    mean, rcp = rcp_mean(benchmark, report.global_batch_size, ruleset)
+    for n, (step, epoch) in enumerate(report.eval_points, 1):
+        if epoch >= mean:
+            return Projection(benchmark, report.global_batch_size, rcp, mean, epoch, step, n,
+                              report)
+    raise ValueError(f"the schedule's last evaluation (epoch_num {report.eval_points[-1][1]:g}) "
+                     f"comes before the {mean:g} epochs the RCP needs: raise --epochs")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = OneLineParser(prog="python -m compliance.projection",
+                      description="Project a time-to-train from a dry run's log.")
+    p.add_argument("log", type=Path)
+    p.add_argument("--ruleset", default=DEFAULT_RULESET)
+    p.add_argument("--json", action="store_true", help="print the projection as JSON too")
+    args = p.parse_args(argv)
+    if not args.log.is_file():
+        print(f"error: no such log file: {args.log}", file=sys.stderr)
+        return 2
+    try:
+        projection = project(args.log, args.ruleset)
+    except (ValueError, UserError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(projection.line())
+    if args.json:
+        print(json.dumps({"seconds": projection.seconds, "rcp": projection.rcp,
+                          "mean_epochs": projection.mean_epochs, "steps": projection.steps,
+                          "evaluations": projection.evaluations,
+                          "report": projection.report.as_dict()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""``--dry-run`` / ``DRY_RUN``: a bounded, timed run of a config whose log never passes for a
+result, and the projected time-to-train computed from it (``compliance.projection``)."""
+
+import json
+
+import pytest
+
+from common.dry_run import DRY_RUN_KEY, REPORT_KEY, Report, percentile
+from compliance import package, projection
+from compliance.check import check_log
+from compliance.logs import read_events
+from tests.compliance.conftest import field_flags
+from tests.entry_points import run_script
+
+
+def report(**changes) -> Report:
+    fields = dict(steps=4, global_batch_size=10, steps_per_epoch=8, init_s=3.0,
+                  step_p50_s=0.5, step_p99_s=1.0, input_wait_p50_s=0.1, train_s=4.0,
+                  input_wait_s=2.0, eval_s=1.0, eval_samples=100, peak_device_bytes=0,
+                  peak_host_bytes=2**30, eval_points=[[4, 0.5], [8, 1.0], [16, 2.0]])
+    return Report(**{**fields, **changes})
+
+
+def test_percentiles_by_the_nearest_rank():
+    values = [5.0, 1.0, 4.0, 2.0, 3.0]
+    assert [percentile(values, q) for q in (0, 20, 50, 99, 100)] == [1.0, 1.0, 3.0, 5.0, 5.0]
+
+
+def test_flagperf_throughputs_over_the_dry_runs_samples():
+    r = Report.measure([1.0, 0.5, 2.5], [0.5, 0.0, 0.5], global_batch_size=10,
+                       steps_per_epoch=None, init_s=5.0, eval_s=2.0, eval_samples=7,
+                       peak_device_bytes=0, peak_host_bytes=0, eval_points=[[3, 30]])
+    assert (r.steps, r.step_p50_s, r.step_p99_s, r.input_wait_p50_s) == (3, 1.0, 2.5, 0.5)
+    assert r.p_whole == 30 / (5 + 4 + 2)     # initialization, steps and evaluation
+    assert r.p_train == 30 / 4               # the steps with their waits for input
+    assert r.p_core == 30 / 3                # the steps less those waits
+
+
+@pytest.mark.parametrize("mean, steps, evaluations", [(0.4, 4, 1), (1.0, 8, 2), (1.5, 16, 3)])
+def test_the_run_stops_at_the_first_evaluation_at_or_past_the_rcp_mean(monkeypatch, mean,
+                                                                       steps, evaluations):
+    monkeypatch.setattr(projection, "rcp_mean", lambda *_: (mean, "an RCP"))
+    monkeypatch.setattr(projection, "read_events", lambda _: [
+        {"key": DRY_RUN_KEY, "value": 4}, {"key": REPORT_KEY, "value": report().as_dict()},
+        {"key": "submission_benchmark", "value": "resnet"}])
+    p = projection.project("log")
+    assert (p.steps, p.evaluations) == (steps, evaluations)
+    assert p.seconds == steps * 0.5 + evaluations * 1.0   # step p50 and the evaluation
+
+
+def test_a_schedule_that_ends_before_the_rcp_mean_names_the_fix(monkeypatch):
+    monkeypatch.setattr(projection, "rcp_mean", lambda *_: (2.5, "an RCP"))
+    monkeypatch.setattr(projection, "read_events", lambda _: [
+        {"key": DRY_RUN_KEY, "value": 4}, {"key": REPORT_KEY, "value": report().as_dict()},
+        {"key": "submission_benchmark", "value": "resnet"}])
+    with pytest.raises(ValueError, match="raise --epochs"):
+        projection.project("log")
+
+
+def test_rcp_means_found_interpolated_and_below_the_smallest():
+    mean, where = projection.rcp_mean("resnet", 1632, "1.1.0")
+    assert where == "the RCP of batch 1632" and 30 < mean < 50
+    between, where = projection.rcp_mean("resnet", 2000, "1.1.0")
+    assert where.startswith("interpolated between the RCPs of batches 1632 and")
+    assert between >= mean
+    assert projection.rcp_mean("dlrm", 512, "1.1.0")[1] == "the smallest RCP's, batch 32768"
+
+
+@pytest.mark.slow
+def test_a_dry_run_through_run_and_time_projects_and_is_never_a_result(tmp_path, capsys):
+    proc = run_script("dlrm", {"CONFIG": "cpu_tiny", "SEED": "3", "DRY_RUN": "12",
+                               "LOGDIR": str(tmp_path / "logs")}, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "dry run: 12 steps of 512" in proc.stdout and "RESULT," not in proc.stdout
+    assert "projected time-to-train (a projection, not a result)" in proc.stdout
+    log = tmp_path / "logs" / "result_0.txt"
+    events = {e["key"]: e for e in read_events(log)}
+    assert events[DRY_RUN_KEY]["value"] == 12
+    assert events["run_stop"]["metadata"]["status"] == "aborted"
+    assert Report(**events[REPORT_KEY]["value"]).steps == 12
+    verdict = check_log(log)
+    assert not verdict.compliant and "a dry run's log" in verdict.problems[0]
+    out = tmp_path / "tree"
+    assert package.main(["--submitter", "TestOrg", "--system", "cpu_tiny", "--benchmark",
+                         "dlrm", *field_flags(), str(log.parent), str(out)]) != 0
+    assert "a dry run's log" in capsys.readouterr().out
+    assert projection.main([str(log), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert doc["report"]["steps"] == 12 and doc["seconds"] > 0
+
+
+def test_the_projection_of_a_log_that_is_no_dry_run_is_one_line(tmp_path, capsys):
+    log = tmp_path / "result_0.txt"
+    log.write_text(':::MLLOG {"namespace": "", "time_ms": 1, "event_type": "POINT_IN_TIME", '
+                   '"key": "run_start", "value": null, "metadata": {}}\n')
+    assert projection.main([str(log)]) == 2
+    assert capsys.readouterr().err == (f"error: {log} is not a dry run's log: run with "
+                                       f"--dry-run STEPS (run_and_time.sh: DRY_RUN=STEPS)\n")
