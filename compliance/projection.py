@@ -25,10 +25,7 @@ from common.dry_run import DRY_RUN_KEY, REPORT_KEY, Report
 from common.errors import UserError
 from compliance.check import DEFAULT_RULESET
 from compliance.logs import read_events
-
-# The RCP checker looks up the runs a submission needs (for interpolation's acceptance bound,
-# not the mean) in a table of later rulesets, which have no DLRM; 1.1.0 asked for 5.
-rcp_checker.submission_runs["training"].setdefault("dlrm", 5)
+from compliance.mlperf_tools import USAGE
 
 
 @dataclass(frozen=True)
@@ -59,7 +56,7 @@ class Projection:
 def rcp_mean(benchmark: str, batch: int, ruleset: str) -> tuple[float, str]:
     """The RCP mean epochs at ``batch`` and where it came from; ValueError without one."""
     try:
-        checker = rcp_checker.RCP_Checker("training", ruleset, benchmark, verbose=False)
+        checker = rcp_checker.RCP_Checker(USAGE, ruleset, benchmark, verbose=False)
     except (OSError, KeyError) as exc:
         raise ValueError(f"no RCPs for {benchmark} in ruleset {ruleset}") from exc
     record = checker._find_rcp(batch, "pruned_rcps")
