@@ -61,7 +61,11 @@ COCO_TRAIN_IMAGES, COCO_EVAL_IMAGES = 117_266, 5_000   # train2017 with a target
 def describe(root, n_train: int, n_val: int) -> str:
     """What a COCO-format folder holding ``n_train`` / ``n_val`` images is, for the log:
     the fixture, COCO 2017 itself, or another folder."""
-    if (Path(root) / fixture_cache.MARKER).is_file():
+    record = fixture_cache.recorded(Path(root))
+    if record is not None and (record.get("params") or {}).get("kind") == "coco-standin":
+        return (f"stand-in: COCO-scale synthetic images from common.coco.standin, not COCO "
+                f"({n_train} train / {n_val} eval images)")
+    if record is not None:
         return (f"fixture: synthetic COCO-format images from common.coco.fixture, not "
                 f"COCO ({n_train} train / {n_val} eval images)")
     if (n_train, n_val) == (COCO_TRAIN_IMAGES, COCO_EVAL_IMAGES):

@@ -71,7 +71,7 @@ def class_style(k: int) -> tuple[str, str]:
     return shapes[k % len(shapes)], colours[(k + k // len(shapes)) % len(colours)]
 
 
-def _unit_to_box(unit: np.ndarray, box) -> np.ndarray:
+def unit_to_box(unit: np.ndarray, box) -> np.ndarray:
     lo, hi = unit.min(0), unit.max(0)
     x0, y0, w, h = box
     return (unit - lo) / (hi - lo) * (w, h) + (x0, y0)
@@ -97,7 +97,7 @@ def _place(width: int, height: int, count: int, sizes: tuple[float, float],
     return boxes
 
 
-def _image(width: int, height: int, objects: list, rng: np.random.Generator) -> Image.Image:
+def draw_image(width: int, height: int, objects: list, rng: np.random.Generator) -> Image.Image:
     grey = rng.uniform(90, 170)
     base = np.full((height, width, 3), grey) + rng.normal(0, 12, 3)
     im = Image.fromarray(np.clip(base, 0, 255).astype(np.uint8))
@@ -118,7 +118,7 @@ def _split(folder: Path, image_ids, ann_ids, category_ids, image_size: int,
         objects = []
         for box in _place(width, height, count, sizes, rng):
             k = int(rng.integers(len(category_ids)))
-            polygon = _unit_to_box(SHAPES[class_style(k)[0]], box).round(2)
+            polygon = unit_to_box(SHAPES[class_style(k)[0]], box).round(2)
             flat = polygon.ravel().tolist()
             rle = mask_utils.merge(mask_utils.frPyObjects([flat], height, width))
             x0, y0 = polygon.min(0)
@@ -131,7 +131,7 @@ def _split(folder: Path, image_ids, ann_ids, category_ids, image_size: int,
                 "iscrowd": 0})
             objects.append((k, polygon))
         name = f"{image_id:012d}.jpg"
-        _image(width, height, objects, rng).save(folder / name, quality=90)
+        draw_image(width, height, objects, rng).save(folder / name, quality=90)
         images.append({"id": image_id, "file_name": name, "width": width, "height": height})
     return images, annotations
 

@@ -1,0 +1,34 @@
+"""``common.coco.standin``: COCO 2017's scale and shapes in the fixture's format, for dry
+runs; the same output for any number of writer processes."""
+
+import json
+
+import pytest
+from pycocotools.coco import COCO
+
+from common.coco import data, standin
+
+
+def test_a_fraction_of_cocos_scale_in_its_format(tmp_path):
+    one = standin.write_standin(tmp_path / "one", fraction=0.0002, workers=1)
+    two = standin.write_standin(tmp_path / "two", fraction=0.0002, workers=2)
+    for split, images in (("train", 24), ("val", 1)):   # 118,287 and 5,000 x 0.0002
+        name = f"annotations/instances_{split}2017.json"
+        assert (one / name).read_bytes() == (two / name).read_bytes()
+        coco = COCO(str(one / name))
+        assert len(coco.getImgIds()) == images and len(coco.getCatIds()) == 80
+        for image in coco.loadImgs(coco.getImgIds()):
+            assert max(image["width"], image["height"]) <= 640
+            assert (one / f"{split}2017" / image["file_name"]).read_bytes() == \
+                (two / f"{split}2017" / image["file_name"]).read_bytes()
+    train = json.loads((one / "annotations/instances_train2017.json").read_text())
+    assert 3 < len(train["annotations"]) / len(train["images"]) < 15   # COCO: 7.3 an image
+    assert data.describe(one, 24, 1).startswith("stand-in: COCO-scale synthetic images")
+
+
+def test_a_fraction_outside_zero_to_one_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        standin.main([str(tmp_path / "x"), "--fraction", "2"])
+    assert exit_.value.code == 2
+    assert "a fraction in (0, 1] is needed, not '2'" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
