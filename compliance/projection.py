@@ -80,7 +80,11 @@ def project(path: str | Path, ruleset: str = DEFAULT_RULESET) -> Projection:
     if DRY_RUN_KEY not in found or REPORT_KEY not in found:
         raise ValueError(f"{path} is not a dry run's log: run with --dry-run STEPS "
                          f"(run_and_time.sh: DRY_RUN=STEPS)")
-    report = Report(**found[REPORT_KEY]["value"])
+    try:
+        report = Report(**found[REPORT_KEY]["value"])
+    except TypeError as exc:
+        raise ValueError(f"{path}: its {REPORT_KEY} is not one this suite writes ({exc}): "
+                         f"run the dry run again") from None
     benchmark = found["submission_benchmark"]["value"]
     mean, rcp = rcp_mean(benchmark, report.global_batch_size, ruleset)
     for n, (step, epoch) in enumerate(report.eval_points, 1):

@@ -96,3 +96,11 @@ def test_the_projection_of_a_log_that_is_no_dry_run_is_one_line(tmp_path, capsys
     assert projection.main([str(log)]) == 2
     assert capsys.readouterr().err == (f"error: {log} is not a dry run's log: run with "
                                        f"--dry-run STEPS (run_and_time.sh: DRY_RUN=STEPS)\n")
+
+
+def test_a_report_edited_by_hand_is_one_line(monkeypatch):
+    monkeypatch.setattr(projection, "read_events", lambda _: [
+        {"key": DRY_RUN_KEY, "value": 4}, {"key": REPORT_KEY, "value": {"steps": 4}},
+        {"key": "submission_benchmark", "value": "resnet"}])
+    with pytest.raises(ValueError, match="is not one this suite writes"):
+        projection.project("log")
