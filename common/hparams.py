@@ -56,6 +56,11 @@ def fraction(v):
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, not {v}")
 
 
+def positive_fraction(v):
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 1, not {v}")
+
+
 def open_fraction(v):
     if not 0 <= v < 1:
         raise argparse.ArgumentTypeError(f"must be 0 or more and less than 1, not {v}")

@@ -46,7 +46,8 @@ class Projection:
     def line(self) -> str:
         r = self.report
         return (f"projected time-to-train (a projection, not a result): {self.seconds / 60:.1f} "
-                f"min = {self.steps} steps x {r.step_p50_s * 1e3:.2f} ms (step p50) + "
+                f"min ({self.seconds:.1f} s) = {self.steps} steps x {r.step_p50_s * 1e3:.2f} ms "
+                f"(step p50) + "
                 f"{self.evaluations} evaluations x {r.eval_s:.2f} s; {self.benchmark} at global "
                 f"batch {self.global_batch_size} converges in {self.mean_epochs:g} epochs on "
                 f"average ({self.rcp}), so the run would stop at the evaluation at epoch_num "

@@ -251,8 +251,12 @@ class DLRMWorkload(Workload):
             return "synthetic (power-law ids over Criteo Terabyte's tables, device-resident)"
         marker = self.args.data_dir / FIXTURE_MARKER
         n = self.train_log.num_records
-        if marker.is_file():
-            oracle = json.loads(marker.read_text()).get("oracle_auc")
+        record = json.loads(marker.read_text()) if marker.is_file() else None
+        if record is not None and record.get("params", {}).get("kind") == "criteo-standin":
+            return (f"stand-in: Criteo Terabyte's table sizes, power-law ids and random clicks "
+                    f"from benchmarks.dlrm.standin, not Criteo ({n} train clicks)")
+        if record is not None:
+            oracle = record.get("oracle_auc")
             return (f"fixture: synthetic click logs in the Criteo Terabyte binary format from "
                     f"benchmarks.dlrm.fixture, not Criteo ({n} train clicks; planted model's "
                     f"own AUC {oracle})")

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from pycocotools import mask as mask_utils
 
+from common import hparams
 from common.coco.fixture import COCO_CATEGORY_IDS, SHAPES, class_style, draw_image, unit_to_box
 from common.fixture_cache import cached_fixture, fixture_command
 
@@ -117,14 +118,7 @@ def write_standin(root, fraction: float = 1.0, workers: int = 1, seed: int = 0) 
     return cached_fixture(root, params, write)
 
 
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"a fraction in (0, 1] is needed, not {text!r}")
-    return value
+FRACTION = hparams.checked(float, hparams.positive_fraction)
 
 
 @fixture_command
@@ -132,7 +126,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m common.coco.standin",
                                 description="Write COCO 2017 at its real scale (not COCO).")
     p.add_argument("outdir", type=Path)
-    p.add_argument("--fraction", type=_fraction, default=1.0,
+    p.add_argument("--fraction", type=FRACTION, default=1.0,
                    help="of COCO's 118,287 training and 5,000 validation images")
     p.add_argument("--workers", type=int, default=os.cpu_count(), help="writer processes")
     p.add_argument("--seed", type=int, default=0)

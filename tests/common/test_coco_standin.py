@@ -30,5 +30,5 @@ def test_a_fraction_outside_zero_to_one_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         standin.main([str(tmp_path / "x"), "--fraction", "2"])
     assert exit_.value.code == 2
-    assert "a fraction in (0, 1] is needed, not '2'" in capsys.readouterr().err
+    assert "must be more than 0 and at most 1, not 2.0" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
