@@ -21,6 +21,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from common.cli import one_line_errors
@@ -116,6 +117,17 @@ def ignore_stop_signals() -> None:
     """For a writer's worker processes (an ``initializer``): the writer stops them."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+
+
+def in_processes(fn: Callable, jobs: list, workers: int, chunksize: int = 16) -> list:
+    """``[fn(job) for job in jobs]`` over ``workers`` processes, in order. The workers ignore
+    SIGINT and SIGTERM: a stop reaches the writer, which waits for no queued job."""
+    with ProcessPoolExecutor(workers, initializer=ignore_stop_signals) as pool:
+        try:
+            return list(pool.map(fn, jobs, chunksize=chunksize))
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
 
 
 @contextlib.contextmanager

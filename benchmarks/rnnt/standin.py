@@ -19,9 +19,8 @@ not depend on the worker count.
 from __future__ import annotations
 
 import argparse
-import signal
+import os
 import sys
-from multiprocessing import Pool
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +31,7 @@ from benchmarks.rnnt.fixture import flac
 from benchmarks.rnnt.prepare_data import prepare
 from benchmarks.rnnt.tokenizer import VOCAB_SIZE
 from common import hparams
-from common.fixture_cache import cached_fixture, fixture_command
+from common.fixture_cache import cached_fixture, fixture_command, in_processes
 
 KIND = "librispeech-standin"
 UTTERANCES = dict(zip(TRAIN_SPLITS, (28_539, 104_014, 148_688))) | {EVAL_SPLIT: 2_703}
@@ -86,13 +85,6 @@ def _write_chapter(job) -> None:
     (where / f"{speaker}-{chapter}.trans.txt").write_text("".join(lines))
 
 
-def _worker_signals() -> None:
-    """A writer process ends at the pool's SIGTERM and leaves Ctrl-C to the parent, which
-    removes the partial copy (``fixture_command``)."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def write_standin(root, fraction: float = 0.1, workers: int = 1, seed: int = 0,
                   eval_fraction: float = 1.0, vocab_size: int = VOCAB_SIZE) -> Path:
     """Write the stand-in under ``root`` (reused when the same one is already there)."""
@@ -107,9 +99,7 @@ def write_standin(root, fraction: float = 0.1, workers: int = 1, seed: int = 0,
                 jobs.append((str(tmp / split), speaker, 1000 + speaker,
                              min(CHAPTER, count - start), seed))
                 speaker += 1
-        with Pool(workers, initializer=_worker_signals) as pool:
-            for _ in pool.imap_unordered(_write_chapter, jobs):
-                pass
+        in_processes(_write_chapter, jobs, workers, 1)
         prepare(tmp, list(TRAIN_SPLITS), [EVAL_SPLIT], vocab_size)
     return cached_fixture(root, params, write)
 
@@ -127,7 +117,7 @@ def main(argv=None) -> int:
                    help="of each training split's utterances (dev-clean is whole)")
     p.add_argument("--eval-fraction", type=FRACTION, default=1.0,
                    help="of dev-clean (a dry run times the whole of it by default)")
-    p.add_argument("--workers", type=int, default=1, help="writer processes")
+    p.add_argument("--workers", type=int, default=os.cpu_count(), help="writer processes")
     p.add_argument("--vocab-size", type=int, default=VOCAB_SIZE, help="SentencePiece pieces")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
