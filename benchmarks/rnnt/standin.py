@@ -18,8 +18,6 @@ not depend on the worker count.
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -30,8 +28,13 @@ from benchmarks.rnnt.features import SAMPLE_RATE
 from benchmarks.rnnt.fixture import flac
 from benchmarks.rnnt.prepare_data import prepare
 from benchmarks.rnnt.tokenizer import VOCAB_SIZE
-from common import hparams
-from common.fixture_cache import cached_fixture, fixture_command, in_processes
+from common.fixture_cache import (
+    FRACTION,
+    cached_fixture,
+    fixture_command,
+    in_processes,
+    standin_parser,
+)
 
 KIND = "librispeech-standin"
 UTTERANCES = dict(zip(TRAIN_SPLITS, (28_539, 104_014, 148_688))) | {EVAL_SPLIT: 2_703}
@@ -104,24 +107,15 @@ def write_standin(root, fraction: float = 0.1, workers: int = 1, seed: int = 0,
     return cached_fixture(root, params, write)
 
 
-FRACTION = hparams.checked(float, hparams.positive_fraction)
-
-
 @fixture_command
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.rnnt.standin",
-                                description="Write LibriSpeech at its real scale (not "
-                                            "LibriSpeech).")
-    p.add_argument("outdir", type=Path)
-    p.add_argument("--fraction", type=FRACTION, default=0.1,
-                   help="of each training split's utterances (dev-clean is whole)")
-    p.add_argument("--eval-fraction", type=FRACTION, default=1.0,
-                   help="of dev-clean (a dry run times the whole of it by default)")
-    p.add_argument("--workers", type=int, default=os.cpu_count(), help="writer processes")
+    p = standin_parser("python -m benchmarks.rnnt.standin",
+                       "Write LibriSpeech at its real scale (not LibriSpeech).",
+                       0.1, "each training split's utterances")
+    p.add_argument("--eval-fraction", type=FRACTION,
+                   default=1.0, help="of dev-clean (a dry run times the whole of it)")
     p.add_argument("--vocab-size", type=int, default=VOCAB_SIZE, help="SentencePiece pieces")
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
-    write_standin(a.outdir, a.fraction, a.workers, a.seed, a.eval_fraction, a.vocab_size)
+    write_standin(**vars(p.parse_args(argv)))
     return 0
 
 

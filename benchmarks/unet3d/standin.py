@@ -16,8 +16,6 @@ the worker count.
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -25,8 +23,7 @@ import numpy as np
 
 from benchmarks.unet3d.data import EVAL_CASES
 from benchmarks.unet3d.fixture import BACKGROUND, KIDNEY, NOISE, NUM_CASES, TUMOUR
-from common import hparams
-from common.fixture_cache import cached_fixture, fixture_command, in_processes
+from common.fixture_cache import cached_fixture, fixture_command, in_processes, standin_parser
 
 KIND = "kits19-standin"
 DEPTH, SIDE = (128, 450), (270, 370)
@@ -79,21 +76,12 @@ def write_standin(root, fraction: float = 1.0, workers: int = 1, seed: int = 0) 
     return cached_fixture(root, params, write)
 
 
-FRACTION = hparams.checked(float, hparams.positive_fraction)
-
-
 @fixture_command
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.unet3d.standin",
-                                description="Write KiTS19 at its preprocessed scale (not "
-                                            "KiTS19).")
-    p.add_argument("outdir", type=Path)
-    p.add_argument("--fraction", type=FRACTION, default=1.0,
-                   help="of the 168 training and the 42 evaluation cases")
-    p.add_argument("--workers", type=int, default=os.cpu_count(), help="writer processes")
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
-    write_standin(a.outdir, a.fraction, a.workers, a.seed)
+    p = standin_parser("python -m benchmarks.unet3d.standin",
+                       "Write KiTS19 at its preprocessed scale (not KiTS19).",
+                       1.0, "the 168 training and the 42 evaluation cases")
+    write_standin(**vars(p.parse_args(argv)))
     return 0
 
 

@@ -16,20 +16,17 @@ output does not depend on the worker count.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
 from pycocotools import mask as mask_utils
 
-from common import hparams
 from common.coco.fixture import COCO_CATEGORY_IDS, SHAPES, class_style, draw_image, unit_to_box
-from common.fixture_cache import cached_fixture, fixture_command, in_processes
+from common.fixture_cache import cached_fixture, fixture_command, in_processes, standin_parser
 
 TRAIN_IMAGES, VAL_IMAGES = 118_287, 5_000
 MEAN_OBJECTS = 860_001 / 118_287
@@ -107,20 +104,12 @@ def write_standin(root, fraction: float = 1.0, workers: int = 1, seed: int = 0) 
     return cached_fixture(root, params, write)
 
 
-FRACTION = hparams.checked(float, hparams.positive_fraction)
-
-
 @fixture_command
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m common.coco.standin",
-                                description="Write COCO 2017 at its real scale (not COCO).")
-    p.add_argument("outdir", type=Path)
-    p.add_argument("--fraction", type=FRACTION, default=1.0,
-                   help="of COCO's 118,287 training and 5,000 validation images")
-    p.add_argument("--workers", type=int, default=os.cpu_count(), help="writer processes")
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
-    write_standin(a.outdir, a.fraction, a.workers, a.seed)
+    p = standin_parser("python -m common.coco.standin",
+                       "Write COCO 2017 at its real scale (not COCO).",
+                       1.0, "COCO's 118,287 training and 5,000 validation images")
+    write_standin(**vars(p.parse_args(argv)))
     return 0
 
 
