@@ -12,17 +12,21 @@ keeps such a stop from being lost in a C call that calls back into Python.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import json
+import os
 import shutil
 import signal
 import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from common import hparams
 from common.cli import one_line_errors
 from common.errors import UserError
 
@@ -116,6 +120,33 @@ def ignore_stop_signals() -> None:
     """For a writer's worker processes (an ``initializer``): the writer stops them."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+
+
+FRACTION = hparams.checked(float, hparams.positive_fraction)   # a stand-in's --fraction
+
+
+def standin_parser(prog: str, description: str, fraction: float, of: str,
+                   workers: bool = True) -> argparse.ArgumentParser:
+    """The arguments of every stand-in writer (a dataset's scale and shapes for dry runs), named
+    as its ``write_standin``'s: OUTDIR, ``--fraction`` (of ``of``), ``--workers``, ``--seed``."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("root", type=Path, metavar="OUTDIR")
+    p.add_argument("--fraction", type=FRACTION, default=fraction, help=f"of {of}")
+    if workers:
+        p.add_argument("--workers", type=int, default=os.cpu_count(), help="writer processes")
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def in_processes(fn: Callable, jobs: list, workers: int, chunksize: int = 16) -> list:
+    """``[fn(job) for job in jobs]`` over ``workers`` processes, in order. The workers ignore
+    SIGINT and SIGTERM: a stop reaches the writer, which waits for no queued job."""
+    with ProcessPoolExecutor(workers, initializer=ignore_stop_signals) as pool:
+        try:
+            return list(pool.map(fn, jobs, chunksize=chunksize))
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
 
 
 @contextlib.contextmanager

@@ -13,7 +13,6 @@ positive, at random: AUC stays near 0.5. At the default 1%, 6.7 GB of training r
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -29,8 +28,7 @@ from benchmarks.dlrm.data import (
     power_law_ids,
 )
 from benchmarks.dlrm.workload import CRITEO_EVAL_SAMPLES, CRITEO_TRAIN_SAMPLES
-from common import hparams
-from common.fixture_cache import cached_fixture, fixture_command
+from common.fixture_cache import cached_fixture, fixture_command, standin_parser
 
 KIND = "criteo-standin"
 CHUNK = 1_000_000
@@ -62,20 +60,12 @@ def write_standin(root, fraction: float = 0.01, seed: int = 0) -> Path:
     return cached_fixture(root, params, write)
 
 
-FRACTION = hparams.checked(float, hparams.positive_fraction)
-
-
 @fixture_command
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.dlrm.standin",
-                                description="Write Criteo Terabyte at its real table sizes "
-                                            "(not Criteo).")
-    p.add_argument("outdir", type=Path)
-    p.add_argument("--fraction", type=FRACTION, default=0.01,
-                   help="of Criteo Terabyte's training and evaluation clicks")
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
-    write_standin(a.outdir, a.fraction, a.seed)
+    p = standin_parser("python -m benchmarks.dlrm.standin",
+                       "Write Criteo Terabyte at its real table sizes (not Criteo).",
+                       0.01, "Criteo Terabyte's training and evaluation clicks", workers=False)
+    write_standin(**vars(p.parse_args(argv)))
     return 0
 
 

@@ -30,14 +30,13 @@ import argparse
 import colorsys
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from common.fixture_cache import cached_fixture, fixture_command, ignore_stop_signals
+from common.fixture_cache import cached_fixture, fixture_command, in_processes
 
 NOISY_EVERY = 20  # image i of a class with i % 20 == 19 looks like the next class
 GREY_EVERY, CMYK_EVERY = 50, 200   # --imagenet-like: image n (counted over the whole fixture)
@@ -152,14 +151,8 @@ def write_fixture(root, num_classes: int = 10, train_per_class: int = 100,
                 _image(drawn, num_classes, image_size, rng).save(path, quality=90)
             return
         # Each image has its own random stream, so the files do not depend on the processes.
-        with ProcessPoolExecutor(min(os.cpu_count() or 1, 16),
-                                 initializer=ignore_stop_signals) as pool:
-            try:
-                list(pool.map(partial(_write_imagenet_like, num_classes=num_classes, seed=seed),
-                              jobs, chunksize=16))
-            except BaseException:
-                pool.shutdown(cancel_futures=True)   # a stop waits for no queued image
-                raise
+        in_processes(partial(_write_imagenet_like, num_classes=num_classes, seed=seed), jobs,
+                     min(os.cpu_count() or 1, 16))
     return cached_fixture(root, params, write)
 
 

@@ -16,22 +16,17 @@ output does not depend on the worker count.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
-import os
-import signal
 import sys
-from multiprocessing import Pool
 from pathlib import Path
 
 import numpy as np
 from pycocotools import mask as mask_utils
 
-from common import hparams
 from common.coco.fixture import COCO_CATEGORY_IDS, SHAPES, class_style, draw_image, unit_to_box
-from common.fixture_cache import cached_fixture, fixture_command
+from common.fixture_cache import cached_fixture, fixture_command, in_processes, standin_parser
 
 TRAIN_IMAGES, VAL_IMAGES = 118_287, 5_000
 MEAN_OBJECTS = 860_001 / 118_287
@@ -82,13 +77,6 @@ def _write_image(job) -> tuple[dict, list]:
     return {"id": image_id, "file_name": name, "width": width, "height": height}, annotations
 
 
-def _worker_signals() -> None:
-    """A writer process ends at the pool's SIGTERM and leaves Ctrl-C to the parent, which
-    removes the partial copy (``fixture_command``)."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def write_standin(root, fraction: float = 1.0, workers: int = 1, seed: int = 0) -> Path:
     """Write the stand-in under ``root`` (reused when the same one is already there)."""
     train, val = (max(1, round(n * fraction)) for n in (TRAIN_IMAGES, VAL_IMAGES))
@@ -101,37 +89,27 @@ def write_standin(root, fraction: float = 1.0, workers: int = 1, seed: int = 0) 
         ids = (np.random.default_rng(seed).permutation(600_000)[:train + val] + 1).tolist()
         ann_ids = itertools.count(1)
         (tmp / "annotations").mkdir()
-        with Pool(workers, initializer=_worker_signals) as pool:
-            for split, split_ids in (("train", ids[:train]), ("val", ids[train:])):
-                folder = tmp / f"{split}2017"
-                folder.mkdir()
-                images, annotations = [], []
-                for image, anns in pool.imap(_write_image, [(str(folder), i, seed)
-                                                            for i in split_ids], chunksize=64):
-                    images.append(image)
-                    annotations += [{"id": next(ann_ids), **a} for a in anns]
-                doc = {"info": {"description": "COCO-scale stand-in for dry runs (not COCO)"},
-                       "licenses": [], "images": images, "annotations": annotations,
-                       "categories": categories}
-                (tmp / "annotations" / f"instances_{split}2017.json").write_text(
-                    json.dumps(doc))
+        for split, split_ids in (("train", ids[:train]), ("val", ids[train:])):
+            folder = tmp / f"{split}2017"
+            folder.mkdir()
+            images, annotations = [], []
+            for image, anns in in_processes(_write_image, [(str(folder), i, seed)
+                                                           for i in split_ids], workers, 64):
+                images.append(image)
+                annotations += [{"id": next(ann_ids), **a} for a in anns]
+            doc = {"info": {"description": "COCO-scale stand-in for dry runs (not COCO)"},
+                   "licenses": [], "images": images, "annotations": annotations,
+                   "categories": categories}
+            (tmp / "annotations" / f"instances_{split}2017.json").write_text(json.dumps(doc))
     return cached_fixture(root, params, write)
-
-
-FRACTION = hparams.checked(float, hparams.positive_fraction)
 
 
 @fixture_command
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m common.coco.standin",
-                                description="Write COCO 2017 at its real scale (not COCO).")
-    p.add_argument("outdir", type=Path)
-    p.add_argument("--fraction", type=FRACTION, default=1.0,
-                   help="of COCO's 118,287 training and 5,000 validation images")
-    p.add_argument("--workers", type=int, default=os.cpu_count(), help="writer processes")
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
-    write_standin(a.outdir, a.fraction, a.workers, a.seed)
+    p = standin_parser("python -m common.coco.standin",
+                       "Write COCO 2017 at its real scale (not COCO).",
+                       1.0, "COCO's 118,287 training and 5,000 validation images")
+    write_standin(**vars(p.parse_args(argv)))
     return 0
 
 

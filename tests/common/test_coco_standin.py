@@ -2,11 +2,16 @@
 runs; the same output for any number of writer processes."""
 
 import json
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from pycocotools.coco import COCO
 
 from common.coco import data, standin
+from tests.entry_points import REPO
 
 
 def test_a_fraction_of_cocos_scale_in_its_format(tmp_path):
@@ -32,3 +37,25 @@ def test_a_fraction_outside_zero_to_one_is_refused(tmp_path, capsys):
     assert exit_.value.code == 2
     assert "must be more than 0 and at most 1, not 2.0" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_a_stop_while_the_writers_run_leaves_nothing_and_says_so(tmp_path):
+    root = tmp_path / "coco"
+    proc = subprocess.Popen([sys.executable, "-m", "common.coco.standin", str(root),
+                             "--fraction", "0.05", "--workers", "2"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.name.startswith(".coco.") and any(p.rglob("*.jpg"))
+                      for p in tmp_path.iterdir()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert stderr.splitlines() == [
+        f"error: SIGTERM while writing the fixture {root}: stopped and the partial copy "
+        f"removed; run the writer again"]
+    assert list(tmp_path.iterdir()) == []
