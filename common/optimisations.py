@@ -306,7 +306,8 @@ def resolve(parser: argparse.ArgumentParser, registry: Registry,
 
 def config_optimisations(benchmark: str, system: str) -> list[str]:
     """The ``OPTIMISATIONS`` array of ``benchmarks/<benchmark>/config_<system>.sh``, under this
-    process's environment (``COMPILE``, ``PRECISION``, ``DATA_BACKEND`` as the config reads them)."""
+    process's environment (``COMPILE``, ``PRECISION``, ``DATA_BACKEND``, as the config reads
+    them)."""
     path = REPO / "benchmarks" / benchmark / f"config_{system}.sh"
     if not path.is_file():
         raise UserError(f"no config {path}")

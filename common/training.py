@@ -526,7 +526,9 @@ def _dry_run(wl: Workload, step, log: MLLog, args, env, init_s: float) -> None:
         steps_per_epoch=wl.steps_per_epoch, init_s=init_s, eval_s=eval_s,
         eval_samples=wl.eval_samples, peak_device_bytes=peak_memory_bytes(env.device),
         peak_host_bytes=dry_run.peak_host_bytes(),
-        eval_points=[[p.step, p.epoch_num] for p in wl.eval_points()])
+        eval_points=[[p.step, p.epoch_num] for p in wl.eval_points()],
+        train_samples=wl.train_samples,
+        full_dataset=list(wl.full_dataset) if wl.full_dataset else None)
     log.event(dry_run.REPORT_KEY, report.as_dict())
     for line in report.lines():
         say(line, env.is_main)

@@ -1,7 +1,7 @@
 """COCO 2017 at its real scale, for dry runs (``DRY_RUN``) of the SSD and Mask R-CNN configs:
 the real image counts and shapes, not a learnable dataset and not COCO.
 
-    python -m common.coco.standin OUTDIR [--fraction 1.0] [--eval-fraction F] [--workers N] [--seed 0]
+    python -m common.coco.standin OUTDIR [--fraction 1.0] [--eval-fraction F] [--workers N]
 
 The on-disk format of ``common.coco.fixture`` (``annotations/instances_{train,val}2017.json``,
 ``{train,val}2017/<12-digit id>.jpg``, polygons with their boxes and areas, 80 category ids)
@@ -26,8 +26,13 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 from common.coco.fixture import COCO_CATEGORY_IDS, SHAPES, class_style, draw_image, unit_to_box
-from common.fixture_cache import (FRACTION, cached_fixture, fixture_command, in_processes,
-                                  standin_parser)
+from common.fixture_cache import (
+    FRACTION,
+    cached_fixture,
+    fixture_command,
+    in_processes,
+    standin_parser,
+)
 
 TRAIN_IMAGES, VAL_IMAGES = 118_287, 5_000
 MEAN_OBJECTS = 860_001 / 118_287
