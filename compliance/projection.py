@@ -107,7 +107,8 @@ def project(path: str | Path, ruleset: str = DEFAULT_RULESET) -> Projection:
             return Projection(benchmark, report.global_batch_size, rcp, mean, epoch,
                               round(step * report.step_scale), n, report)
     raise ValueError(f"the schedule's last evaluation (epoch_num {report.eval_points[-1][1]:g}) "
-                     f"comes before the {mean:g} epochs the RCP needs: raise --epochs")
+                     f"comes before the {mean:g} the RCP needs: raise the schedule's cap "
+                     f"(--epochs; BERT: --max-steps)")
 
 
 def main(argv: list[str] | None = None) -> int:

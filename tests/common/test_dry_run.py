@@ -72,7 +72,7 @@ def test_a_schedule_that_ends_before_the_rcp_mean_names_the_fix(monkeypatch):
     monkeypatch.setattr(projection, "read_events", lambda _: [
         {"key": DRY_RUN_KEY, "value": 4}, {"key": REPORT_KEY, "value": report().as_dict()},
         {"key": "submission_benchmark", "value": "resnet"}])
-    with pytest.raises(ValueError, match="raise --epochs"):
+    with pytest.raises(ValueError, match="raise the schedule.s cap"):
         projection.project("log")
 
 
