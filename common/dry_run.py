@@ -45,6 +45,20 @@ class Report:
     peak_device_bytes: int
     peak_host_bytes: int
     eval_points: list         # the schedule: [optimizer steps, epoch_num] of each evaluation
+    train_samples: int
+    full_dataset: list | None  # the real dataset's [training, evaluation] samples, if epochs
+
+    @property
+    def step_scale(self) -> float:
+        """The real dataset's steps per epoch over the run's (1 on the real dataset)."""
+        if not self.full_dataset or not self.steps_per_epoch:
+            return 1.0
+        return max(1.0, self.full_dataset[0] // self.global_batch_size / self.steps_per_epoch)
+
+    @property
+    def eval_scale(self) -> float:
+        """The real evaluation set's samples over the run's (1 on the real dataset)."""
+        return max(1.0, self.full_dataset[1] / self.eval_samples) if self.full_dataset else 1.0
 
     @classmethod
     def measure(cls, step_s: list[float], wait_s: list[float], **fields) -> Report:

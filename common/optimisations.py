@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import shlex
 import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -304,14 +305,16 @@ def resolve(parser: argparse.ArgumentParser, registry: Registry,
 
 
 def config_optimisations(benchmark: str, system: str) -> list[str]:
-    """The ``OPTIMISATIONS`` array of ``benchmarks/<benchmark>/config_<system>.sh``."""
+    """The ``OPTIMISATIONS`` array of ``benchmarks/<benchmark>/config_<system>.sh``, under this
+    process's environment (``COMPILE``, ``PRECISION``, ``DATA_BACKEND``, as the config reads
+    them)."""
     path = REPO / "benchmarks" / benchmark / f"config_{system}.sh"
     if not path.is_file():
         raise UserError(f"no config {path}")
     out = subprocess.run(["bash", "-c", f'source {shlex.quote(str(path))} >/dev/null; '
                           'printf "%s\\n" "${OPTIMISATIONS[@]}"'], capture_output=True,
-                         text=True, env={"PATH": "/usr/bin:/bin", "BACKBONE_CHECKPOINT": "-",
-                                         "INIT_CHECKPOINT": "-"})
+                         text=True, env={"BACKBONE_CHECKPOINT": "-", "INIT_CHECKPOINT": "-",
+                                         **os.environ})
     if out.returncode:
         raise UserError(f"{path}: {out.stderr.strip()}")
     return [x for x in out.stdout.splitlines() if x]

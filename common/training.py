@@ -509,9 +509,14 @@ def _dry_run(wl: Workload, step, log: MLLog, args, env, init_s: float) -> None:
         step_s.append(time.perf_counter() - t0)
         wait_s.append(t1 - t0)
         raise_if_stopped()
-        progress.update(1)
+        progress.update(1, step_ms=f"{step_s[-1] * 1e3:.1f}",
+                        p50_ms=f"{dry_run.percentile(step_s, 50) * 1e3:.1f}")
     progress.close()
     window.read_back()
+    # the steps' figures before the evaluation, which a stop may cut short
+    say(f"dry run: {len(step_s)} steps, step p50 {dry_run.percentile(step_s, 50) * 1e3:.2f} ms, "
+        f"input wait p50 {dry_run.percentile(wait_s, 50) * 1e3:.2f} ms; evaluating "
+        f"{wl.eval_samples} samples", env.is_main)
     at = {constants.EPOCH_NUM: stream.epoch}
     log.start(constants.EVAL_START, metadata=at)
     t_eval = time.perf_counter()
@@ -526,7 +531,9 @@ def _dry_run(wl: Workload, step, log: MLLog, args, env, init_s: float) -> None:
         steps_per_epoch=wl.steps_per_epoch, init_s=init_s, eval_s=eval_s,
         eval_samples=wl.eval_samples, peak_device_bytes=peak_memory_bytes(env.device),
         peak_host_bytes=dry_run.peak_host_bytes(),
-        eval_points=[[p.step, p.epoch_num] for p in wl.eval_points()])
+        eval_points=[[p.step, p.epoch_num] for p in wl.eval_points()],
+        train_samples=wl.train_samples,
+        full_dataset=list(wl.full_dataset) if wl.full_dataset else None)
     log.event(dry_run.REPORT_KEY, report.as_dict())
     for line in report.lines():
         say(line, env.is_main)

@@ -184,6 +184,9 @@ class Workload(abc.ABC):
     hparams: type | None = None
     # the optimisations over the reference path (empty: the run flags --compile, --cuda-graph)
     optimisations = Registry()
+    # the real dataset's (training, evaluation) samples: a dry run's projection on a stand-in
+    # fraction scales its steps and evaluation to them; None where the schedule counts samples
+    full_dataset: tuple[int, int] | None = None
     # the ruleset's names of the initialised tensors, in order (set by build())
     tensor_names: Sequence[str] = ()
 

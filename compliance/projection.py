@@ -8,7 +8,10 @@ epochs to converge at the run's global batch (samples for BERT; interpolated bet
 RCPs around it, as the RCP checker does). A run stops at the first evaluation of its schedule
 at or past that mean: the projection is that evaluation's optimizer steps times the measured
 step p50, plus the evaluations up to it times the measured evaluation (initialization is
-outside MLPerf's time-to-train). Exit status 0 with a projection, 2 on bad input.
+outside MLPerf's time-to-train). A dry run on a fraction of the dataset (a stand-in) is
+scaled to the real one: its optimizer steps by the real dataset's steps per epoch over the
+run's, its evaluation by the real evaluation set's samples over the run's (the workload's
+``full_dataset``). Exit status 0 with a projection, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlperf_logging.mllog import constants
 from mlperf_logging.rcp_checker import rcp_checker
 
 from common.cli import OneLineParser
@@ -35,23 +39,33 @@ class Projection:
     rcp: str                   # which RCP, or how it was made
     mean_epochs: float         # in the schedule's units (BERT: samples)
     eval_epoch: float          # the evaluation that would end the run
-    steps: int
+    steps: int                 # on the real dataset
     evaluations: int
     report: Report
 
     @property
+    def eval_s(self) -> float:
+        """One evaluation of the real evaluation set."""
+        return self.report.eval_s * self.report.eval_scale
+
+    @property
     def seconds(self) -> float:
-        return self.steps * self.report.step_p50_s + self.evaluations * self.report.eval_s
+        return self.steps * self.report.step_p50_s + self.evaluations * self.eval_s
 
     def line(self) -> str:
         r = self.report
+        scaled = ""
+        if r.step_scale != 1 or r.eval_scale != 1:
+            scaled = (f"; scaled to the real dataset's {r.full_dataset[0]} training and "
+                      f"{r.full_dataset[1]} evaluation samples from the run's {r.train_samples} "
+                      f"and {r.eval_samples}")
         return (f"projected time-to-train (a projection, not a result): {self.seconds / 60:.1f} "
                 f"min ({self.seconds:.1f} s) = {self.steps} steps x {r.step_p50_s * 1e3:.2f} ms "
                 f"(step p50) + "
-                f"{self.evaluations} evaluations x {r.eval_s:.2f} s; {self.benchmark} at global "
+                f"{self.evaluations} evaluations x {self.eval_s:.2f} s; {self.benchmark} at global "
                 f"batch {self.global_batch_size} converges in {self.mean_epochs:g} epochs on "
                 f"average ({self.rcp}), so the run would stop at the evaluation at epoch_num "
-                f"{self.eval_epoch:g}")
+                f"{self.eval_epoch:g}{scaled}")
 
 
 def rcp_mean(benchmark: str, batch: int, ruleset: str) -> tuple[float, str]:
@@ -86,14 +100,15 @@ def project(path: str | Path, ruleset: str = DEFAULT_RULESET) -> Projection:
     except TypeError as exc:
         raise ValueError(f"{path}: its {REPORT_KEY} is not one this suite writes ({exc}): "
                          f"run the dry run again") from None
-    benchmark = found["submission_benchmark"]["value"]
+    benchmark = found[constants.SUBMISSION_BENCHMARK]["value"]
     mean, rcp = rcp_mean(benchmark, report.global_batch_size, ruleset)
     for n, (step, epoch) in enumerate(report.eval_points, 1):
         if epoch >= mean:
-            return Projection(benchmark, report.global_batch_size, rcp, mean, epoch, step, n,
-                              report)
+            return Projection(benchmark, report.global_batch_size, rcp, mean, epoch,
+                              round(step * report.step_scale), n, report)
     raise ValueError(f"the schedule's last evaluation (epoch_num {report.eval_points[-1][1]:g}) "
-                     f"comes before the {mean:g} epochs the RCP needs: raise --epochs")
+                     f"comes before the {mean:g} the RCP needs: raise the schedule's cap "
+                     f"(--epochs; BERT: --max-steps)")
 
 
 def main(argv: list[str] | None = None) -> int:

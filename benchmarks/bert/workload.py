@@ -19,7 +19,7 @@ from benchmarks.bert import attention, data, flat_lamb, fusions
 from benchmarks.bert.checkpoint import load_checkpoint
 from benchmarks.bert.model import BertConfig, BertForPreTraining
 from benchmarks.bert.schedule import bert_lr, eval_interval_samples, eval_steps
-from common import dist
+from common import dist, fixture_cache
 from common.errors import UserError
 from common.hparams import checked, hparam, non_negative, open_fraction, positive
 from common.lamb import Lamb, LambHyper
@@ -34,7 +34,6 @@ from common.workload import (
     maybe_compile,
 )
 
-FIXTURE_MARKER = "FIXTURE_COMPLETE"
 EVAL_SAMPLES = 10_000
 
 
@@ -169,7 +168,8 @@ class BertWorkload(Workload):
             raise UserError("amp-fp16 is not supported for bert (LAMB runs without a loss "
                             "scaler): use --precision amp-bf16")
         self.config = self._config()
-        self.fixture = not self.synthetic and (a.data_dir / FIXTURE_MARKER).is_file()
+        # what the folder's fixture marker records (a fixture or stand-in this suite wrote)
+        self.fixture = None if self.synthetic else fixture_cache.recorded(a.data_dir)
         if not self.synthetic:
             self.train_shards = data.Shards.scan(a.train_dir or a.data_dir / "training",
                                                  hp.max_seq_length, hp.max_predictions)
@@ -204,7 +204,10 @@ class BertWorkload(Workload):
         if self.synthetic:
             return "synthetic (random device-resident tensors)"
         n = self.train_shards.samples
-        if self.fixture:
+        if (self.fixture or {}).get("params", {}).get("kind") == "bert-standin":
+            return (f"stand-in: BERT's shard shapes, random tokens from benchmarks.bert.standin, "
+                    f"not Wikipedia ({n} train sequences)")
+        if self.fixture is not None:
             return (f"fixture: synthetic corpus in the MLPerf BERT HDF5 format from "
                     f"benchmarks.bert.fixture, not Wikipedia ({n} train sequences)")
         return (f"MLPerf BERT HDF5 shards ({len(self.train_shards.files)} files, {n} train "

@@ -142,6 +142,7 @@ class DLRMWorkload(Workload):
     name = "dlrm"            # the 1.1.0 benchmark name (newer mllog constants say dlrmv4)
     compiles = False
     targets = (Target("auc", 0.8025),)
+    full_dataset = (CRITEO_TRAIN_SAMPLES, CRITEO_EVAL_SAMPLES)
     batch_size_is_global = True
     steps_per_epoch = 0      # set by build
     hparams = HParams

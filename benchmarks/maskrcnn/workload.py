@@ -124,6 +124,7 @@ class HParams:
 class MaskRCNNWorkload(Workload):
     name = constants.MASKRCNN
     targets = (Target("BBOX", 0.377), Target("SEGM", 0.339))
+    full_dataset = (coco.COCO_TRAIN_IMAGES, coco.COCO_EVAL_IMAGES)
     scorer = staticmethod(score)
     hparams = HParams
     optimisations = REGISTRY

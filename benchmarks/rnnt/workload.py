@@ -181,6 +181,7 @@ class RNNTWorkload(Workload):
     # no compile optimisation: its compiled kernels are compiled-joint and compiled-loss
     compiles = False
     targets = (Target("wer", 0.058, higher_is_better=False),)
+    full_dataset = (LIBRISPEECH_TRAIN, LIBRISPEECH_EVAL)
     hparams = HParams
     optimisations = Registry(packed_joint.OPTIMISATION, compiled_joint.OPTIMISATION,
                              fused_loss.OPTIMISATION, compiled_loss.OPTIMISATION,

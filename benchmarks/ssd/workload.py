@@ -154,6 +154,7 @@ REGISTRY = Registry(
 class SSDWorkload(Workload):
     name = constants.SSD
     targets = (Target("bbox_map", 0.23),)
+    full_dataset = (COCO_TRAIN_IMAGES, COCO_EVAL_IMAGES)
     scorer = staticmethod(score)
     hparams = HParams
     optimisations = REGISTRY

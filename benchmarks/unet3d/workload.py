@@ -87,6 +87,7 @@ def _compile(wl: Unet3DWorkload, mode: str) -> None:
 class Unet3DWorkload(Workload):
     name = constants.UNET3D
     targets = (Target("mean_dice", 0.908),)
+    full_dataset = (KITS19_TRAIN, KITS19_EVAL)
     hparams = HParams
     # fp32 on the CPU, the tiny config's three steps: channels-last equal, fused-norm 6.6e-8 off
     optimisations = Registry(

@@ -1,7 +1,7 @@
 """COCO 2017 at its real scale, for dry runs (``DRY_RUN``) of the SSD and Mask R-CNN configs:
 the real image counts and shapes, not a learnable dataset and not COCO.
 
-    python -m common.coco.standin OUTDIR [--fraction 1.0] [--workers N] [--seed 0]
+    python -m common.coco.standin OUTDIR [--fraction 1.0] [--eval-fraction F] [--workers N]
 
 The on-disk format of ``common.coco.fixture`` (``annotations/instances_{train,val}2017.json``,
 ``{train,val}2017/<12-digit id>.jpg``, polygons with their boxes and areas, 80 category ids)
@@ -26,7 +26,13 @@ import numpy as np
 from pycocotools import mask as mask_utils
 
 from common.coco.fixture import COCO_CATEGORY_IDS, SHAPES, class_style, draw_image, unit_to_box
-from common.fixture_cache import cached_fixture, fixture_command, in_processes, standin_parser
+from common.fixture_cache import (
+    FRACTION,
+    cached_fixture,
+    fixture_command,
+    in_processes,
+    standin_parser,
+)
 
 TRAIN_IMAGES, VAL_IMAGES = 118_287, 5_000
 MEAN_OBJECTS = 860_001 / 118_287
@@ -77,9 +83,13 @@ def _write_image(job) -> tuple[dict, list]:
     return {"id": image_id, "file_name": name, "width": width, "height": height}, annotations
 
 
-def write_standin(root, fraction: float = 1.0, workers: int = 1, seed: int = 0) -> Path:
-    """Write the stand-in under ``root`` (reused when the same one is already there)."""
-    train, val = (max(1, round(n * fraction)) for n in (TRAIN_IMAGES, VAL_IMAGES))
+def write_standin(root, fraction: float = 1.0, workers: int = 1, seed: int = 0,
+                  eval_fraction: float | None = None) -> Path:
+    """Write the stand-in under ``root`` (reused when the same one is already there);
+    ``eval_fraction`` (of the validation images) defaults to ``fraction``."""
+    eval_fraction = fraction if eval_fraction is None else eval_fraction
+    train, val = (max(1, round(n * f)) for n, f in ((TRAIN_IMAGES, fraction),
+                                                     (VAL_IMAGES, eval_fraction)))
     params = dict(kind="coco-standin", train=train, val=val, seed=seed, version=1)
     categories = [{"id": c, "name": f"{' '.join(class_style(k)[::-1])} {k}",
                    "supercategory": "shape"} for k, c in enumerate(COCO_CATEGORY_IDS)]
@@ -109,6 +119,9 @@ def main(argv=None) -> int:
     p = standin_parser("python -m common.coco.standin",
                        "Write COCO 2017 at its real scale (not COCO).",
                        1.0, "COCO's 118,287 training and 5,000 validation images")
+    p.add_argument("--eval-fraction", type=FRACTION, default=None,
+                   help="of the validation images (default: --fraction; a dry run times "
+                        "the evaluation of all of them at 1)")
     write_standin(**vars(p.parse_args(argv)))
     return 0
 

@@ -17,7 +17,8 @@ def report(**changes) -> Report:
     fields = dict(steps=4, global_batch_size=10, steps_per_epoch=8, init_s=3.0,
                   step_p50_s=0.5, step_p99_s=1.0, input_wait_p50_s=0.1, train_s=4.0,
                   input_wait_s=2.0, eval_s=1.0, eval_samples=100, peak_device_bytes=0,
-                  peak_host_bytes=2**30, eval_points=[[4, 0.5], [8, 1.0], [16, 2.0]])
+                  peak_host_bytes=2**30, eval_points=[[4, 0.5], [8, 1.0], [16, 2.0]],
+                  train_samples=80, full_dataset=None)
     return Report(**{**fields, **changes})
 
 
@@ -29,7 +30,8 @@ def test_percentiles_by_the_nearest_rank():
 def test_flagperf_throughputs_over_the_dry_runs_samples():
     r = Report.measure([1.0, 0.5, 2.5], [0.5, 0.0, 0.5], global_batch_size=10,
                        steps_per_epoch=None, init_s=5.0, eval_s=2.0, eval_samples=7,
-                       peak_device_bytes=0, peak_host_bytes=0, eval_points=[[3, 30]])
+                       peak_device_bytes=0, peak_host_bytes=0, eval_points=[[3, 30]],
+                       train_samples=30, full_dataset=None)
     assert (r.steps, r.step_p50_s, r.step_p99_s, r.input_wait_p50_s) == (3, 1.0, 2.5, 0.5)
     assert r.p_whole == 30 / (5 + 4 + 2)     # initialization, steps and evaluation
     assert r.p_train == 30 / 4               # the steps with their waits for input
@@ -48,12 +50,29 @@ def test_the_run_stops_at_the_first_evaluation_at_or_past_the_rcp_mean(monkeypat
     assert p.seconds == steps * 0.5 + evaluations * 1.0   # step p50 and the evaluation
 
 
+@pytest.mark.parametrize("full, steps, eval_s", [
+    ([80, 100], 8, 1.0),        # the real dataset: nothing scaled
+    ([800, 1000], 80, 10.0),    # a tenth of it: 10x the steps per epoch and the evaluation
+    ([805, 100], 80, 1.0),      # a step per epoch of the real dataset is whole batches
+])
+def test_a_stand_in_fraction_is_scaled_to_the_real_dataset(monkeypatch, full, steps, eval_s):
+    monkeypatch.setattr(projection, "rcp_mean", lambda *_: (1.0, "an RCP"))
+    monkeypatch.setattr(projection, "read_events", lambda _: [
+        {"key": DRY_RUN_KEY, "value": 4},
+        {"key": REPORT_KEY, "value": report(full_dataset=full).as_dict()},
+        {"key": "submission_benchmark", "value": "resnet"}])
+    p = projection.project("log")
+    assert (p.steps, p.evaluations, p.eval_s) == (steps, 2, eval_s)
+    assert p.seconds == steps * 0.5 + 2 * eval_s
+    assert ("scaled to the real dataset's" in p.line()) == (full != [80, 100])
+
+
 def test_a_schedule_that_ends_before_the_rcp_mean_names_the_fix(monkeypatch):
     monkeypatch.setattr(projection, "rcp_mean", lambda *_: (2.5, "an RCP"))
     monkeypatch.setattr(projection, "read_events", lambda _: [
         {"key": DRY_RUN_KEY, "value": 4}, {"key": REPORT_KEY, "value": report().as_dict()},
         {"key": "submission_benchmark", "value": "resnet"}])
-    with pytest.raises(ValueError, match="raise --epochs"):
+    with pytest.raises(ValueError, match="raise the schedule.s cap"):
         projection.project("log")
 
 
