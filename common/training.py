@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import math
 import os
@@ -65,13 +66,24 @@ def handling_signals(handler):
     global _handling_pid, _stopped_by
     _handling_pid, _stopped_by = os.getpid(), 0
     previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    hook = sys.unraisablehook
+    sys.unraisablehook = functools.partial(_unraisable, hook)
     try:
         yield
     finally:
+        sys.unraisablehook = hook
         for s, h in previous.items():
             signal.signal(s, h)
         if _stopped_by:   # the handler the stop set aside (torch's, if a loader had set it)
             signal.signal(signal.SIGCHLD, _chld_at_stop)
+
+
+def _unraisable(hook, unraisable) -> None:
+    """A ``Stopped`` that Python drops (raised where it calls back on its own: a fork's
+    handlers, a ``__del__``) is remembered for :func:`raise_if_stopped`, not printed with a
+    traceback; anything else goes to ``hook``."""
+    if not isinstance(unraisable.exc_value, Stopped):
+        hook(unraisable)
 
 
 def _child_ended(signum, frame):
