@@ -51,12 +51,12 @@ def lengths(n: int, fill: float, rng: np.random.Generator) -> np.ndarray:
 
 
 def _write_shard(job) -> None:
-    path, n, fill, seed = job
+    path, n, fill, vocab_size, seed = job
     rng = np.random.default_rng(seed)
     real = lengths(n, fill, rng)
     cols = np.arange(SEQ)
     mask = (cols < real[:, None]).astype(np.int8)
-    ids = rng.integers(FIRST_WORD, BertConfig().vocab_size, (n, SEQ), dtype=np.int32) * mask
+    ids = rng.integers(FIRST_WORD, vocab_size, (n, SEQ), dtype=np.int32) * mask
     split = real // 2
     ids[:, 0], ids[np.arange(n), split], ids[np.arange(n), real - 1] = CLS, SEP, SEP
     segments = ((cols > split[:, None]) & mask.astype(bool)).astype(np.int8)
@@ -83,9 +83,10 @@ def write_standin(root, shards: int = 64, shard_size: int = 4096, fill: float = 
             {**dataclasses.asdict(config), "hidden_act": "gelu"}, indent=2) + "\n")
         torch.manual_seed(seed)
         torch.save({"model": BertForPreTraining(config).state_dict()}, tmp / "phase1.pt")
-        jobs = [(str(tmp / "eval" / "eval_00000.hdf5"), EVAL_SAMPLES, fill, [seed, 0])]
+        vocab = config.vocab_size
+        jobs = [(str(tmp / "eval" / "eval_00000.hdf5"), EVAL_SAMPLES, fill, vocab, [seed, 0])]
         jobs += [(str(tmp / "training" / f"part_{i:05d}_of_{shards:05d}.hdf5"), shard_size,
-                  fill, [seed, i + 1]) for i in range(shards)]
+                  fill, vocab, [seed, i + 1]) for i in range(shards)]
         for split in ("training", "eval"):
             (tmp / split).mkdir()
         in_processes(_write_shard, jobs, workers, 1)

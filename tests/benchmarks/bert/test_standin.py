@@ -10,7 +10,7 @@ from benchmarks.bert.model import BertConfig, BertForPreTraining
 from benchmarks.bert.workload import EVAL_SAMPLES
 
 TINY = BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                  intermediate_size=64)
+                  intermediate_size=64, vocab_size=2000)   # ids within its vocabulary
 
 
 def test_lengths_have_the_mean_fill_asked_for():
