@@ -521,8 +521,7 @@ def _dry_run(wl: Workload, step, log: MLLog, args, env, init_s: float) -> None:
         step_s.append(time.perf_counter() - t0)
         wait_s.append(t1 - t0)
         raise_if_stopped()
-        progress.update(1, step_ms=f"{step_s[-1] * 1e3:.1f}",
-                        p50_ms=f"{dry_run.percentile(step_s, 50) * 1e3:.1f}")
+        progress.update(1, step_ms=f"{step_s[-1] * 1e3:.1f}")
     progress.close()
     window.read_back()
     # the steps' figures before the evaluation, which a stop may cut short
