@@ -41,12 +41,25 @@ def test_training_samples_are_patches_and_reproducible(kits_fixture):
     assert torch.equal(image, again) and not torch.equal(image, other)
 
 
+def test_training_samples_read_from_memory_maps_equal_those_of_whole_volumes(kits_fixture):
+    train, _ = data.scan(kits_fixture)
+    ds = data.TrainSet(train[:4], PATCH, oversampling=1.0, seed=3)
+    for epoch in (0, 1):          # the first meeting of each case, then the cached one
+        for index, case in enumerate(train[:4]):
+            image, label = data.load(case)
+            rng = np.random.default_rng([3, epoch, index])
+            want = data.augment(rng, image, label, data.foreground(label), PATCH, 1.0)
+            got = ds[(epoch, index)]
+            assert np.array_equal(got[0].numpy(), want[0])
+            assert np.array_equal(got[1].numpy(), want[1]) and want[1].any()
+
+
 def test_foreground_crop_contains_foreground(kits_fixture):
     train, _ = data.scan(kits_fixture)
     _, label = data.load(train[0])
     rng = np.random.default_rng(0)
     for _ in range(10):
-        box = data.foreground_crop(rng, label, PATCH)
+        box = data.foreground_crop(rng, data.foreground(label), label.shape[1:], PATCH)
         assert [hi - lo for lo, hi in box] == list(PATCH)
         assert all(0 <= lo and hi <= s for (lo, hi), s in zip(box, label.shape[1:]))
         assert label[(0, *(slice(lo, hi) for lo, hi in box))].any()
