@@ -171,8 +171,9 @@ class DLRMWorkload(Workload):
         Optimisation("split-linear", "each MLP layer's weight gradients on a side CUDA stream "
                      "beside its data gradient (split_linear.py)", apply=_split_linear,
                      rtol=1e-7),
-        Optimisation("prefetch", "the next batches read, index plans precomputed and copied "
-                     "to the device (own stream) by a thread during the step", compare="batches",
+        Optimisation("prefetch", "the next batches read, copied to the device and their index "
+                     "plans computed there (own stream) by four threads during the step",
+                     compare="batches",
                      apply=lambda wl, _: setattr(wl, "prefetch", True)),
         Optimisation("cache-eval", "evaluation batches kept on the device after the first "
                      "evaluation (ids as int32: 160 bytes a sample, 14.3 GB for Criteo's 89M; "
