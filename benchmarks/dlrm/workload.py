@@ -153,6 +153,10 @@ class DLRMWorkload(Workload):
     steps_per_epoch = 0      # set by build
     hparams = HParams
     prefetch = cache_eval = False   # until the optimisations of these names
+
+    @property
+    def keeps_eval_batches(self) -> bool:
+        return self.cache_eval
     # fp32 on the CPU, the tiny config's three steps: hybrid-embeddings 9e-8 off, the others equal
     optimisations = Registry(
         Optimisation("fused-sgd", "SGD as one multi-tensor MLP update and index_add updates of "
