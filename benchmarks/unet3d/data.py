@@ -187,8 +187,9 @@ def augment(rng, image: np.ndarray, label: np.ndarray, found, patch, oversamplin
     for axis in (1, 2, 3):
         if rng.random() < 1 / 3:
             image, label = np.flip(image, axis), np.flip(label, axis)
-    image = np.ascontiguousarray(image, dtype=np.float32)
-    label = np.ascontiguousarray(label, dtype=np.uint8)
+    # copies: a patch of a memory map may be a read-only view of the file
+    image = np.array(image, dtype=np.float32, order="C")
+    label = np.array(label, dtype=np.uint8, order="C")
     if rng.random() < 0.1:
         image = image * np.float32(1 + rng.uniform(0.7, 1.3))
     if rng.random() < 0.1:

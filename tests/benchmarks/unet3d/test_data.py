@@ -43,15 +43,25 @@ def test_training_samples_are_patches_and_reproducible(kits_fixture):
 
 def test_training_samples_read_from_memory_maps_equal_those_of_whole_volumes(kits_fixture):
     train, _ = data.scan(kits_fixture)
-    ds = data.TrainSet(train[:4], PATCH, oversampling=1.0, seed=3)
+    # patches as wide as the volumes: a crop of the memory map is then a contiguous,
+    # read-only view, which the sample must not be
+    patch = (PATCH[0], *min(c.shape[2:] for c in train[:4]))
+    ds = data.TrainSet(train[:4], patch, oversampling=1.0, seed=3)
     for epoch in (0, 1):          # the first meeting of each case, then the cached one
         for index, case in enumerate(train[:4]):
             image, label = data.load(case)
             rng = np.random.default_rng([3, epoch, index])
-            want = data.augment(rng, image, label, data.foreground(label), PATCH, 1.0)
+            want = data.augment(rng, image, label, data.foreground(label), patch, 1.0)
             got = ds[(epoch, index)]
             assert np.array_equal(got[0].numpy(), want[0])
             assert np.array_equal(got[1].numpy(), want[1]) and want[1].any()
+    for index, case in enumerate(train[:4]):   # samples are copies, whatever the draws
+        mapped = [np.load(path, mmap_mode="r") for path in (case.image, case.label)]
+        found = data.foreground(np.asarray(mapped[1]))
+        for epoch in range(8):
+            rng = np.random.default_rng([3, epoch, index])
+            for out, source in zip(data.augment(rng, *mapped, found, patch, 1.0), mapped):
+                assert out.flags.writeable and not np.shares_memory(out, source)
 
 
 def test_foreground_crop_contains_foreground(kits_fixture):
