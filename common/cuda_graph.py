@@ -23,8 +23,9 @@ scalars such as the learning rate from device tensors.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from functools import partial
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -53,6 +54,20 @@ def uncached_autocast() -> AbstractContextManager:
     free the weights' casts that a graph goes on reading at every replay."""
     return torch.autocast("cuda", torch.get_autocast_dtype("cuda"),
                           enabled=torch.is_autocast_enabled("cuda"), cache_enabled=False)
+
+
+@contextmanager
+def thread_local_captures() -> Iterator[None]:
+    """Captures made inside in ``thread_local`` mode, for ``torch.cuda.make_graphed_callables``,
+    which takes no mode and captures in the default ``global`` one: there another thread's
+    CUDA call during the capture (a loader's pinned host allocation) voids it. The graphs'
+    own captures here pass the mode themselves."""
+    graph = torch.cuda.graph
+    torch.cuda.graph = partial(graph, capture_error_mode="thread_local")
+    try:
+        yield
+    finally:
+        torch.cuda.graph = graph
 
 
 class _Captured:

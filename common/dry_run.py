@@ -47,6 +47,7 @@ class Report:
     eval_points: list         # the schedule: [optimizer steps, epoch_num] of each evaluation
     train_samples: int
     full_dataset: list | None  # the real dataset's [training, evaluation] samples, if epochs
+    eval_again_s: float | None = None   # a second evaluation, where the workload keeps batches
 
     @property
     def step_scale(self) -> float:
@@ -87,6 +88,8 @@ class Report:
 
     def lines(self) -> list[str]:
         gib = 2**30
+        again = ("" if self.eval_again_s is None
+                 else f" (again, from the batches it kept: {self.eval_again_s:.2f} s)")
         return [
             f"dry run: {self.steps} steps of {self.global_batch_size} after {self.init_s:.1f} s "
             f"of initialization; step p50 {self.step_p50_s * 1e3:.2f} ms, p99 "
@@ -94,6 +97,6 @@ class Report:
             f"{self.input_wait_p50_s * 1e3:.2f} ms",
             f"dry run: p_whole {self.p_whole:.1f}, p_train {self.p_train:.1f}, p_core "
             f"{self.p_core:.1f} samples/s; evaluation of {self.eval_samples} samples "
-            f"{self.eval_s:.2f} s; peak memory {self.peak_device_bytes / gib:.2f} GiB device, "
-            f"{self.peak_host_bytes / gib:.2f} GiB host (this process)",
+            f"{self.eval_s:.2f} s{again}; peak memory {self.peak_device_bytes / gib:.2f} GiB "
+            f"device, {self.peak_host_bytes / gib:.2f} GiB host (this process)",
         ]

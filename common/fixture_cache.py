@@ -59,6 +59,13 @@ def recorded(root: Path) -> dict | None:
     return record if isinstance(record, dict) else {}
 
 
+def kind(root: Path) -> str | None:
+    """The kind of stand-in the marker of ``root`` records (``"coco-standin"``, ...); None for a
+    fixture, which records none, and for a folder this suite did not write."""
+    params = (recorded(Path(root)) or {}).get("params")
+    return params.get("kind") if isinstance(params, dict) else None
+
+
 def _refuse_foreign(root: Path) -> None:
     """Refuse a destination that is not a folder, or holds files without a marker."""
     if root.exists() and not root.is_dir():

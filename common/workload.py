@@ -187,6 +187,9 @@ class Workload(abc.ABC):
     # the real dataset's (training, evaluation) samples: a dry run's projection on a stand-in
     # fraction scales its steps and evaluation to them; None where the schedule counts samples
     full_dataset: tuple[int, int] | None = None
+    # True where evaluations after the first reuse what the first kept (DLRM's cache-eval):
+    # a dry run times a second evaluation, which the projection charges to the later ones
+    keeps_eval_batches = False
     # the ruleset's names of the initialised tensors, in order (set by build())
     tensor_names: Sequence[str] = ()
 

@@ -7,8 +7,9 @@ The ruleset's reference convergence points (RCPs, ``mlperf_logging``'s files) gi
 epochs to converge at the run's global batch (samples for BERT; interpolated between the
 RCPs around it, as the RCP checker does). A run stops at the first evaluation of its schedule
 at or past that mean: the projection is that evaluation's optimizer steps times the measured
-step p50, plus the evaluations up to it times the measured evaluation (initialization is
-outside MLPerf's time-to-train). A dry run on a fraction of the dataset (a stand-in) is
+step p50, plus the evaluations up to it times the measured evaluation (the later ones at the
+second evaluation's time where the workload keeps its batches; initialization is outside
+MLPerf's time-to-train). A dry run on a fraction of the dataset (a stand-in) is
 scaled to the real one: its optimizer steps by the real dataset's steps per epoch over the
 run's, its evaluation by the real evaluation set's samples over the run's (the workload's
 ``full_dataset``). Exit status 0 with a projection, 2 on bad input.
@@ -49,11 +50,23 @@ class Projection:
         return self.report.eval_s * self.report.eval_scale
 
     @property
+    def later_eval_s(self) -> float:
+        """An evaluation after the first: the second's time where the workload keeps its
+        batches, else the first's."""
+        again = self.report.eval_again_s
+        return self.eval_s if again is None else again * self.report.eval_scale
+
+    @property
     def seconds(self) -> float:
-        return self.steps * self.report.step_p50_s + self.evaluations * self.eval_s
+        return (self.steps * self.report.step_p50_s + self.eval_s
+                + (self.evaluations - 1) * self.later_eval_s)
 
     def line(self) -> str:
         r = self.report
+        evaluations = f"{self.evaluations} evaluations x {self.eval_s:.2f} s"
+        if r.eval_again_s is not None:
+            evaluations = (f"the first evaluation {self.eval_s:.2f} s + {self.evaluations - 1} "
+                           f"x {self.later_eval_s:.2f} s (from the batches it kept)")
         scaled = ""
         if r.step_scale != 1 or r.eval_scale != 1:
             scaled = (f"; scaled to the real dataset's {r.full_dataset[0]} training and "
@@ -61,8 +74,7 @@ class Projection:
                       f"and {r.eval_samples}")
         return (f"projected time-to-train (a projection, not a result): {self.seconds / 60:.1f} "
                 f"min ({self.seconds:.1f} s) = {self.steps} steps x {r.step_p50_s * 1e3:.2f} ms "
-                f"(step p50) + "
-                f"{self.evaluations} evaluations x {self.eval_s:.2f} s; {self.benchmark} at global "
+                f"(step p50) + {evaluations}; {self.benchmark} at global "
                 f"batch {self.global_batch_size} converges in {self.mean_epochs:g} epochs on "
                 f"average ({self.rcp}), so the run would stop at the evaluation at epoch_num "
                 f"{self.eval_epoch:g}{scaled}")

@@ -10,6 +10,10 @@ REPO = Path(__file__).resolve().parents[1]
 # For a config whose one compute thread guards a loaded machine (RNN-T's, Mask R-CNN's): the
 # suite runs one test at a time, so an end-to-end run has both of CI's cores.
 TWO_THREADS = {"OMP_NUM_THREADS": "2"}
+# For a config whose loader process (--workers 1) shares CI's 2 cores with the training
+# process (SSD's): two compute threads spin-wait against the loader; one thread ran the same
+# tiny SSD run in 94 s against 266-326 s with two on a 2-core machine.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 # ResNet-50 on 4 classes at 32 px (``benchmarks.resnet.fixture.write_fixture`` arguments, then
 # run flags): a run of the real model reaches 0.759 top-1 in a few seconds; the fixture's label
 # noise (4 of the 100 validation images) keeps top-1 below 1.0, which the 1.1.0 rules reject.

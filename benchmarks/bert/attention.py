@@ -55,17 +55,20 @@ class Packing:
 
 
 def bucketed_packing(mask: np.ndarray, micro: int, bucket: int) -> tuple[np.ndarray, ...]:
-    """``index`` [micro, tokens] (int64) and ``offsets`` [micro, rows + 1 + fillers] (int32):
-    static-shape packings of the ``micro`` micro-batches of ``mask`` [batch, seq] (host).
+    """``index`` [micro, tokens] (int64) and ``offsets`` [micro, 2 * rows + 1] (int32):
+    static-shape packings of the ``micro`` micro-batches of ``mask`` [batch, seq] (host), each
+    of ``rows`` sequences.
 
     The token count is the largest micro-batch's rounded up to a multiple of ``bucket`` (at
-    most all positions), the gap filled by ``ceil(bucket / seq)`` filler sequences of padding
-    positions (some empty), so one CUDA graph serves every batch of a bucket.
+    most all positions), so one CUDA graph serves every batch of a bucket. Each micro-batch's
+    gap to it (up to ``rows * seq`` positions in a smaller micro-batch) is covered by ``rows``
+    filler sequences of padding positions (some empty): every packed row is in a sequence, so
+    attention writes every row of its output.
     """
     b, s = mask.shape
     parts = mask.reshape(micro, b // micro, s).astype(bool)
     cap = min(-(-int(parts.sum((1, 2)).max()) // bucket) * bucket, b // micro * s)
-    fillers = -(-bucket // s)
+    fillers = b // micro
     index, offsets = [], []
     for part in parts:
         flat = part.reshape(-1)

@@ -204,7 +204,7 @@ class BertWorkload(Workload):
         if self.synthetic:
             return "synthetic (random device-resident tensors)"
         n = self.train_shards.samples
-        if (self.fixture or {}).get("params", {}).get("kind") == "bert-standin":
+        if fixture_cache.kind(self.args.data_dir) == "bert-standin":
             return (f"stand-in: BERT's shard shapes, random tokens from benchmarks.bert.standin, "
                     f"not Wikipedia ({n} train sequences)")
         if self.fixture is not None:

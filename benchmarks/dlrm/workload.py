@@ -9,7 +9,6 @@ reference's one ``nn.EmbeddingBag`` a table and ``torch.optim.SGD``, in one proc
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from benchmarks.dlrm import data, fused_sgd, split_linear
 from benchmarks.dlrm.auc import roc_auc
 from benchmarks.dlrm.hybrid import HybridEmbedding, Plan, frequent_rows
 from benchmarks.dlrm.model import DenseArch, PlainEmbeddings, mllog_tensor_names, parse_mlp
-from common import dist
+from common import dist, fixture_cache
 from common.errors import UserError
 from common.hparams import checked, hparam, non_negative, positive
 from common.mllog import constants
@@ -31,7 +30,6 @@ from common.optimisations import Optimisation, Registry
 from common.progress import say
 from common.workload import CapturePolicy, EvalPoint, Target, Workload, interval_points
 
-FIXTURE_MARKER = "FIXTURE_COMPLETE"
 CRITEO_TRAIN_SAMPLES = 4_195_197_692
 CRITEO_EVAL_SAMPLES = 89_137_319
 
@@ -66,11 +64,18 @@ def lr_at(step: torch.Tensor, base: float, warmup: int, decay_start: int, decay_
                        torch.where(step >= decay_start, base * frac ** power, base + 0 * step))
 
 
+# threads reading batches ahead: reading, checking and transforming a global batch of 55,296
+# (8.8 MB; numpy releases the GIL) took 25 ms on one core of a 2-core CPU machine, longer than
+# the config's step on an H200 (13 ms)
+LOADER_THREADS = 4
+
+
 class _Epoch:
     """The batches of one epoch, each read, planned and (on CUDA) copied to the device ahead
-    of its step by a thread. The copies go on a stream of their own; the consumer's stream
-    waits for each batch's copy before using it, and the batch's memory is marked as used
-    there, so it is not handed to a later copy while a step still reads it."""
+    of its step by one of ``LOADER_THREADS`` threads, in order. The copies go on a stream of
+    their own; the consumer's stream waits for each batch's copy before using it, and the
+    batch's memory is marked as used there, so it is not handed to a later copy while a step
+    still reads it."""
 
     def __init__(self, wl: DLRMWorkload, ranges: list[tuple[int, int]]):
         self.wl, self.ranges = wl, ranges
@@ -102,12 +107,13 @@ class _Epoch:
 
             def init():   # the thread's CUDA calls in this rank's device context
                 torch.cuda.set_device(index)
-        with ThreadPoolExecutor(1, initializer=init) as pool:
-            pending = [pool.submit(load, *r) for r in self.ranges[:2]]
+        with ThreadPoolExecutor(LOADER_THREADS, initializer=init) as pool:
+            ahead = LOADER_THREADS + 1
+            pending = [pool.submit(load, *r) for r in self.ranges[:ahead]]
             for i in range(len(self.ranges)):
                 batch, ready = pending.pop(0).result()
-                if i + 2 < len(self.ranges):
-                    pending.append(pool.submit(load, *self.ranges[i + 2]))
+                if i + ahead < len(self.ranges):
+                    pending.append(pool.submit(load, *self.ranges[i + ahead]))
                 if ready is not None:
                     stream = torch.cuda.current_stream(index)
                     stream.wait_event(ready)
@@ -147,6 +153,10 @@ class DLRMWorkload(Workload):
     steps_per_epoch = 0      # set by build
     hparams = HParams
     prefetch = cache_eval = False   # until the optimisations of these names
+
+    @property
+    def keeps_eval_batches(self) -> bool:
+        return self.cache_eval
     # fp32 on the CPU, the tiny config's three steps: hybrid-embeddings 9e-8 off, the others equal
     optimisations = Registry(
         Optimisation("fused-sgd", "SGD as one multi-tensor MLP update and index_add updates of "
@@ -165,11 +175,13 @@ class DLRMWorkload(Workload):
         Optimisation("split-linear", "each MLP layer's weight gradients on a side CUDA stream "
                      "beside its data gradient (split_linear.py)", apply=_split_linear,
                      rtol=1e-7),
-        Optimisation("prefetch", "the next batches read, index plans precomputed and copied "
-                     "to the device (own stream) by a thread during the step", compare="batches",
+        Optimisation("prefetch", "the next batches read, copied to the device and their index "
+                     "plans computed there (own stream) by four threads during the step",
+                     compare="batches",
                      apply=lambda wl, _: setattr(wl, "prefetch", True)),
-        Optimisation("cache-eval", "evaluation batches and their index plans kept after the "
-                     "first evaluation", compare=None, apply=lambda wl, _: setattr(
+        Optimisation("cache-eval", "evaluation batches kept on the device after the first "
+                     "evaluation (ids as int32: 160 bytes a sample, 14.3 GB for Criteo's 89M; "
+                     "index plans computed at use)", compare=None, apply=lambda wl, _: setattr(
                          wl, "cache_eval", True),
                      tested_by="tests/benchmarks/dlrm/test_run_and_time.py"))
 
@@ -250,10 +262,9 @@ class DLRMWorkload(Workload):
     def dataset(self) -> str:
         if self.synthetic:
             return "synthetic (power-law ids over Criteo Terabyte's tables, device-resident)"
-        marker = self.args.data_dir / FIXTURE_MARKER
         n = self.train_log.num_records
-        record = json.loads(marker.read_text()) if marker.is_file() else None
-        if record is not None and record.get("params", {}).get("kind") == "criteo-standin":
+        record = fixture_cache.recorded(self.args.data_dir)
+        if fixture_cache.kind(self.args.data_dir) == "criteo-standin":
             return (f"stand-in: Criteo Terabyte's table sizes, power-law ids and random clicks "
                     f"from benchmarks.dlrm.standin, not Criteo ({n} train clicks)")
         if record is not None:
@@ -324,26 +335,39 @@ class DLRMWorkload(Workload):
         may run in another thread."""
         return self._host_slice((log or self.train_log).read(start, stop))
 
+    def _bounds(self, n: int) -> list[int]:
+        """The sample offsets of each rank's slice of a global batch of ``n``."""
+        return self.bounds if n == self.hp.batch_size else data.split_bounds(n, self.env.world_size)
+
     def _host_slice(self, batch: data.Batch):
-        """This rank's slice of a global batch (its index plan for hybrid), in host memory."""
-        n = batch.labels.numel()
-        bounds = (self.bounds if n == self.hp.batch_size
-                  else data.split_bounds(n, self.env.world_size))
+        """This rank's slice of a global batch, in host memory (for hybrid, the whole batch's
+        ids: :meth:`to_device` plans them)."""
+        bounds = self._bounds(batch.labels.numel())
         lo, hi = bounds[self.env.rank], bounds[self.env.rank + 1]
         dense, labels = batch.dense[lo:hi], batch.labels[lo:hi]
-        if isinstance(self.emb, HybridEmbedding):
-            idx = self.emb.plan(batch.sparse, bounds)
-        else:
-            idx = batch.sparse[lo:hi]
+        idx = batch.sparse if isinstance(self.emb, HybridEmbedding) else batch.sparse[lo:hi]
         if self.env.device.type == "cuda":
             dense, labels, idx = dense.pin_memory(), labels.pin_memory(), idx.pin_memory()
         return dense, labels, idx
 
     def to_device(self, batch):
-        """A :meth:`prepare_host` batch copied to the device on the current stream."""
+        """A :meth:`prepare_host` batch copied to the device on the current stream, with its
+        index plan for hybrid (computed there)."""
+        dense, labels, ids = self._move(batch)
+        return dense, labels, self._index(ids)
+
+    def _move(self, batch):
         dev = self.env.device
         move = dict(device=dev, non_blocking=dev.type == "cuda")
         return tuple(x.to(**move) for x in batch)
+
+    def _index(self, ids: torch.Tensor):
+        """What the embeddings take for the moved ``ids``: their index plan for hybrid (the
+        whole batch's ids), else the ids."""
+        ids = ids.long()
+        if isinstance(self.emb, HybridEmbedding):
+            return self.emb.plan(ids, self._bounds(ids.shape[0]))
+        return ids
 
     # -- steps ----------------------------------------------------------------------------
     def _forward(self, dense: torch.Tensor, idx) -> torch.Tensor:
@@ -373,18 +397,24 @@ class DLRMWorkload(Workload):
         self.optimizer.zero_grad(set_to_none=True)
 
     def evaluate(self) -> dict[str, float]:
-        """Exact AUC over the whole test file (scores gathered from every rank)."""
-        if self._eval_cache is None or not self.cache_eval:
-            ranges = self.eval_sched.ranges(0, 0, shuffle=False)
-            self._eval_cache = [(start, stop, self.prepare(start, stop, self.eval_log))
-                                for start, stop in ranges]
+        """Exact AUC over the whole test file (scores gathered from every rank). Batches are
+        read as they are scored, or, with ``cache-eval``, kept on the device from the first
+        evaluation on, their ids as int32."""
+        ranges = self.eval_sched.ranges(0, 0, shuffle=False)
+        batches = ((start, stop, self._move(self.prepare_host(start, stop, self.eval_log)))
+                   for start, stop in ranges)
+        if self.cache_eval:
+            if self._eval_cache is None:
+                self._eval_cache = [(start, stop, (dense, lab, ids.int()))
+                                    for start, stop, (dense, lab, ids) in batches]
+            batches = self._eval_cache
         self.dense_arch.eval()
         scores = torch.zeros(self.eval_samples, device=self.env.device)
         labels = torch.zeros(self.eval_samples, device=self.env.device)
-        for start, stop, (dense, lab, idx) in self._eval_cache:
+        for start, stop, (dense, lab, ids) in batches:
             bounds = data.split_bounds(stop - start, self.env.world_size)
             lo = start + bounds[self.env.rank]
-            scores[lo:lo + lab.numel()] = self._forward(dense, idx)
+            scores[lo:lo + lab.numel()] = self._forward(dense, self._index(ids))
             labels[lo:lo + lab.numel()] = lab
         self.dense_arch.train()
         if self.env.distributed:

@@ -11,6 +11,7 @@ from benchmarks.maskrcnn import (
     before_sync,
     compiled,
     conv_relu,
+    device_rle,
     frozen_bn,
     stem,
     topk,
@@ -68,6 +69,7 @@ REGISTRY = Registry(
                  apply=_triton_roi_align, cuda=True, rtol=1e-3),
     Optimisation("fused-sgd", "the SGD update as PyTorch's fused kernel (common/sgd.py)",
                  apply=lambda wl, _: setattr(wl.optimizer, "fused", True)),
+    device_rle.OPTIMISATION,
     Optimisation("loss-streams", "the RPN, box and mask losses each on a CUDA stream of its own "
                  "beside the rest of the forward", cuda=True, apply=lambda wl, _: setattr(
                      wl.detector, "streams", SideStreams(wl.env.device, 3))),

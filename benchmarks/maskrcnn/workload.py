@@ -316,6 +316,12 @@ class MaskRCNNWorkload(Workload):
         self.detector.train()
 
     # -- evaluation -----------------------------------------------------------------------
+    @staticmethod
+    def encode_masks(masks: torch.Tensor) -> list[dict]:
+        """An image's pasted masks [N, H, W] as RLEs, on the host (``device-rle`` replaces
+        it)."""
+        return encode_masks(masks.cpu().numpy()) if len(masks) else []
+
     def detect(self, batch: data.EvalBatch) -> list[ImageDetections]:
         """The detector (in evaluation mode) on an evaluation batch. Compiled, a short batch
         runs filled up to ``--eval-batch-size`` (:meth:`data.EvalBatch.filled`, the copies'
@@ -335,10 +341,9 @@ class MaskRCNNWorkload(Workload):
         mine = []
         for batch in self.eval_loader.epoch(0):
             for image_id, d in zip(batch.image_ids.tolist(), self.detect(batch)):
-                masks = d.masks.cpu().numpy()
                 mine.append(Detections(image_id, d.boxes.float().cpu().numpy(),
                                        d.scores.float().cpu().numpy(), d.labels.cpu().numpy(),
-                                       encode_masks(masks) if len(masks) else []))
+                                       self.encode_masks(d.masks)))
         self.detector.train()
         parts = dist.gather_objects(mine)
         if parts is None:

@@ -59,7 +59,9 @@ class GraphedDecoder:
             self._steps(fresh.clone(), WARMUP_STEPS)
             stream.synchronize()
             self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph, stream=stream):
+            # thread_local: the evaluation loader's pinning thread allocates host memory
+            # during the capture, which would void a capture in the default (global) mode
+            with torch.cuda.graph(self.graph, stream=stream, capture_error_mode="thread_local"):
                 self._steps(self.search, self.unroll)
         torch.cuda.current_stream().wait_stream(stream)
         self.captures += 1

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.rnnt.model import LSTM, RNNT, stacked_lengths
-from common.cuda_graph import uncached_autocast
+from common.cuda_graph import thread_local_captures, uncached_autocast
 from common.optimisations import Optimisation
 
 PAD_STEPS = 16   # encoder steps (0.96 s) and labels a padded length is a multiple of
@@ -100,7 +100,7 @@ class GraphedRNNs:
         backward) and no other in between, and each replay rewrites what it reads."""
         key = (core.__name__, *(tuple(a.shape) for a in args))
         if key not in self.graphs:
-            with uncached_autocast():
+            with uncached_autocast(), thread_local_captures():
                 if core not in self.pools:
                     self.pools[core] = torch.cuda.graph_pool_handle()
                 self.graphs[key] = torch.cuda.make_graphed_callables(

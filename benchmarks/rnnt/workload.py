@@ -40,6 +40,7 @@ from benchmarks.rnnt import (
     lattice_triton,
     packed_joint,
     rnn_graphs,
+    standin,
     torchaudio_loss,
 )
 from benchmarks.rnnt.decoding import MAX_SYMBOLS, greedy_decode
@@ -57,9 +58,8 @@ from benchmarks.rnnt.model import (
 )
 from benchmarks.rnnt.tokenizer import VOCAB_SIZE, Tokenizer
 from benchmarks.rnnt.wer import error_counts
-from common import dist, loaders
+from common import dist, fixture_cache, loaders
 from common.errors import UserError
-from common.fixture_cache import MARKER as FIXTURE_MARKER
 from common.hparams import (
     checked,
     hparam,
@@ -251,10 +251,14 @@ class RNNTWorkload(Workload):
             return "synthetic (random device-resident audio and labels)"
         n_train, n_eval = len(self.train_set), len(self.eval_set)
         sizes = f"{n_train} train / {n_eval} eval utterances, {self.hp.vocab_size} pieces"
-        if (self.args.data_dir / FIXTURE_MARKER).is_file():
+        root = self.args.data_dir
+        if fixture_cache.kind(root) == standin.KIND:
+            return (f"stand-in: LibriSpeech's lengths, noise audio and made-up words from "
+                    f"benchmarks.rnnt.standin, not LibriSpeech ({sizes})")
+        if fixture_cache.recorded(root) is not None:
             return (f"fixture: espeak-ng speech in the LibriSpeech layout from "
                     f"benchmarks.rnnt.fixture, not LibriSpeech ({sizes})")
-        return f"LibriSpeech-format folder {self.args.data_dir} ({sizes})"
+        return f"LibriSpeech-format folder {root} ({sizes})"
 
     @property
     def train_samples(self) -> int:

@@ -137,19 +137,30 @@ def random_crop(rng, shape, patch) -> list[tuple[int, int]]:
     return [(s, s + p) for s, p in zip(starts, patch)]
 
 
-def foreground_crop(rng, label: np.ndarray, patch) -> list[tuple[int, int]] | None:
-    """A patch around one of the two largest objects of a random foreground class."""
+def foreground(label: np.ndarray) -> tuple[np.ndarray, dict[int, list[tuple[slice, ...]]]]:
+    """The foreground classes of ``label`` and each one's two largest objects (smaller
+    first): what the balanced crop draws from, a function of the case alone."""
     from scipy import ndimage
 
     classes = np.unique(label[label > 0])
+    objects = {}
+    for c in classes:
+        found = [s for s in ndimage.find_objects(ndimage.label(label[0] == c)[0]) if s is not None]
+        found.sort(key=lambda sl: np.prod([s.stop - s.start for s in sl]))
+        objects[int(c)] = found[-2:]
+    return classes, objects
+
+
+def foreground_crop(rng, found, shape, patch) -> list[tuple[int, int]] | None:
+    """A patch of a volume of ``shape`` (D, H, W) around one of the two largest objects of a
+    random foreground class, drawn from ``foreground(label)``."""
+    classes, objects = found
     if classes.size == 0:
         return None
-    objects = [s for s in ndimage.find_objects(ndimage.label(label[0] == rng.choice(classes))[0])
-               if s is not None]
-    objects.sort(key=lambda sl: np.prod([s.stop - s.start for s in sl]))
-    chosen = objects[-2:][_randrange(rng, len(objects[-2:]))]
+    largest = objects[int(rng.choice(classes))]
+    chosen = largest[_randrange(rng, len(largest))]
     bounds = []
-    for sl, p, size in zip(chosen, patch, label.shape[1:]):
+    for sl, p, size in zip(chosen, patch, shape):
         diff = p - (sl.stop - sl.start)
         sign, diff = (-1 if diff < 0 else 1), abs(diff)
         left = _randrange(rng, diff)
@@ -164,17 +175,21 @@ def foreground_crop(rng, label: np.ndarray, patch) -> list[tuple[int, int]] | No
     return bounds
 
 
-def augment(rng, image: np.ndarray, label: np.ndarray, patch, oversampling: float):
-    """One training sample: balanced crop, flips, brightness, noise (the reference's order)."""
-    box = foreground_crop(rng, label, patch) if rng.random() < oversampling else None
+def augment(rng, image: np.ndarray, label: np.ndarray, found, patch, oversampling: float):
+    """One training sample: balanced crop, flips, brightness, noise (the reference's order);
+    ``found`` is ``foreground(label)``. Only the crop of ``image`` and ``label`` is read, so
+    they may be memory-mapped."""
+    box = (foreground_crop(rng, found, image.shape[1:], patch)
+           if rng.random() < oversampling else None)
     box = box or random_crop(rng, image.shape[1:], patch)
     sl = (slice(None),) + tuple(slice(lo, hi) for lo, hi in box)
     image, label = image[sl], label[sl]
     for axis in (1, 2, 3):
         if rng.random() < 1 / 3:
             image, label = np.flip(image, axis), np.flip(label, axis)
-    image = np.ascontiguousarray(image, dtype=np.float32)
-    label = np.ascontiguousarray(label, dtype=np.uint8)
+    # copies: a patch of a memory map may be a read-only view of the file
+    image = np.array(image, dtype=np.float32, order="C")
+    label = np.array(label, dtype=np.uint8, order="C")
     if rng.random() < 0.1:
         image = image * np.float32(1 + rng.uniform(0.7, 1.3))
     if rng.random() < 0.1:
@@ -183,11 +198,16 @@ def augment(rng, image: np.ndarray, label: np.ndarray, patch, oversampling: floa
 
 
 class TrainSet(torch.utils.data.Dataset):
-    """Indexed by (epoch, case index): one augmented (image, label) patch."""
+    """Indexed by (epoch, case index): one augmented (image, label) patch.
+
+    Each process reads and checks a case whole (``load``) and finds its foreground objects
+    the first time it meets it; after that it reads only the patch from memory-mapped files
+    (a KiTS19 case is about 150 MB, a 128^3 patch 8 MB)."""
 
     def __init__(self, cases: list[Case], patch, oversampling: float, seed: int):
         self.cases, self.patch = cases, tuple(patch)
         self.oversampling, self.seed = oversampling, seed
+        self._found: dict[int, tuple] = {}
         for case in cases:
             if any(s < p for s, p in zip(case.shape[1:], self.patch)):
                 raise UserError(f"{case.image}: volume {case.shape[1:]} is smaller than the "
@@ -199,7 +219,13 @@ class TrainSet(torch.utils.data.Dataset):
     def __getitem__(self, key: tuple[int, int]):
         epoch, index = key
         rng = np.random.default_rng([self.seed, epoch, index])
-        image, label = augment(rng, *load(self.cases[index]), self.patch, self.oversampling)
+        case = self.cases[index]
+        if index not in self._found:
+            self._found[index] = foreground(load(case)[1])
+        image = np.load(case.image, mmap_mode="r", allow_pickle=False)
+        label = np.load(case.label, mmap_mode="r", allow_pickle=False)
+        image, label = augment(rng, image, label, self._found[index], self.patch,
+                               self.oversampling)
         return torch.from_numpy(image), torch.from_numpy(label)
 
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.unet3d import data, fused_norm, inference, spatial
+from benchmarks.unet3d import data, fused_norm, inference, spatial, standin
 from benchmarks.unet3d.loss import dice_ce_loss, dice_score
 from benchmarks.unet3d.model import FILTERS, NUM_CLASSES, Unet3D
-from common import dist
+from common import dist, fixture_cache
 from common.errors import UserError
 from common.hparams import checked, fraction, hparam, non_negative, open_fraction, positive
 from common.mllog import constants
@@ -31,7 +31,6 @@ from common.sgd import DeviceLRSGD
 from common.throughput import meta_train_flops
 from common.workload import CapturePolicy, EvalPoint, Target, Workload, epoch_points, maybe_compile
 
-FIXTURE_MARKER = "FIXTURE_COMPLETE"
 KITS19_TRAIN, KITS19_EVAL = 168, 42
 
 
@@ -139,7 +138,6 @@ class Unet3DWorkload(Workload):
     def build(self) -> None:
         a, hp, env = self.args, self.hp, self.env
         self.train_cases, self.val_cases = ([], []) if self.synthetic else data.scan(a.data_dir)
-        self.fixture = not self.synthetic and (a.data_dir / FIXTURE_MARKER).is_file()
         self.sg = self.impl.sg
         group = self.sg.size if self.sg else 1
         self.replicas, self.replica = env.world_size // group, env.rank // group
@@ -175,12 +173,17 @@ class Unet3DWorkload(Workload):
         if self.synthetic:
             return "synthetic (random device-resident tensors)"
         n_train, n_val = len(self.train_cases), len(self.val_cases)
-        if self.fixture:
+        root = self.args.data_dir
+        if fixture_cache.kind(root) == standin.KIND:
+            return (f"stand-in: KiTS19's case sizes, random volumes from "
+                    f"benchmarks.unet3d.standin, not KiTS19 ({n_train} train / {n_val} eval "
+                    f"cases)")
+        if fixture_cache.recorded(root) is not None:
             return (f"fixture: synthetic KiTS19-format volumes from benchmarks.unet3d.fixture, "
                     f"not KiTS19 ({n_train} train / {n_val} eval cases)")
         if (n_train, n_val) == (KITS19_TRAIN, KITS19_EVAL):
             return "kits19 (MLPerf preprocessed)"
-        return f"KiTS19-format folder {self.args.data_dir} ({n_train} train / {n_val} eval cases)"
+        return f"KiTS19-format folder {root} ({n_train} train / {n_val} eval cases)"
 
     @property
     def global_batch_size(self) -> int:

@@ -62,7 +62,7 @@ def describe(root, n_train: int, n_val: int) -> str:
     """What a COCO-format folder holding ``n_train`` / ``n_val`` images is, for the log:
     the fixture, COCO 2017 itself, or another folder."""
     record = fixture_cache.recorded(Path(root))
-    if record is not None and (record.get("params") or {}).get("kind") == "coco-standin":
+    if fixture_cache.kind(root) == "coco-standin":
         return (f"stand-in: COCO-scale synthetic images from common.coco.standin, not COCO "
                 f"({n_train} train / {n_val} eval images)")
     if record is not None:

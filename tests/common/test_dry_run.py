@@ -67,6 +67,18 @@ def test_a_stand_in_fraction_is_scaled_to_the_real_dataset(monkeypatch, full, st
     assert ("scaled to the real dataset's" in p.line()) == (full != [80, 100])
 
 
+def test_later_evaluations_take_the_second_ones_time_where_batches_are_kept(monkeypatch):
+    monkeypatch.setattr(projection, "rcp_mean", lambda *_: (1.5, "an RCP"))
+    monkeypatch.setattr(projection, "read_events", lambda _: [
+        {"key": DRY_RUN_KEY, "value": 4},
+        {"key": REPORT_KEY, "value": report(eval_again_s=0.25, full_dataset=[80, 200]).as_dict()},
+        {"key": "submission_benchmark", "value": "dlrm"}])
+    p = projection.project("log")          # 3 evaluations of twice the run's evaluation set
+    assert (p.evaluations, p.eval_s, p.later_eval_s) == (3, 2.0, 0.5)
+    assert p.seconds == 16 * 0.5 + 2.0 + 2 * 0.5
+    assert "the first evaluation 2.00 s + 2 x 0.50 s (from the batches it kept)" in p.line()
+
+
 def test_a_schedule_that_ends_before_the_rcp_mean_names_the_fix(monkeypatch):
     monkeypatch.setattr(projection, "rcp_mean", lambda *_: (2.5, "an RCP"))
     monkeypatch.setattr(projection, "read_events", lambda _: [
@@ -96,7 +108,9 @@ def test_a_dry_run_through_run_and_time_projects_and_is_never_a_result(tmp_path,
     events = {e["key"]: e for e in read_events(log)}
     assert events[DRY_RUN_KEY]["value"] == 12
     assert events["run_stop"]["metadata"]["status"] == "aborted"
-    assert Report(**events[REPORT_KEY]["value"]).steps == 12
+    measured = Report(**events[REPORT_KEY]["value"])
+    assert measured.steps == 12 and measured.eval_again_s > 0   # cache-eval: timed again
+    assert "(again, from the batches it kept:" in proc.stdout
     verdict = check_log(log)
     assert not verdict.compliant and "a dry run's log" in verdict.problems[0]
     out = tmp_path / "tree"

@@ -133,15 +133,36 @@ def test_attention_paths_match_plain_on_real_tokens(transform):
 def test_bucketed_packing_shapes_and_fillers():
     _, _, mask, _ = _batch()                      # 11, 16 and 6 real tokens
     index, offsets = bucketed_packing(mask.numpy(), micro=1, bucket=8)
-    assert index.shape == (1, 40) and offsets.shape == (1, 3 + 1 + 1)
-    assert offsets[0].tolist() == [0, 11, 27, 33, 40]       # one filler sequence of 7
+    assert index.shape == (1, 40) and offsets.shape == (1, 3 + 1 + 3)
+    assert offsets[0].tolist() == [0, 11, 27, 33, 40, 40, 40]   # a filler sequence of 7
     flat = mask.flatten().numpy()
     assert flat[index[0, :33]].all() and not flat[index[0, 33:]].any()
     assert len(set(index[0].tolist())) == 40                 # no position twice
-    # two micro-batches share the larger one's bucket; a bucket of 20 needs 2 fillers
+    # two micro-batches share the larger one's bucket
     index, offsets = bucketed_packing(mask[:2].numpy(), micro=2, bucket=20)
-    assert index.shape == (2, 16) and offsets[:, -1].tolist() == [16, 16]
-    assert offsets[0].tolist() == [0, 11, 16, 16] and offsets[1].tolist() == [0, 16, 16, 16]
+    assert index.shape == (2, 16) and offsets.tolist() == [[0, 11, 16], [0, 16, 16]]
+
+
+def test_fillers_cover_a_micro_batch_far_smaller_than_the_largest():
+    """Every packed row is in a sequence, however much smaller a micro-batch is than the
+    largest (attention writes no row outside its sequences: on the GPU such a row kept
+    whatever memory held, and its weight gradients NaN), and the small micro-batch's outputs
+    are the padded model's."""
+    g = torch.Generator().manual_seed(1)
+    mask = torch.zeros(4, 16, dtype=torch.long)
+    mask[:2] = 1                                   # micro-batch 0: 32 tokens
+    mask[2:, :3] = 1                               # micro-batch 1: 6 tokens, 26 short of it
+    ids, seg = torch.randint(5, 61, (4, 16), generator=g) * mask, torch.zeros_like(mask)
+    pos = torch.tensor([[1, 2, 0]] * 4)
+    index, offsets = bucketed_packing(mask.numpy(), micro=2, bucket=8)
+    assert index.shape == (2, 32) and offsets[:, -1].tolist() == [32, 32]
+    assert (offsets[:, 1:] - offsets[:, :-1] <= 16).all()   # no sequence longer than seq
+    padded = built(sdpa)
+    packed = built(unpad, padded)
+    small = [t[2:] for t in (ids, seg, mask, pos)]
+    torch.testing.assert_close(
+        packed(*small, torch.from_numpy(index[1]), torch.from_numpy(offsets[1])),
+        padded(*small), atol=1e-5, rtol=1e-5)
 
 
 def test_bucketed_unpad_step_matches_padded_outputs_and_gradients():

@@ -124,6 +124,23 @@ def test_index_precomputation_equals_direct_computation(world):
             assert getattr(got, name).tolist() == getattr(want, name).tolist(), name
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_plan_on_the_gpu_equals_the_plan_on_the_cpu():
+    g = torch.Generator().manual_seed(5)
+    ids = torch.stack([torch.randint(0, n, (40,), generator=g) for n in SIZES], 1)
+    fmap = torch.full((sum(SIZES),), -1, dtype=torch.int32)
+    picked = frequent_rows(_stats(), SIZES, 2.0)
+    fmap[picked] = torch.arange(picked.numel(), dtype=torch.int32)
+    offsets, bounds = torch.tensor([0, 7, 10, 60, 61]), split_bounds(40, 3)
+    for rank in range(3):
+        want = compute_plan(ids, bounds, rank, 3, offsets, fmap)
+        got = compute_plan(ids.cuda(), bounds, rank, 3, offsets.cuda(), fmap.cuda())
+        assert (got.recv_counts, got.send_counts) == (want.recv_counts, want.send_counts)
+        for a, b in zip(got.tensors(), want.tensors()):
+            assert a.is_cuda and a.tolist() == b.tolist()
+
+
 def test_init_is_the_same_whatever_the_split():
     whole = torch.cat([rows for _, rows in table_chunks(2, 50, DIM, SEED, "cpu")])
     emb = HybridEmbedding(SIZES, DIM, torch.tensor([7 + 10 + 3]), 1, 3, SEED, "cpu")

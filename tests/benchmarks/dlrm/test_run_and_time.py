@@ -152,11 +152,14 @@ def test_prefetched_batches_equal_the_batches_read_in_place(small_fixture, devic
 
 @pytest.mark.parametrize("others", [[], ["--opt", "fused-sgd,hybrid-embeddings=2"]])
 def test_cached_evaluation_equals_the_evaluation_read_afresh(small_fixture, others):
-    """cache-eval: later evaluations read nothing and score what an uncached one does."""
+    """cache-eval: later evaluations read nothing and score what an uncached one does, which
+    keeps no batch."""
     plain = _workload(small_fixture, "cpu", *others)
     cached = _workload(small_fixture, "cpu", *others, "--opt", "cache-eval")
     want = [plain.evaluate()["auc"], plain.evaluate()["auc"]]
     got = [cached.evaluate()["auc"]]
-    cached.prepare = None   # a second read would fail
+    cached.prepare_host = None   # a second read would fail
     got.append(cached.evaluate()["auc"])
     assert got == want and 0 < want[0] < 1
+    assert plain._eval_cache is None
+    assert all(ids.dtype == torch.int32 for _, _, (_, _, ids) in cached._eval_cache)

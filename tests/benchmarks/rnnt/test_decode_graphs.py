@@ -1,7 +1,10 @@
 """Greedy decoding replayed as CUDA graphs (``decode-graphs``) against the eager loop on
 the GPU: the same labels over batches of growing and shrinking shapes (captured again only
 when a batch needs more), under autocast, at the label limits, and after the weights change
-in place as the moving average changes them."""
+in place as the moving average changes them, and with another thread allocating pinned
+memory meanwhile, as the evaluation loader's does."""
+
+import threading
 
 import pytest
 import torch
@@ -57,3 +60,39 @@ def test_weights_changed_in_place_reach_the_graph():
     after = decoder(feats, feat_lens)
     assert after == greedy_decode(model, feats, feat_lens, model.blank, 40, 3)
     assert after != before and decoder.captures == 1
+
+
+def test_a_thread_pinning_memory_during_the_capture_does_not_void_it():
+    model = _model()
+    decoder = GraphedDecoder(model, model.blank, max_symbols=40, max_symbols_per_step=3)
+    feats, feat_lens = _batch(6, 50, 0)
+    capturing, pinned, errors = threading.Event(), threading.Event(), []
+
+    def pin():   # new page-locked blocks (a cudaHostAlloc each) while the graph is captured
+        capturing.wait()
+        try:
+            blocks = [torch.empty(1 << 16, dtype=torch.uint8, pin_memory=True)
+                      for _ in range(50)]
+            blocks.clear()
+        except RuntimeError as exc:
+            errors.append(exc)
+        pinned.set()
+
+    steps = decoder._steps
+
+    def steps_waiting_for_the_thread(s, n):
+        if torch.cuda.is_current_stream_capturing():
+            capturing.set()
+            assert pinned.wait(30)
+        steps(s, n)
+
+    decoder._steps = steps_waiting_for_the_thread
+    thread = threading.Thread(target=pin)
+    thread.start()
+    try:
+        out = decoder(feats, feat_lens)
+    finally:
+        capturing.set()
+        thread.join()
+    assert pinned.is_set() and not errors
+    assert out == greedy_decode(model, feats, feat_lens, model.blank, 40, 3)

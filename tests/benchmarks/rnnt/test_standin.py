@@ -2,11 +2,13 @@
 with its lengths, in its layout and through prepare_data, for dry runs."""
 
 import json
+from types import SimpleNamespace
 
 import soundfile as sf
 
 from benchmarks.rnnt import standin
 from benchmarks.rnnt.data import EVAL_SPLIT, TRAIN_SPLITS
+from benchmarks.rnnt.workload import RNNTWorkload
 
 
 def test_a_fraction_of_librispeech_in_its_layout(tmp_path):
@@ -25,3 +27,6 @@ def test_a_fraction_of_librispeech_in_its_layout(tmp_path):
             assert len(e["transcript"].split()) == max(1, round(e["original_duration"] * 2.7))
     assert 9 < sum(seconds) / len(seconds) < 16          # LibriSpeech: 12.3 s on average
     assert (root / "sentencepieces" / "librispeech100.model").is_file()
+    wl = SimpleNamespace(synthetic=False, train_set=range(140), eval_set=range(27),
+                         hp=SimpleNamespace(vocab_size=100), args=SimpleNamespace(data_dir=root))
+    assert RNNTWorkload.dataset.fget(wl).startswith("stand-in: LibriSpeech's lengths")

@@ -5,13 +5,13 @@ import pytest
 from compliance.check import check_log
 from compliance.logs import summarize
 from tests.compliance import e2e_logs
-from tests.entry_points import run_script
+from tests.entry_points import ONE_THREAD, run_script
 
 
 @pytest.mark.slow
 def test_tiny_config_reaches_target_and_passes_compliance(tmp_path):
-    proc = run_script("ssd", {"CONFIG": "cpu_tiny", "LOGDIR": str(tmp_path), "SEED": "100"},
-                      timeout=900)
+    proc = run_script("ssd", {"CONFIG": "cpu_tiny", "LOGDIR": str(tmp_path), "SEED": "100",
+                              **ONE_THREAD}, timeout=900)
     log = tmp_path / "result_0.txt"
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert check_log(log).compliant and "compliance PASS" in proc.stdout

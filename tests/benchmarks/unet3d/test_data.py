@@ -41,12 +41,35 @@ def test_training_samples_are_patches_and_reproducible(kits_fixture):
     assert torch.equal(image, again) and not torch.equal(image, other)
 
 
+def test_training_samples_read_from_memory_maps_equal_those_of_whole_volumes(kits_fixture):
+    train, _ = data.scan(kits_fixture)
+    # patches as wide as the volumes: a crop of the memory map is then a contiguous,
+    # read-only view, which the sample must not be
+    patch = (PATCH[0], *min(c.shape[2:] for c in train[:4]))
+    ds = data.TrainSet(train[:4], patch, oversampling=1.0, seed=3)
+    for epoch in (0, 1):          # the first meeting of each case, then the cached one
+        for index, case in enumerate(train[:4]):
+            image, label = data.load(case)
+            rng = np.random.default_rng([3, epoch, index])
+            want = data.augment(rng, image, label, data.foreground(label), patch, 1.0)
+            got = ds[(epoch, index)]
+            assert np.array_equal(got[0].numpy(), want[0])
+            assert np.array_equal(got[1].numpy(), want[1]) and want[1].any()
+    for index, case in enumerate(train[:4]):   # samples are copies, whatever the draws
+        mapped = [np.load(path, mmap_mode="r") for path in (case.image, case.label)]
+        found = data.foreground(np.asarray(mapped[1]))
+        for epoch in range(8):
+            rng = np.random.default_rng([3, epoch, index])
+            for out, source in zip(data.augment(rng, *mapped, found, patch, 1.0), mapped):
+                assert out.flags.writeable and not np.shares_memory(out, source)
+
+
 def test_foreground_crop_contains_foreground(kits_fixture):
     train, _ = data.scan(kits_fixture)
     _, label = data.load(train[0])
     rng = np.random.default_rng(0)
     for _ in range(10):
-        box = data.foreground_crop(rng, label, PATCH)
+        box = data.foreground_crop(rng, data.foreground(label), label.shape[1:], PATCH)
         assert [hi - lo for lo, hi in box] == list(PATCH)
         assert all(0 <= lo and hi <= s for (lo, hi), s in zip(box, label.shape[1:]))
         assert label[(0, *(slice(lo, hi) for lo, hi in box))].any()

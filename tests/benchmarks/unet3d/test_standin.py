@@ -1,9 +1,12 @@
 """``benchmarks.unet3d.standin``: KiTS19's cases at their preprocessed sizes (a fraction of
 the reference's split) in the preprocessed format, for dry runs."""
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from benchmarks.unet3d import data, standin
+from benchmarks.unet3d.workload import Unet3DWorkload
 
 
 def test_a_fraction_of_the_split_in_the_preprocessed_format(tmp_path, monkeypatch):
@@ -21,6 +24,9 @@ def test_a_fraction_of_the_split_in_the_preprocessed_format(tmp_path, monkeypatc
         assert image.shape == label.shape and 40 <= image.shape[1] <= 50
         assert set(np.unique(label)) == {0, 1, 2}                  # kidney and tumour
         assert np.array_equal(image, np.load(two / c.image.name))  # any number of writers
+    wl = SimpleNamespace(synthetic=False, train_cases=train, val_cases=evaluation,
+                         args=SimpleNamespace(data_dir=one))
+    assert Unet3DWorkload.dataset.fget(wl).startswith("stand-in: KiTS19's case sizes")
 
 
 def test_one_case_at_the_real_size():
