@@ -4,14 +4,13 @@ when a batch needs more), under autocast, at the label limits, and after the wei
 in place as the moving average changes them, and with another thread allocating pinned
 memory meanwhile, as the evaluation loader's does."""
 
-import threading
-
 import pytest
 import torch
 
 from benchmarks.rnnt.decode_graphs import GraphedDecoder
 from benchmarks.rnnt.decoding import greedy_decode
 from benchmarks.rnnt.model import RNNT
+from tests.benchmarks.rnnt.pinning import PinningThread
 from tests.benchmarks.rnnt.test_decoding import tiny_rnnt
 
 pytestmark = [pytest.mark.gpu,
@@ -66,33 +65,8 @@ def test_a_thread_pinning_memory_during_the_capture_does_not_void_it():
     model = _model()
     decoder = GraphedDecoder(model, model.blank, max_symbols=40, max_symbols_per_step=3)
     feats, feat_lens = _batch(6, 50, 0)
-    capturing, pinned, errors = threading.Event(), threading.Event(), []
-
-    def pin():   # new page-locked blocks (a cudaHostAlloc each) while the graph is captured
-        capturing.wait()
-        try:
-            blocks = [torch.empty(1 << 16, dtype=torch.uint8, pin_memory=True)
-                      for _ in range(50)]
-            blocks.clear()
-        except RuntimeError as exc:
-            errors.append(exc)
-        pinned.set()
-
-    steps = decoder._steps
-
-    def steps_waiting_for_the_thread(s, n):
-        if torch.cuda.is_current_stream_capturing():
-            capturing.set()
-            assert pinned.wait(30)
-        steps(s, n)
-
-    decoder._steps = steps_waiting_for_the_thread
-    thread = threading.Thread(target=pin)
-    thread.start()
-    try:
+    with PinningThread() as pinning:
+        decoder._steps = pinning.during_capture(decoder._steps)
         out = decoder(feats, feat_lens)
-    finally:
-        capturing.set()
-        thread.join()
-    assert pinned.is_set() and not errors
+    assert pinning.pinned.is_set() and not pinning.errors
     assert out == greedy_decode(model, feats, feat_lens, model.blank, 40, 3)

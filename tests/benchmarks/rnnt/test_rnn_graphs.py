@@ -4,13 +4,12 @@ length included, where the time stacking adds a zero frame), one graph per padde
 and new dropout masks at every replay, graphs replayed after later captures included, and
 captures that another thread's pinned host allocations do not void."""
 
-import threading
-
 import pytest
 import torch
 from torch import nn
 
 from benchmarks.rnnt.model import RNNT
+from tests.benchmarks.rnnt.pinning import PinningThread
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -130,37 +129,13 @@ def test_a_thread_pinning_memory_during_a_capture_does_not_void_it(monkeypatch):
     """A loader's pinning thread allocates host memory while a new length is captured."""
     from benchmarks.rnnt import rnn_graphs
 
-    capturing, pinned, errors = threading.Event(), threading.Event(), []
-
-    def pin():   # new page-locked blocks (a cudaHostAlloc each) during the capture
-        capturing.wait()
-        try:
-            blocks = [torch.empty(1 << 16, dtype=torch.uint8, pin_memory=True)
-                      for _ in range(50)]
-            blocks.clear()
-        except RuntimeError as exc:
-            errors.append(exc)
-        pinned.set()
-
-    forward = rnn_graphs._EncoderCore.forward
-
-    def forward_waiting_for_the_thread(self, *args):
-        if torch.cuda.is_current_stream_capturing() and not capturing.is_set():
-            capturing.set()
-            assert pinned.wait(30)
-        return forward(self, *args)
-
-    monkeypatch.setattr(rnn_graphs._EncoderCore, "forward", forward_waiting_for_the_thread)
     model = _model(3, dropout=False)
     rnns = rnn_graphs.GraphedRNNs(model)
-    thread = threading.Thread(target=pin)
-    thread.start()
-    try:
-        batch = _inputs(2, 37, 5)
+    batch = _inputs(2, 37, 5)
+    with PinningThread() as pinning:
+        monkeypatch.setattr(rnn_graphs._EncoderCore, "forward",
+                            pinning.during_capture(rnn_graphs._EncoderCore.forward))
         got = _forward_backward(model, rnns.encode, rnns.predict, *batch)
-    finally:
-        capturing.set()
-        thread.join()
-    assert pinned.is_set() and not errors
+    assert pinning.pinned.is_set() and not pinning.errors
     ref = _forward_backward(model, model.encode, lambda y: model.predict(y)[0], *batch)
     torch.testing.assert_close(got[0], ref[0], rtol=1e-5, atol=1e-6)
