@@ -19,6 +19,8 @@
 #            SLURM job of several nodes (one task per node) they default to SLURM's
 #            (SLURM_NNODES, SLURM_NODEID, the first host of SLURM_JOB_NODELIST): docs/slurm.md
 #   COLLECTIVE_TIMEOUT_S  seconds a collective waits for its peers (default 300, common/dist.py)
+#   STOP_GRACE_S  seconds a stopped run has to end before it is killed with the processes it
+#            started (default 60)
 #   EXTRA_ARGS  more flags for the training program (started as python -m common.entry)
 #   DRY_RUN  STEPS (a positive integer): each run a dry run of the config as written (--dry-run
 #            STEPS: STEPS timed training steps and one full evaluation, common/dry_run.py), its
@@ -46,6 +48,7 @@ child=            # pid of the running program
 stop_name=        # first signal received
 stop_signal=0
 interrupted=0     # a trap ran since the last wait began
+watchdog=         # pid of the subshell that kills a stopped run not ended in time
 on_signal() {
     interrupted=1
     [[ -z $stop_name ]] || return 0
@@ -54,7 +57,32 @@ on_signal() {
     echo "run_and_time.sh ($BENCHMARK): SIG$1: stopping the current run, no further runs" >&2
     if [[ -n $child ]] && kill -0 "$child" 2>/dev/null; then
         kill -s "$1" "$child"
+        start_watchdog "$1"
     fi
+}
+
+# Kills process $1 and every process below it (stopped first, so that it starts no other).
+kill_tree() {
+    local c
+    kill -STOP "$1" 2>/dev/null
+    for c in $(pgrep -P "$1"); do kill_tree "$c"; done
+    kill -KILL "$1" 2>/dev/null
+}
+
+# A stopped program runs its handler only where Python code runs: one stuck in native code (a
+# compiler, a device call) would hold the script for good. It has STOP_GRACE_S to end; then it
+# is killed with what it started, its log left without run_stop.
+start_watchdog() {
+    local target=$child
+    (
+        trap '' INT TERM   # a signal to the whole group must not end the watch
+        local end=$((SECONDS + STOP_GRACE_S))
+        while ((SECONDS < end)); do sleep 1; done
+        kill -0 "$target" 2>/dev/null || exit 0
+        echo "run_and_time.sh ($BENCHMARK): the run did not end within STOP_GRACE_S=$STOP_GRACE_S s of SIG$1: killed" >&2
+        kill_tree "$target"
+    ) &
+    watchdog=$!
 }
 trap 'on_signal INT 2' INT
 trap 'on_signal TERM 15' TERM
@@ -117,6 +145,10 @@ if [[ -n ${DRY_RUN:-} ]]; then
         || die "DRY_RUN=$DRY_RUN is not a positive integer: set it to the training steps to time, e.g. DRY_RUN=200, or unset it"
     dry=(--dry-run "$REPLY")
 fi
+STOP_GRACE_S=${STOP_GRACE_S:-60}
+small_int STOP_GRACE_S && ((REPLY > 0)) \
+    || die "STOP_GRACE_S=$STOP_GRACE_S is not a positive integer: set it to the seconds a stopped run may take to end, e.g. STOP_GRACE_S=60"
+STOP_GRACE_S=$REPLY
 if [[ -n ${COLLECTIVE_TIMEOUT_S:-} ]]; then
     small_int COLLECTIVE_TIMEOUT_S && ((REPLY > 0)) \
         || die "COLLECTIVE_TIMEOUT_S=$COLLECTIVE_TIMEOUT_S is not a positive integer: set it to the seconds a collective may wait for its peers"
@@ -207,7 +239,7 @@ wait_child() {
     local rc later
     while :; do
         interrupted=0
-        wait "$child"
+        wait "$child" 2>/dev/null   # (no "Killed" notice: the watchdog says why)
         rc=$?
         ((interrupted)) || break
         if ! kill -0 "$child" 2>/dev/null; then
@@ -219,6 +251,11 @@ wait_child() {
     done
     child=
     child_rc=$rc
+    if [[ -n $watchdog ]]; then   # the run ended in time (or was killed): no watch left
+        kill_tree "$watchdog"
+        wait "$watchdog" 2>/dev/null
+        watchdog=
+    fi
 }
 
 # Runs "$@" to its end, its status in child_rc. In the background, so that the traps run while

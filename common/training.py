@@ -20,10 +20,11 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 
-from common import dist, dry_run, gc_pauses, hparams, optimisations
+from common import dist, dry_run, gc_pauses, hparams, optimisations, process_exit
 from common.cli import OneLineParser
 from common.cuda_graph import GraphedStep, graphed_step
 from common.errors import UserError, one_line
@@ -502,6 +503,12 @@ def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
             return _ended_by(exc, rank, logged=False)
         with work_stream(env.device):
             return _run_logged(workload_cls, args, env)
+
+
+def program(workload_cls: type[Workload]) -> NoReturn:
+    """``python -m benchmarks.<name>``: :func:`main` on the command line's flags, then the
+    process ended at once, its helper processes with it (``common.process_exit``)."""
+    process_exit.end(main(workload_cls))
 
 
 def _dry_run(wl: Workload, step, log: MLLog, args, env, init_s: float) -> None:

@@ -9,10 +9,12 @@ RCPs around it, as the RCP checker does). A run stops at the first evaluation of
 at or past that mean: the projection is that evaluation's optimizer steps times the measured
 step p50, plus the evaluations up to it times the measured evaluation (the later ones at the
 second evaluation's time where the workload keeps its batches; initialization is outside
-MLPerf's time-to-train). A dry run on a fraction of the dataset (a stand-in) is
-scaled to the real one: its optimizer steps by the real dataset's steps per epoch over the
-run's, its evaluation by the real evaluation set's samples over the run's (the workload's
-``full_dataset``). Exit status 0 with a projection, 2 on bad input.
+MLPerf's time-to-train). The same at the timed steps' mean is printed beside it: where the
+steps' times have a long tail (an input pipeline that falls behind), the p50 understates.
+A dry run on a fraction of the dataset (a stand-in) is scaled to the real one: its optimizer
+steps by the real dataset's steps per epoch over the run's, its evaluation by the real
+evaluation set's samples over the run's (the workload's ``full_dataset``). Exit status 0
+with a projection, 2 on bad input.
 """
 
 from __future__ import annotations
@@ -58,8 +60,22 @@ class Projection:
 
     @property
     def seconds(self) -> float:
-        return (self.steps * self.report.step_p50_s + self.eval_s
-                + (self.evaluations - 1) * self.later_eval_s)
+        return self.steps * self.report.step_p50_s + self.evals_s
+
+    @property
+    def evals_s(self) -> float:
+        return self.eval_s + (self.evaluations - 1) * self.later_eval_s
+
+    @property
+    def step_mean_s(self) -> float:
+        """The timed steps' mean, their one-off costs (compilation, graph recording, the
+        loader's first reads) spread over the window: an upper bound where they recur less
+        often over a whole run."""
+        return self.report.train_s / self.report.steps
+
+    @property
+    def seconds_at_mean(self) -> float:
+        return self.steps * self.step_mean_s + self.evals_s
 
     def line(self) -> str:
         r = self.report
@@ -77,7 +93,9 @@ class Projection:
                 f"(step p50) + {evaluations}; {self.benchmark} at global "
                 f"batch {self.global_batch_size} converges in {self.mean_epochs:g} epochs on "
                 f"average ({self.rcp}), so the run would stop at the evaluation at epoch_num "
-                f"{self.eval_epoch:g}{scaled}")
+                f"{self.eval_epoch:g}{scaled}; at the timed steps' mean "
+                f"({self.step_mean_s * 1e3:.2f} ms, their one-off costs included): "
+                f"{self.seconds_at_mean / 60:.1f} min")
 
 
 def rcp_mean(benchmark: str, batch: int, ruleset: str) -> tuple[float, str]:
@@ -140,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(projection.line())
     if args.json:
-        print(json.dumps({"seconds": projection.seconds, "rcp": projection.rcp,
+        print(json.dumps({"seconds": projection.seconds,
+                          "seconds_at_mean": projection.seconds_at_mean, "rcp": projection.rcp,
                           "mean_epochs": projection.mean_epochs, "steps": projection.steps,
                           "evaluations": projection.evaluations,
                           "report": projection.report.as_dict()}))

@@ -1,9 +1,7 @@
 """``python -m benchmarks.bert``: train BERT-large to its quality target (under torchrun)."""
 
-import sys
-
 from benchmarks.bert.workload import BertWorkload
-from common.training import main
+from common.training import program
 
 if __name__ == "__main__":   # not again in a spawned child (background scoring)
-    sys.exit(main(BertWorkload))
+    program(BertWorkload)

@@ -35,6 +35,7 @@ NUM_SPARSE = 26
 RECORD_INTS = 1 + NUM_DENSE + NUM_SPARSE
 RECORD_BYTES = 4 * RECORD_INTS
 TRAIN_FILE = "terabyte_processed_train.bin"
+STANDIN_KIND = "criteo-standin"   # the marker of benchmarks.dlrm.standin's folders
 EVAL_FILE = "terabyte_processed_test.bin"
 COUNTS_FILE = "day_fea_count.npz"
 # Criteo Terabyte's 26 table sizes under the reference's 40M cap (its day_fea_count.npz;

@@ -24,13 +24,13 @@ from benchmarks.dlrm.data import (
     CRITEO_TB_SIZES,
     EVAL_FILE,
     NUM_DENSE,
+    STANDIN_KIND,
     TRAIN_FILE,
     power_law_ids,
 )
 from benchmarks.dlrm.workload import CRITEO_EVAL_SAMPLES, CRITEO_TRAIN_SAMPLES
 from common.fixture_cache import cached_fixture, fixture_command, standin_parser
 
-KIND = "criteo-standin"
 CHUNK = 1_000_000
 POSITIVE_RATE = 1 / 30
 
@@ -50,7 +50,7 @@ def write_standin(root, fraction: float = 0.01, seed: int = 0) -> Path:
     """Write the stand-in under ``root`` (reused when the same one is already there)."""
     train, eval = (max(1, round(n * fraction))
                    for n in (CRITEO_TRAIN_SAMPLES, CRITEO_EVAL_SAMPLES))
-    params = dict(kind=KIND, train=train, eval=eval, seed=seed, version=1)
+    params = dict(kind=STANDIN_KIND, train=train, eval=eval, seed=seed, version=1)
 
     def write(tmp: Path) -> None:
         generator = torch.Generator().manual_seed(seed)

@@ -154,9 +154,6 @@ class DLRMWorkload(Workload):
     hparams = HParams
     prefetch = cache_eval = False   # until the optimisations of these names
 
-    @property
-    def keeps_eval_batches(self) -> bool:
-        return self.cache_eval
     # fp32 on the CPU, the tiny config's three steps: hybrid-embeddings 9e-8 off, the others equal
     optimisations = Registry(
         Optimisation("fused-sgd", "SGD as one multi-tensor MLP update and index_add updates of "
@@ -184,6 +181,10 @@ class DLRMWorkload(Workload):
                      "index plans computed at use)", compare=None, apply=lambda wl, _: setattr(
                          wl, "cache_eval", True),
                      tested_by="tests/benchmarks/dlrm/test_run_and_time.py"))
+
+    @property
+    def keeps_eval_batches(self) -> bool:
+        return self.cache_eval
 
     @staticmethod
     def add_args(p: argparse.ArgumentParser) -> None:
@@ -264,7 +265,7 @@ class DLRMWorkload(Workload):
             return "synthetic (power-law ids over Criteo Terabyte's tables, device-resident)"
         n = self.train_log.num_records
         record = fixture_cache.recorded(self.args.data_dir)
-        if fixture_cache.kind(self.args.data_dir) == "criteo-standin":
+        if fixture_cache.kind(self.args.data_dir) == data.STANDIN_KIND:
             return (f"stand-in: Criteo Terabyte's table sizes, power-law ids and random clicks "
                     f"from benchmarks.dlrm.standin, not Criteo ({n} train clicks)")
         if record is not None:

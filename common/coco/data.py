@@ -56,13 +56,14 @@ from common.errors import UserError
 SPLITS = ("train", "val")
 BOX_TOLERANCE = 1.0  # pixels; polygon-derived boxes may overshoot their image by rounding
 COCO_TRAIN_IMAGES, COCO_EVAL_IMAGES = 117_266, 5_000   # train2017 with a target; val2017
+STANDIN_KIND = "coco-standin"   # the marker of common.coco.standin's folders
 
 
 def describe(root, n_train: int, n_val: int) -> str:
     """What a COCO-format folder holding ``n_train`` / ``n_val`` images is, for the log:
     the fixture, COCO 2017 itself, or another folder."""
     record = fixture_cache.recorded(Path(root))
-    if fixture_cache.kind(root) == "coco-standin":
+    if fixture_cache.kind(root) == STANDIN_KIND:
         return (f"stand-in: COCO-scale synthetic images from common.coco.standin, not COCO "
                 f"({n_train} train / {n_val} eval images)")
     if record is not None:

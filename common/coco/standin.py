@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 from pycocotools import mask as mask_utils
 
+from common.coco.data import STANDIN_KIND
 from common.coco.fixture import COCO_CATEGORY_IDS, SHAPES, class_style, draw_image, unit_to_box
 from common.fixture_cache import (
     FRACTION,
@@ -90,7 +91,7 @@ def write_standin(root, fraction: float = 1.0, workers: int = 1, seed: int = 0,
     eval_fraction = fraction if eval_fraction is None else eval_fraction
     train, val = (max(1, round(n * f)) for n, f in ((TRAIN_IMAGES, fraction),
                                                      (VAL_IMAGES, eval_fraction)))
-    params = dict(kind="coco-standin", train=train, val=val, seed=seed, version=1)
+    params = dict(kind=STANDIN_KIND, train=train, val=val, seed=seed, version=1)
     categories = [{"id": c, "name": f"{' '.join(class_style(k)[::-1])} {k}",
                    "supercategory": "shape"} for k, c in enumerate(COCO_CATEGORY_IDS)]
 

@@ -48,6 +48,9 @@ def test_the_run_stops_at_the_first_evaluation_at_or_past_the_rcp_mean(monkeypat
     p = projection.project("log")
     assert (p.steps, p.evaluations) == (steps, evaluations)
     assert p.seconds == steps * 0.5 + evaluations * 1.0   # step p50 and the evaluation
+    # beside it, the steps' mean: train_s 4.0 over 4 steps
+    assert p.seconds_at_mean == steps * 1.0 + evaluations * 1.0
+    assert "at the timed steps' mean (1000.00 ms, their one-off costs included)" in p.line()
 
 
 @pytest.mark.parametrize("full, steps, eval_s", [

@@ -48,17 +48,21 @@ def training(tmp_path, request):
                             "EXTRA_ARGS": "--epochs 40 --eval-period 40 --eval-offset 39"},
                  request.param)
     try:
-        log = tmp_path / "logs/result_0.txt"
-        deadline = time.monotonic() + WAIT_S
-        while not (log.is_file() and '"key": "run_start"' in log.read_text()):
-            assert proc.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
-            assert time.monotonic() < deadline, f"no run_start in {log} after {WAIT_S} s"
-            time.sleep(0.2)
+        wait_for_run_start(proc, tmp_path)
         yield proc
     finally:   # whatever the test left running
         if group_alive(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def wait_for_run_start(proc: subprocess.Popen, tmp_path: Path) -> None:
+    log = tmp_path / "logs/result_0.txt"
+    deadline = time.monotonic() + WAIT_S
+    while not (log.is_file() and '"key": "run_start"' in log.read_text()):
+        assert proc.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
+        assert time.monotonic() < deadline, f"no run_start in {log} after {WAIT_S} s"
+        time.sleep(0.2)
 
 
 def finished(proc: subprocess.Popen, tmp_path: Path) -> tuple[int, str, str]:
@@ -112,6 +116,41 @@ def test_a_script_that_cannot_trap_sigint_still_stops_when_the_program_was_stopp
     os.killpg(training.pid, signal.SIGINT)
     assert_stopped_after_first_run(training, tmp_path, signal.SIGINT)
     assert "the run was stopped by SIGINT: no further runs" in (tmp_path / "stderr").read_text()
+
+
+# Loaded by every Python process of the script (sitecustomize): the program never ends on
+# SIGTERM, as one stuck in native code (a compiler, a device call) cannot run its handler.
+DEAF_TO_SIGTERM = """import signal
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+_install = signal.signal
+signal.signal = lambda s, h: signal.SIG_IGN if s == signal.SIGTERM else _install(s, h)
+"""
+
+
+def test_a_stopped_run_that_does_not_end_is_killed_after_the_grace(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(DEAF_TO_SIGTERM)
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    proc = start(tmp_path, {"CONFIG": "cpu_tiny", "SEED": "7", "LOGDIR": str(tmp_path / "logs"),
+                            "STOP_GRACE_S": "2", "PYTHONPATH": path,
+                            "EXTRA_ARGS": "--epochs 40 --eval-period 40 --eval-offset 39"})
+    try:
+        wait_for_run_start(proc, tmp_path)
+        os.kill(proc.pid, signal.SIGTERM)
+        rc, out, err = finished(proc, tmp_path)
+        assert rc == 143, err[-3000:]
+        assert "did not end within STOP_GRACE_S=2 s of SIGTERM: killed" in err, err[-3000:]
+        assert "Killed" not in err.replace("killed", ""), err[-3000:]   # no bash job notice
+        result = [x for x in out.splitlines() if x.startswith("RESULT,")]
+        assert len(result) == 1 and result[0].split(",")[3] == "nan", out[-2000:]
+        deadline = time.monotonic() + 10
+        while group_alive(proc.pid):
+            assert time.monotonic() < deadline, "processes of the run outlived run_and_time.sh"
+            time.sleep(0.2)
+    finally:
+        if group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("name, value", [("NEXP", "0"), ("NEXP", "abc"), ("NEXP", "-1"),
@@ -207,6 +246,7 @@ def test_package_reads_no_log_in_the_folders_aside(tmp_path):
     ({"RULESET": "9.9.9"}, "RULESET=9.9.9"), ({"DATADIR": ""}, "DATADIR"),
     ({"FIXTURE_DIR": ""}, "FIXTURE_DIR"), ({"COLLECTIVE_TIMEOUT_S": "0"}, "COLLECTIVE_TIMEOUT_S"),
     ({"DRY_RUN": "0"}, "DRY_RUN=0"), ({"DRY_RUN": "all"}, "DRY_RUN=all"),
+    ({"STOP_GRACE_S": "0"}, "STOP_GRACE_S=0"), ({"STOP_GRACE_S": "1m"}, "STOP_GRACE_S=1m"),
     ({"SLURM_NNODES": "2", "SLURM_NTASKS": "4"}, "SLURM_NTASKS=4"),
     ({"SLURM_NNODES": "two", "SLURM_NODEID": "0"}, "SLURM_NNODES=two"),
     ({"SLURM_NNODES": "08", "SLURM_NODEID": "0"}, "needs MASTER_ADDR"),   # 8 nodes

@@ -96,6 +96,37 @@ def test_a_stop_to_the_group_with_loader_processes_wins(tmp_path, sig):
     assert_stopped(proc, tmp_path, log, sig)
 
 
+
+def test_a_run_ends_without_waiting_for_its_helpers(tmp_path):
+    """An exit handler that waits for a helper process (Inductor's waits up to 300 s for its
+    compile workers) neither holds the finished run nor leaves the helper behind."""
+    log = tmp_path / "log.txt"
+    proc = start(tmp_path, "tests.common.toy_program", "HelperToy", *FLAGS,
+                 "--log-file", str(log), "--epochs", "1")
+    try:
+        rc = proc.wait(timeout=START_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"still running {START_S} s after it began")
+    deadline = time.monotonic() + 5   # a killed helper is reaped by init meanwhile
+    while (alive := group_alive(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if alive:
+        os.killpg(proc.pid, signal.SIGKILL)
+    assert rc == 1, (tmp_path / "stderr").read_text()[-3000:]   # the toy's target: unreached
+    assert logged(log, "run_stop") and not alive
+
+
+def test_a_stop_ends_the_run_without_waiting_for_its_helpers(tmp_path):
+    """SIGTERM to the trainer alone (as run_and_time.sh forwards one): its helpers, which the
+    signal did not reach, end with it."""
+    log = tmp_path / "log.txt"
+    proc = start(tmp_path, "tests.common.toy_program", "HelperToy", *FLAGS,
+                 "--log-file", str(log), "--epochs", "1000")
+    wait_for(proc, tmp_path, lambda: logged(log, "epoch_stop"))
+    os.kill(proc.pid, signal.SIGTERM)
+    assert_stopped(proc, tmp_path, log, signal.SIGTERM)
+
 def test_sigterm_to_torchrun_and_its_workers(tmp_path):
     log = tmp_path / "log.txt"
     proc = start(tmp_path, "common.launch", "--standalone", "--nproc_per_node", "2",

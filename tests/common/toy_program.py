@@ -2,12 +2,14 @@
 workload of ``tests.common.toy_workload`` (or ``LoaderToy`` below), as a program, for the
 tests that signal it or launch it under torchrun."""
 
+import atexit
+import subprocess
 import sys
 import time
 
 import torch
 
-from common import loaders
+from common import loaders, process_exit
 from common.training import main
 from tests.common import toy_workload
 
@@ -41,7 +43,18 @@ class LoaderToy(toy_workload.ToyWorkload):
             loaders.shut_down(self.loader)
 
 
+
+class HelperToy(toy_workload.ToyWorkload):
+    """The toy with a helper process that Python's exit would wait 600 s for, as Inductor's
+    exit handler waits for its compile workers."""
+
+    def setup(self):
+        super().setup()
+        helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        atexit.register(helper.wait)
+
+
 if __name__ == "__main__":
     name = sys.argv[1]
     workload = globals().get(name) or getattr(toy_workload, name)
-    sys.exit(main(workload, sys.argv[2:]))
+    process_exit.end(main(workload, sys.argv[2:]))

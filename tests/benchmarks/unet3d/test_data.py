@@ -131,3 +131,37 @@ def test_scan_refuses_an_empty_split(tmp_path, kits_fixture, case_ids, words):
     copy_cases(kits_fixture, tmp_path, *case_ids)
     with pytest.raises(UserError, match=re.escape(f"{tmp_path}: {words}")):
         data.scan(tmp_path)
+
+
+def test_loader_processes_meet_each_case_once_a_run(kits_fixture, tmp_path, monkeypatch):
+    """The training loader's processes serve every epoch: a case is read whole, checked and
+    searched for its foreground once per process a run. New processes each epoch met every
+    case anew each epoch (about 1 s a KiTS19-sized case), and fell far behind the GPU."""
+    from benchmarks.unet3d import data
+    from benchmarks.unet3d.workload import Unet3DWorkload
+    from common.dist import DistEnv
+    from common.precision import Precision
+    from common.training import build_parser
+
+    searched = tmp_path / "searched"
+    real = data.foreground
+
+    def counted(label):   # runs in the loader processes, forked after this patch
+        with open(searched, "a") as f:
+            f.write("x\n")
+        return real(label)
+
+    monkeypatch.setattr(data, "foreground", counted)
+    args = build_parser(Unet3DWorkload).parse_args([
+        "--data-dir", str(kits_fixture), "--device", "cpu", "--workers", "2",
+        "--filters", "4,8,8,8,8", "--input-shape", "32,32,32", "--batch-size", "2", "--seed", "3"])
+    wl = Unet3DWorkload(args, DistEnv(), Precision("fp32", "cpu"))
+    wl.setup()
+    try:
+        epochs = 4
+        for epoch in range(1, epochs + 1):
+            assert sum(1 for _ in wl.epoch_batches(epoch)) == len(wl.train_cases) // 2
+    finally:
+        wl.close()
+    calls = len(searched.read_text().splitlines())
+    assert len(wl.train_cases) <= calls <= 2 * len(wl.train_cases) < epochs * len(wl.train_cases)
