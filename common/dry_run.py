@@ -24,6 +24,19 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
+def short_epoch_note(train_samples: int, full_dataset: tuple[int, int] | None) -> str | None:
+    """Where the run's epoch is a fraction of the real dataset's (a stand-in), a note that
+    schedules given in epochs (warm-ups, decays) come that many times sooner in steps: a
+    loss that diverges then may not on the real data. None on the real dataset."""
+    if not full_dataset or train_samples >= full_dataset[0]:
+        return None
+    times = full_dataset[0] / train_samples
+    return (f"dry run: note: an epoch of this data is 1/{times:,.1f} of the real dataset's, so "
+            f"an LR warm-up or decay given in epochs comes {times:,.1f}x sooner in steps than "
+            f"on the real data (scale it by {times:,.1f}, e.g. --warmup-epochs, to run the "
+            f"real schedule's first steps)")
+
+
 def peak_host_bytes() -> int:
     """This process's peak resident memory (Linux reports KiB)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -517,6 +517,9 @@ def _dry_run(wl: Workload, step, log: MLLog, args, env, init_s: float) -> None:
     stream, window = _Stream(wl, log), _LossWindow(args.dry_run, env.device)
     sync = torch.cuda.synchronize if env.device.type == "cuda" else lambda: None
     step_s, wait_s = [], []
+    note = dry_run.short_epoch_note(wl.train_samples, wl.full_dataset)
+    if note:
+        say(note, env.is_main)
     progress = Progress(args.dry_run, "dry run", enabled=env.is_main)
     for n in range(1, args.dry_run + 1):
         t0 = time.perf_counter()

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from common.dry_run import DRY_RUN_KEY, REPORT_KEY, Report, percentile
+from common.dry_run import DRY_RUN_KEY, REPORT_KEY, Report, percentile, short_epoch_note
 from compliance import package, projection
 from compliance.check import check_log
 from compliance.logs import read_events
@@ -25,6 +25,15 @@ def report(**changes) -> Report:
 def test_percentiles_by_the_nearest_rank():
     values = [5.0, 1.0, 4.0, 2.0, 3.0]
     assert [percentile(values, q) for q in (0, 20, 50, 99, 100)] == [1.0, 1.0, 3.0, 5.0, 5.0]
+
+
+def test_a_stand_in_fraction_is_noted_for_its_epoch_schedules():
+    """The SSD dry run on a 10% COCO stand-in ran its 2.62 warm-up epochs in 30 steps, not
+    300, and its loss diverged: the run says so before its steps."""
+    note = short_epoch_note(11_711, (117_266, 5_000))
+    assert "1/10.0 of the real dataset's" in note and "10.0x sooner" in note
+    assert short_epoch_note(117_266, (117_266, 5_000)) is None
+    assert short_epoch_note(100, None) is None
 
 
 def test_flagperf_throughputs_over_the_dry_runs_samples():
