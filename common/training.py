@@ -436,6 +436,7 @@ def _report_user_error(message: str, rank: int) -> int:
     """Bad input, in one line from one process. Under torchrun every rank leaves it in the
     error file torchrun gives it, and the launcher prints the first failure's
     (``common.launch``); otherwise rank 0 prints it (every rank sees the same input)."""
+    dist.mark_failed()
     if os.environ.get("TORCHELASTIC_ERROR_FILE"):
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
         ErrorHandler().record_exception(UserError(message))
@@ -474,13 +475,14 @@ def _ended_by(exc: BaseException, rank: int, logged: bool) -> int:
     that the same signal ended, a collective cut short."""
     if _stopped_by or isinstance(exc, Stopped):
         name = signal.Signals(_stopped_by or exc.signum).name
-        if rank == 0:
+        if rank == 0 and not dist.peer_failed():   # else the launcher reports the failure
             print(f"error: run stopped by {name}"
                   f"{': run_stop logged as aborted' if logged else ' before its log began'}",
                   file=sys.stderr)
         return 128 + (_stopped_by or exc.signum)
     if isinstance(exc, UserError):
         return _report_user_error(one_line(exc), rank)
+    dist.mark_failed()
     if isinstance(exc, NonFiniteLoss):
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ABORTED
