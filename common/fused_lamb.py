@@ -1,16 +1,15 @@
-"""LAMB's update in two Triton kernels over the flat buffer (``fused-lamb``): the GPU
-counterpart of :class:`common.lamb.ShardedLamb`, whose whole-buffer kernels stay the reference.
+"""LAMB's update in Triton kernels over the flat buffer (``fused-lamb``): the GPU counterpart
+of :class:`common.lamb.ShardedLamb`, whose whole-buffer kernels stay the reference.
 
-``ShardedLamb.step`` makes about a dozen passes over the fp32 shard: the moments, the update
-``u`` written whole, its norms and the weights', ``u`` scaled, the weights updated, the
-model's copy written (about 45 GB of traffic a step for BERT-large's 335M parameters). Here
-the shard is cut into blocks that never cross a tensor's end. The first kernel updates the
-moments and sums each block's ``|w|^2`` and ``|u|^2`` without storing ``u``; the blocks'
-sums add up to each tensor's (in fp64, in a fixed order: the same sums every run) and give the
-trust ratios; the second kernel recomputes ``u``, updates the fp32 master and writes the
-model's copy (about 14 GB). Division and square root round as torch's do (``div_rn``,
-``sqrt_rn``); the sums' order differs, so the result equals the reference within fp32
-rounding, not bit for bit (a GPU test)."""
+``ShardedLamb``'s update makes about a dozen passes over the fp32 shard: the moments, the
+update ``u`` written whole, its norms and the weights', ``u`` scaled, the weights updated, the
+model's copy written. Here the shard is cut into blocks that never cross a tensor's end. The
+first kernel updates the moments and sums each block's ``|w|^2`` and ``|u|^2`` without storing
+``u``; a small kernel adds the blocks' sums up to each piece's in a fixed order (the same sums
+every run), which give each tensor's trust ratio; the last kernel recomputes ``u``, updates the
+fp32 master and writes the model's copy. Division and square root round as torch's do
+(``div_rn``, ``sqrt_rn``); the sums' order differs, so the result equals the reference within
+fp32 rounding, not bit for bit (a GPU test)."""
 
 from __future__ import annotations
 
@@ -22,6 +21,7 @@ from common.flat_params import FlatParameters
 from common.lamb import LambHyper, ShardedLamb
 
 BLOCK = 2048   # elements a program; a block never crosses a tensor's end
+CHUNK = 1024   # blocks' sums a piece's program adds at a time
 
 
 @functools.cache
@@ -68,7 +68,22 @@ def _kernels():
         if HAS_COPY:
             tl.store(copy_ptr + offs, w.to(copy_ptr.dtype.element_ty), mask=mask)
 
-    return moments_kernel, weights_kernel
+    @triton.jit
+    def pieces_kernel(partial_ptr, first_ptr, count_ptr, out_ptr, CHUNK: tl.constexpr):
+        p = tl.program_id(0)
+        first = tl.load(first_ptr + p)
+        count = tl.load(count_ptr + p)
+        w2 = tl.zeros([CHUNK], tl.float32)
+        u2 = tl.zeros([CHUNK], tl.float32)
+        for i in range(0, count, CHUNK):
+            lane = i + tl.arange(0, CHUNK)
+            at = (first + lane) * 2
+            w2 += tl.load(partial_ptr + at, mask=lane < count, other=0.0)
+            u2 += tl.load(partial_ptr + at + 1, mask=lane < count, other=0.0)
+        tl.store(out_ptr + 2 * p, tl.sum(w2, 0))
+        tl.store(out_ptr + 2 * p + 1, tl.sum(u2, 0))
+
+    return moments_kernel, weights_kernel, pieces_kernel
 
 
 class FusedLamb(ShardedLamb):
@@ -92,7 +107,10 @@ class FusedLamb(ShardedLamb):
         self.block_start = torch.cat(starts).to(dev)
         self.block_len = torch.cat(lengths).to(dev, torch.int32)
         self.block_owner = torch.cat(owners).to(dev)
-        self.piece_last = (torch.tensor([len(s) for s in starts]).cumsum(0) - 1).to(dev)
+        counts = torch.tensor([len(s) for s in starts])
+        self.piece_count = counts.to(dev)
+        self.piece_first = (counts.cumsum(0) - counts).to(dev)
+        self.piece_sums = torch.empty(len(counts), 2, device=dev)
         self.block_wd = self.decay[self.block_owner].float() * h.weight_decay
         self.partial = torch.empty(len(self.block_start), 2, device=dev)
 
@@ -100,14 +118,15 @@ class FusedLamb(ShardedLamb):
                 lr: torch.Tensor) -> None:
         h = self.h
         bc1, bc2 = 1 - h.beta1 ** self.t, 1 - h.beta2 ** self.t
-        moments, weights = _kernels()
+        moments, weights, pieces = _kernels()
         grid = (len(self.block_start),)
         moments[grid](g, self.m, self.v, w, self.block_start, self.block_len, self.block_wd,
                       clip, bc1, bc2, self.partial, h.beta1, 1 - h.beta1, h.beta2, 1 - h.beta2,
                       h.eps, BLOCK=BLOCK, num_warps=4)
-        ends = self.partial.double().cumsum(0)[self.piece_last]   # the pieces' running sums
-        pieces = torch.diff(ends, dim=0, prepend=ends.new_zeros(1, 2)).float()
-        sums = torch.zeros(len(self.decay), 2, device=w.device).index_add_(0, self.owner, pieces)
+        pieces[(len(self.piece_count),)](self.partial, self.piece_first, self.piece_count,
+                                         self.piece_sums, CHUNK=CHUNK, num_warps=4)
+        sums = torch.zeros(len(self.decay), 2, device=w.device).index_add_(
+            0, self.owner, self.piece_sums)
         scale = (self._trust_ratios(sums) * lr)[self.block_owner]
         copy = self.flat.shard(self.flat.data, self.rank)
         has_copy = self.flat.data is not self.flat.master
