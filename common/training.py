@@ -473,19 +473,19 @@ def _ended_by(exc: BaseException, rank: int, logged: bool) -> int:
     """Report what ended the run, in one line (with a traceback for a failure); its exit
     status. A stop signal wins over what failed after it: a loader process or a peer rank
     that the same signal ended, a collective cut short. Under ``common.launch``, a worker
-    ended after a peer failed (a collective cut short, torchrun's SIGTERM) says nothing: the
-    launcher reports the peer's failure, the cause."""
+    stopped or failing after a peer failed (torchrun's SIGTERM, a collective cut short) says
+    nothing: the launcher reports the peer's failure, the cause."""
     signum = _stopped_by or (exc.signum if isinstance(exc, Stopped) else 0)
-    if dist.peer_failed():
-        return 128 + signum if signum else EXIT_ABORTED
     if signum:
-        if rank == 0:
+        if rank == 0 and not dist.peer_failed():
             print(f"error: run stopped by {signal.Signals(signum).name}"
                   f"{': run_stop logged as aborted' if logged else ' before its log began'}",
                   file=sys.stderr)
         return 128 + signum
     if isinstance(exc, UserError):
         return _report_user_error(one_line(exc), rank)
+    if dist.peer_failed():
+        return EXIT_ABORTED
     dist.mark_failed()
     if isinstance(exc, NonFiniteLoss):
         print(f"error: {exc}", file=sys.stderr)
