@@ -1,13 +1,16 @@
 """``fused-lamb`` (``common.fused_lamb.FusedLamb``) against ``ShardedLamb``, its reference, on
 the GPU: moments, fp32 master and the model's bf16 copy over several steps, for tensors that
 end inside a block and a padded buffer, a tensor whose weights are zero (trust ratio 1),
-gradients clipped and not, and the step captured as a CUDA graph."""
+gradients clipped and not, the step captured as a CUDA graph, and sharded over 2 GPUs."""
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
+from common import dist
 from common.flat_params import FlatParameters
 from common.lamb import LambHyper, ShardedLamb
+from tests.common.test_dist import _free_port, _rendezvous
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -27,13 +30,15 @@ def _decay(model):
     return [not (n.startswith("1.") or n.endswith("bias")) for n, _ in model.named_parameters()]
 
 
-def _run(cls, dtype, max_grad_norm, graph=False):
+def _run(cls, dtype, max_grad_norm, graph=False, rank=0, world=1):
+    """``cls``'s optimizer after STEPS steps of the same gradients on every rank (their mean),
+    sharded over ``world`` ranks."""
     from common.fused_lamb import FusedLamb
     cls = {"plain": ShardedLamb, "fused": FusedLamb}[cls]
     model = _model()
-    flat = FlatParameters(model, 1, dtype)
-    flat.master[-5:] = 0   # nothing in the padding, which no tensor owns
-    opt = cls(flat, _decay(model), LambHyper(max_grad_norm=max_grad_norm), 0, 1, False)
+    flat = FlatParameters(model, world, dtype)
+    opt = cls(flat, _decay(model), LambHyper(max_grad_norm=max_grad_norm), rank, world,
+              world > 1)
     lr = torch.tensor(0.01, device="cuda")
     torch.manual_seed(1)
     grads = [torch.randn(flat.grad.shape).cuda() * 0.1 for _ in range(STEPS)]
@@ -75,3 +80,25 @@ def test_fused_lamb_captured_equals_eager():
     _, graphed = _run("fused", torch.bfloat16, 1.0, graph=True)
     torch.testing.assert_close(graphed.master, eager.master, rtol=0, atol=0)
     torch.testing.assert_close(graphed.data, eager.data, rtol=0, atol=0)
+
+
+def _sharded_worker(rank, world, port, out):
+    _rendezvous(rank, world, port)
+    dist.init_distributed("cuda")
+    opt, flat = _run("fused", torch.bfloat16, 1.0, rank=rank, world=world)
+    out[rank] = (flat.shard(flat.master, rank).cpu(), flat.data.cpu())
+    dist.shutdown()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_fused_lamb_sharded_over_two_gpus_equals_one():
+    """Each rank's shard of the master as one process's, and every rank's gathered bf16
+    weights the same."""
+    _, single = _run("plain", torch.bfloat16, 1.0)
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_sharded_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+        results = dict(out)
+    whole = torch.cat([results[r][0] for r in range(2)])[:single.numel].cuda()
+    torch.testing.assert_close(whole, single.master[:single.numel], rtol=1e-5, atol=1e-7)
+    assert torch.equal(results[0][1], results[1][1])
