@@ -41,7 +41,9 @@ def _run(cls, dtype, max_grad_norm, graph=False, rank=0, world=1):
               world > 1)
     lr = torch.tensor(0.01, device="cuda")
     torch.manual_seed(1)
-    grads = [torch.randn(flat.grad.shape).cuda() * 0.1 for _ in range(STEPS)]
+    pad = len(flat.grad) - flat.numel   # the shards' padding, whatever the world size
+    grads = [torch.cat([torch.randn(flat.numel), torch.zeros(pad)]).cuda() * 0.1
+             for _ in range(STEPS)]
     given = torch.empty_like(flat.grad)
 
     def step():
