@@ -23,6 +23,9 @@ from common.collectives import summed_over_group  # noqa: F401 (unet3d/spatial.p
 
 TIMEOUT_VARIABLE = "COLLECTIVE_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 300   # above the longest wait of a sound run: rank 0 scoring COCO
+# a file that ``python -m common.launch`` names for its workers: a failing worker creates it
+# before it exits, so a peer that torchrun then stops knows it was not stopped by the user
+FAILED_MARK_VARIABLE = "MLPERF_LAUNCH_FAILED_MARK"
 
 
 def collective_timeout() -> timedelta:
@@ -104,6 +107,24 @@ def follow_launcher() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # 1: PR_SET_PDEATHSIG
     if os.getppid() != parent:   # the agent died before the request took effect
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def mark_failed() -> None:
+    """Tell this launch's other workers that this one is failing (a no-op outside
+    ``common.launch``)."""
+    path = os.environ.get(FAILED_MARK_VARIABLE)
+    if path:
+        try:
+            open(path, "a").close()
+        except OSError:   # the launcher's folder gone: nobody left to tell
+            pass
+
+
+def peer_failed() -> bool:
+    """Whether another worker of this launch failed: the SIGTERM torchrun then sends this
+    one is its consequence, not a stop to report."""
+    path = os.environ.get(FAILED_MARK_VARIABLE)
+    return bool(path) and os.path.exists(path)
 
 
 def launcher_rank() -> int:

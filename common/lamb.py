@@ -36,7 +36,7 @@ class LambHyper:
     max_grad_norm: float = 1.0
 
 
-def _clip_coef(sq_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+def clip_coef(sq_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
     """The factor that clips gradients of squared global norm ``sq_norm`` to ``max_norm``;
     1 for ``max_norm`` inf (no clipping)."""
     if math.isinf(max_norm):
@@ -63,7 +63,7 @@ class Lamb:
         self.t += 1
         bc1, bc2 = 1 - h.beta1 ** self.t, 1 - h.beta2 ** self.t
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        clip = _clip_coef(sum(g.float().pow(2).sum() for g in grads), h.max_grad_norm)
+        clip = clip_coef(sum(g.float().pow(2).sum() for g in grads), h.max_grad_norm)
         for p, g, m, v, decay in zip(self.params, grads, self.m, self.v, self.decay):
             g = g * clip
             m.mul_(h.beta1).add_(g, alpha=1 - h.beta1)
@@ -139,30 +139,42 @@ class ShardedLamb:
 
     @torch.no_grad()
     def step(self, lr: torch.Tensor) -> None:
-        h = self.h
         g = self._reduce_gradients()
         w = self.flat.shard(self.flat.master, self.rank)   # fp32
         sq = torch.linalg.vector_norm(g, dtype=torch.float32).square()
         if self.sharded:
             dist.all_reduce(sq)
-        g = g.float() * _clip_coef(sq, h.max_grad_norm)
         self.t += 1
+        self._update(g, w, clip_coef(sq, self.h.max_grad_norm), lr)
+        if self.sharded:
+            mine = self.flat.shard(self.flat.data, self.rank)
+            src = mine if self._nccl else mine.clone()  # NCCL gathers in place
+            dist.all_gather_into_tensor(self.flat.data, src)
+
+    def _update(self, g: torch.Tensor, w: torch.Tensor, clip: torch.Tensor,
+                lr: torch.Tensor) -> None:
+        """Moments and the fp32 master shard ``w`` from the gradient shard ``g``, then the
+        model's copy of the shard."""
+        h = self.h
+        g = g.float() * clip
         bc1, bc2 = 1 - h.beta1 ** self.t, 1 - h.beta2 ** self.t
         self.m.mul_(h.beta1).add_(g, alpha=1 - h.beta1)
         self.v.mul_(h.beta2).addcmul_(g, g, value=1 - h.beta2)
         u = (self.m / bc1).div_((self.v / bc2).sqrt_().add_(h.eps)).addcmul_(self.wd, w)
         norms = torch.stack([stacked_norms(list(x.split(self.lengths))) for x in (w, u)], 1).pow(2)
         sums = torch.zeros(len(self.decay), 2, device=w.device).index_add_(0, self.owner, norms)
-        if self.sharded:
-            dist.all_reduce(sums)
-        wn, un = sums.sqrt().unbind(1)
-        ratio = torch.where(self.decay & (wn > 0) & (un > 0), wn / un, 1.0)
         # each piece of u times its tensor's lr * trust ratio (device scalars), then one update
-        torch._foreach_mul_(u.split(self.lengths), list((ratio[self.owner] * lr).unbind()))
+        torch._foreach_mul_(u.split(self.lengths),
+                            list((self._trust_ratios(sums)[self.owner] * lr).unbind()))
         w.sub_(u)
         mine = self.flat.shard(self.flat.data, self.rank)
         if self.flat.data is not self.flat.master:
             mine.copy_(w)   # the model's low-precision copy of the updated shard
+
+    def _trust_ratios(self, sums: torch.Tensor) -> torch.Tensor:
+        """Each tensor's ``|w| / |u|`` (1 where either is 0 or without weight decay) from this
+        shard's sums of squares, ``[tensors, 2]``, completed over the shards."""
         if self.sharded:
-            src = mine if self._nccl else mine.clone()  # NCCL gathers in place
-            dist.all_gather_into_tensor(self.flat.data, src)
+            dist.all_reduce(sums)
+        wn, un = sums.sqrt().unbind(1)
+        return torch.where(self.decay & (wn > 0) & (un > 0), wn / un, 1.0)

@@ -6,10 +6,11 @@ worker fails or a signal stops it, so ``run_and_time.sh`` could not tell bad inp
 stop or a crash. Here the first failure decides: a worker's bad input (exit 2, its one-line
 message left in the error file torchrun gives each worker, ``common.training``) is printed
 once and exits 2; a stop signal, to this launcher or to the workers, exits 128 + its number
-quietly (the workers report it); a crash exits with the worker's status after one line
-naming the rank (the worker printed its traceback). torchrun's own log lines (its
-OMP_NUM_THREADS notice, each signal it sends, each failure) are left out unless ``LOGLEVEL``
-asks for them, as torchrun's ``LOGLEVEL`` does.
+quietly (the workers report it, unless a peer's failure caused it: they find the file named
+by ``dist.FAILED_MARK_VARIABLE``, which a failing worker leaves); a crash exits with the
+worker's status after one line naming the rank (the worker printed its traceback).
+torchrun's own log lines (its OMP_NUM_THREADS notice, each signal it sends, each failure)
+are left out unless ``LOGLEVEL`` asks for them, as torchrun's ``LOGLEVEL`` does.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 
 from torch.distributed import run as torchrun
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from common.dist import FAILED_MARK_VARIABLE
 from common.errors import one_line
 
 
@@ -44,6 +47,12 @@ def _quiet_torchrun() -> None:
 def main(argv: list[str] | None = None) -> int:
     _quiet_torchrun()
     args = torchrun.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="launch-") as folder:
+        os.environ[FAILED_MARK_VARIABLE] = os.path.join(folder, "failed")
+        return _run(args)
+
+
+def _run(args) -> int:
     try:
         torchrun.run(args)
     except SignalException as exc:

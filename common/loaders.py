@@ -4,9 +4,11 @@ and a shared-memory pool those processes fill and the main process reads in plac
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import os
 import signal
+import sys
 from typing import NamedTuple
 
 import torch
@@ -23,9 +25,17 @@ def quiet_on_stop(worker_id: int | None = None) -> None:
     process group; the trainer stops its loader processes) and SIGTERM (a scheduler's reaches
     the whole group too) ends the process at once with status 0. Under torch's own handler
     it would die of the signal, and the trainer would report a failed loader process ("killed
-    by signal: Terminated") instead of its stop."""
+    by signal: Terminated") instead of its stop. A connection the trainer drops (a stop or its
+    end cutting short the handshake that passes a tensor's file descriptor) is no news either:
+    multiprocessing's fd server would print its traceback."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    sys.excepthook = functools.partial(_quiet_on_hangup, sys.excepthook)
+
+
+def _quiet_on_hangup(hook, kind, value, tb) -> None:
+    if not issubclass(kind, ConnectionError):
+        hook(kind, value, tb)
 
 
 def shut_down(loader: torch.utils.data.DataLoader) -> None:

@@ -333,5 +333,17 @@ def ablation_variants(registry: Registry, config: Sequence[str]) -> dict[str, li
     return variants
 
 
+def plus_variants(registry: Registry, config: Sequence[str],
+                  leave_out: Sequence[str] = ()) -> dict[str, list[str]]:
+    """``config-plus-<name>`` for each optimisation of ``registry`` outside ``config`` (and
+    its requirements) and ``leave_out``: the config's items with it added, less those that
+    exclude it or that it excludes."""
+    names = [c.partition("=")[0] for c in config]
+    return {f"config-plus-{o.name}": [c for c, n in zip(config, names)
+                                      if n not in o.excludes
+                                      and o.name not in registry[n].excludes] + [o.name]
+            for o in registry if o.name not in (*leave_out, *registry.closure(names))}
+
+
 def _with_requirements(registry: Registry, item: str) -> list[str]:
     return registry.closure([item.partition("=")[0]])

@@ -436,6 +436,7 @@ def _report_user_error(message: str, rank: int) -> int:
     """Bad input, in one line from one process. Under torchrun every rank leaves it in the
     error file torchrun gives it, and the launcher prints the first failure's
     (``common.launch``); otherwise rank 0 prints it (every rank sees the same input)."""
+    dist.mark_failed()
     if os.environ.get("TORCHELASTIC_ERROR_FILE"):
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
         ErrorHandler().record_exception(UserError(message))
@@ -471,16 +472,21 @@ def _parse_args(workload_cls: type[Workload], argv: list[str] | None, rank: int)
 def _ended_by(exc: BaseException, rank: int, logged: bool) -> int:
     """Report what ended the run, in one line (with a traceback for a failure); its exit
     status. A stop signal wins over what failed after it: a loader process or a peer rank
-    that the same signal ended, a collective cut short."""
-    if _stopped_by or isinstance(exc, Stopped):
-        name = signal.Signals(_stopped_by or exc.signum).name
-        if rank == 0:
-            print(f"error: run stopped by {name}"
+    that the same signal ended, a collective cut short. Under ``common.launch``, a worker
+    stopped or failing after a peer failed (torchrun's SIGTERM, a collective cut short) says
+    nothing: the launcher reports the peer's failure, the cause."""
+    signum = _stopped_by or (exc.signum if isinstance(exc, Stopped) else 0)
+    if signum:
+        if rank == 0 and not dist.peer_failed():
+            print(f"error: run stopped by {signal.Signals(signum).name}"
                   f"{': run_stop logged as aborted' if logged else ' before its log began'}",
                   file=sys.stderr)
-        return 128 + (_stopped_by or exc.signum)
+        return 128 + signum
     if isinstance(exc, UserError):
         return _report_user_error(one_line(exc), rank)
+    if dist.peer_failed():
+        return EXIT_ABORTED
+    dist.mark_failed()
     if isinstance(exc, NonFiniteLoss):
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ABORTED

@@ -1,8 +1,9 @@
-"""The ``flat-params``, ``sharded-optimizer`` and ``bf16-weights`` optimisations.
+"""The ``flat-params``, ``sharded-optimizer``, ``fused-lamb`` and ``bf16-weights`` optimisations.
 
 Every parameter and gradient a view of one buffer (``common.flat_params``) and LAMB on it
 (``common.lamb.ShardedLamb``) in place of DDP and per-tensor LAMB, selected before ``build()``:
-the parameters must be views of the buffer before anything wraps them. bf16 weights: the buffer
+the parameters must be views of the buffer before anything wraps them. ``fused-lamb``: that
+LAMB's update in two Triton kernels (``common.fused_lamb``). bf16 weights: the buffer
 in bf16 (no per-step weight casts, half the gradient traffic) over fp32 masters and moments,
 LayerNorm outputs in bf16 (statistics in fp32) so the residual stream stays bf16; micro-batch
 gradients then add up in bf16, as NVIDIA's fp16 BERT adds them in fp16.
@@ -16,6 +17,7 @@ from torch import nn
 
 from benchmarks.bert.model import swap_class
 from common.flat_params import FlatParameters
+from common.fused_lamb import FusedLamb
 from common.lamb import LambHyper, ShardedLamb
 from common.optimisations import Optimisation
 
@@ -26,7 +28,8 @@ def flat_lamb(wl, hyper: LambHyper, decay: list[bool]):
     flat = FlatParameters(wl.net, env.world_size if sharded else 1, wl.impl.weight_dtype)
     if env.distributed:
         flat.broadcast(0)   # the same initial weights everywhere
-    return wl.net, ShardedLamb(flat, decay, hyper, env.rank, env.world_size, sharded)
+    lamb = FusedLamb if wl.impl.fused_lamb else ShardedLamb
+    return wl.net, lamb(flat, decay, hyper, env.rank, env.world_size, sharded)
 
 
 FLAT_PARAMS = Optimisation(
@@ -38,6 +41,11 @@ SHARDED_OPTIMIZER = Optimisation(
     "reduce-scatter, then one all-gather of the weights (flat_lamb.py)",
     select=lambda wl, _: setattr(wl.impl, "sharded", True), requires=("flat-params",),
     rtol=1e-6)
+FUSED_LAMB = Optimisation(
+    "fused-lamb", "LAMB's update on the flat buffer in two Triton kernels: moments and the "
+    "norms' partial sums, then the weights and their model copy (common/fused_lamb.py)",
+    select=lambda wl, _: setattr(wl.impl, "fused_lamb", True), requires=("flat-params",),
+    cuda=True, compare=None, tested_by="tests/common/test_fused_lamb.py")
 
 
 def layer_norm(x, weight, bias, eps: float) -> torch.Tensor:

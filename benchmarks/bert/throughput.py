@@ -6,9 +6,11 @@ variants against HuggingFace.
 
 Every synthetic sequence has ``fill`` of its positions real (0.6: about the reference data's
 mean), the rest padding. ``plain``, ``config`` (the 1xH100 config's) and ``config-minus-<name>``:
-the workload's real step with those optimisations. ``hf-sdpa``: ``transformers.BertForPreTraining``
-(SDPA attention) with ``torch.optim.AdamW`` on the same padded batch. ``--profile`` adds the GPU
-kernel time by kernel family. MFU counts the FLOPs of the real tokens only (``common.mfu``).
+the workload's real step with those optimisations; ``config-plus-<name>``: with one more.
+``hf-sdpa``: ``transformers.BertForPreTraining`` (SDPA attention) with ``torch.optim.AdamW`` on
+the same padded batch; ``hf-sdpa-compiled``: that model under ``torch.compile``. ``--profile``
+adds the GPU kernel time by kernel family. MFU counts the FLOPs of the real tokens only
+(``common.mfu``).
 """
 
 from __future__ import annotations
@@ -24,15 +26,17 @@ from benchmarks.bert.workload import BertWorkload, HParams
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
 from common.mfu import MFU
-from common.optimisations import ablation_variants, config_optimisations
+from common.optimisations import ablation_variants, config_optimisations, plus_variants
 from common.precision import Precision
 from common.throughput import gpu_variants, measure_variant, report_variants, tool_parser
 from common.training import build_parser
 
 # variant -> --optimisations items of the workload's step
-OURS = ablation_variants(BertWorkload.optimisations, config_optimisations("bert", "1xH100"))
-BASELINE = "hf-sdpa"
-VARIANTS = (*OURS, BASELINE)
+CONFIG = config_optimisations("bert", "1xH100")
+OURS = {**ablation_variants(BertWorkload.optimisations, CONFIG),
+        **plus_variants(BertWorkload.optimisations, CONFIG)}
+BASELINES = ("hf-sdpa", "hf-sdpa-compiled")
+VARIANTS = (*OURS, *BASELINES)
 
 
 def ours(variant: str, a, precision: Precision, device):
@@ -47,12 +51,13 @@ def ours(variant: str, a, precision: Precision, device):
     return wl, wl.synthetic_batch(a.batch_size)
 
 
-def hf(a, precision: Precision, device):
+def hf(a, precision: Precision, device, compiled: bool):
     import transformers
-    model = transformers.BertForPreTraining(transformers.BertConfig(
+    net = transformers.BertForPreTraining(transformers.BertConfig(
         vocab_size=30528, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
         intermediate_size=4096, attn_implementation="sdpa")).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    model = torch.compile(net) if compiled else net
     batch = data.synthetic_batch(a.batch_size, a.seq_len, HParams.max_predictions,
                                  BertConfig().vocab_size, a.fill, device)   # ours, padded
     ids, seg, mask, pos, labels, nsp = batch
@@ -73,15 +78,15 @@ def hf(a, precision: Precision, device):
 
 def setup(variant: str, a, precision: Precision, device):
     """``variant``'s step and batch, built from nothing another variant left behind."""
-    if variant == BASELINE:
-        return hf(a, precision, device)
+    if variant in BASELINES:
+        return hf(a, precision, device, compiled=variant == "hf-sdpa-compiled")
     wl, batch = ours(variant, a, precision, device)
     return GraphedStep(wl.train_step, enabled=wl.args.cuda_graph), batch
 
 
 def main(argv=None) -> int:
     p = tool_parser("python -m benchmarks.bert.throughput", __doc__,
-                    f"plain,config,{BASELINE}", warmup=15, iters=20)
+                    f"plain,config,{BASELINES[0]}", warmup=15, iters=20)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seq-len", type=int, default=512)
     p.add_argument("--fill", type=float, default=0.6)
@@ -106,7 +111,7 @@ def main(argv=None) -> int:
                                     fill=a.fill))
         del step, batch
         torch.cuda.empty_cache()
-    return report_variants(rows, (BASELINE,), a.json)
+    return report_variants(rows, BASELINES, a.json)
 
 
 if __name__ == "__main__":

@@ -107,7 +107,8 @@ class BertWorkload(Workload):
     # compile (GPU, every dropout Inductor's) not measured yet
     optimisations = Registry(
         attention.SDPA, attention.UNPAD, fusions.FUSED_GELU, fusions.FUSED_LAYERNORM,
-        flat_lamb.FLAT_PARAMS, flat_lamb.SHARDED_OPTIMIZER, flat_lamb.BF16_WEIGHTS,
+        flat_lamb.FLAT_PARAMS, flat_lamb.SHARDED_OPTIMIZER, flat_lamb.FUSED_LAMB,
+        flat_lamb.BF16_WEIGHTS,
         shared(COMPILE, description="torch.compile the whole model (=MODE: default, tuned, "
                "max-autotune-no-cudagraphs)",
                apply=lambda wl, mode: setattr(wl, "model", maybe_compile(wl.model, mode)),
@@ -118,6 +119,7 @@ class BertWorkload(Workload):
         super().__init__(args, env, precision)
         # the reference's until an optimisation's select() changes them
         self.impl.data_parallel, self.impl.sharded = per_tensor_lamb, False
+        self.impl.fused_lamb = False
         self.impl.weight_dtype, self.impl.bucket = torch.float32, None
         self.impl.packing = lambda mask: ()   # unpad: the bucketed packing of a training batch
 

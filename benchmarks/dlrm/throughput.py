@@ -32,7 +32,7 @@ from common import dist
 from common.cli import one_line_errors
 from common.kernel_profile import kernel_breakdown
 from common.mfu import MFU
-from common.optimisations import ablation_variants, config_optimisations
+from common.optimisations import ablation_variants, config_optimisations, plus_variants
 from common.precision import Precision
 from common.progress import say
 from common.throughput import gpu_variants, time_steps, tool_parser
@@ -49,12 +49,7 @@ def variants() -> dict[str, list[str]]:
     registry = DLRMWorkload.optimisations
     config = [o for o in config_optimisations("dlrm", "1xH100")
               if o.partition("=")[0] not in NOT_A_STEPS]
-    out, names = ablation_variants(registry, config), [c.partition("=")[0] for c in config]
-    for o in registry:
-        if o.name not in (*NOT_A_STEPS, *registry.closure(names)):
-            out[f"config-plus-{o.name}"] = [c for c, n in zip(config, names)
-                                            if n not in o.excludes] + [o.name]
-    return out
+    return {**ablation_variants(registry, config), **plus_variants(registry, config, NOT_A_STEPS)}
 
 
 VARIANTS = variants()

@@ -31,6 +31,7 @@ import torch
 from PIL import Image
 
 from common.errors import UserError
+from common.loaders import quiet_on_stop
 
 MEAN = (123.675, 116.28, 103.53)
 STD = (58.395, 57.12, 57.375)
@@ -259,7 +260,8 @@ def pillow_decoder(samples, size, train, seed, batch_size, workers, device):
         batches = [indices[i:i + batch_size] for i in range(0, len(indices), batch_size)]
         loader = torch.utils.data.DataLoader(
             dataset, batch_sampler=batches, num_workers=workers,
-            pin_memory=device.type == "cuda", prefetch_factor=4 if workers else None)
+            pin_memory=device.type == "cuda", prefetch_factor=4 if workers else None,
+            worker_init_fn=quiet_on_stop)
         for images, labels in loader:
             yield normalize_on_device(images, device), labels.to(device, non_blocking=True)
     return decode

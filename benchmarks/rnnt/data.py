@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from benchmarks.rnnt.features import SAMPLE_RATE
 from benchmarks.rnnt.tokenizer import Tokenizer, model_name
 from common.errors import UserError
+from common.loaders import quiet_on_stop
 
 TRAIN_SPLITS = ("train-clean-100", "train-clean-360", "train-other-500")
 EVAL_SPLIT = "dev-clean"
@@ -301,7 +302,8 @@ def train_loader(dataset: SpeechDataset, global_batch: int, rank: int = 0, world
     """Batches of ``collate``'s tuple; ``loader.batch_sampler.set_epoch(e)`` picks the epoch."""
     sampler = BucketingSampler(dataset.durations, global_batch, rank, world, num_buckets, seed)
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=workers,
-                      pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0)
+                      pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0,
+                      worker_init_fn=quiet_on_stop)
 
 
 def eval_loader(dataset: SpeechDataset, batch: int, rank: int = 0, world: int = 1,
@@ -309,4 +311,5 @@ def eval_loader(dataset: SpeechDataset, batch: int, rank: int = 0, world: int = 
     """Every utterance of this rank once, in batches of ``collate``'s tuple."""
     sampler = EvalSampler(dataset.durations, batch, rank, world)
     return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=workers,
-                      pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0)
+                      pin_memory=torch.cuda.is_available(), persistent_workers=workers > 0,
+                      worker_init_fn=quiet_on_stop)

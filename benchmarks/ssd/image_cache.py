@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from benchmarks.ssd import data
 from common.coco.data import Epoch, ImageRecord, decode_image_chw
 from common.errors import UserError
+from common.loaders import quiet_on_stop
 
 MAX_SIDE = 384     # --cache-side default
 STORAGES = ("device", "host")
@@ -150,7 +151,7 @@ class ImageCache:
                             ) from None
         loader = torch.utils.data.DataLoader(
             _Decoded(self.records, side), batch_size=FILL_CHUNK, num_workers=self.num_workers,
-            pin_memory=self.holder.type == "cuda")
+            pin_memory=self.holder.type == "cuda", worker_init_fn=quiet_on_stop)
         start = 0
         for chunk in loader:
             images[start:start + len(chunk)].copy_(chunk, non_blocking=True)

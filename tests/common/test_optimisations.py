@@ -13,6 +13,7 @@ from common.optimisations import (
     ablation_variants,
     config_optimisations,
     markdown_table,
+    plus_variants,
 )
 from common.precision import Precision
 from common.training import build_parser
@@ -133,6 +134,15 @@ def test_ablation_variants_drop_each_name_with_what_requires_it():
     assert v["config-minus-double-lr"] == ["scale-lr=2"]
     assert v["config-minus-halve-lr"] == ["double-lr", "scale-lr=2"]
     assert v["config-minus-scale-lr"] == ["double-lr", "halve-lr"]
+
+
+def test_plus_variants_add_each_other_name_less_what_excludes_it():
+    v = plus_variants(OptimisedToy.optimisations, ["double-lr", "no-bias"], leave_out=["compile"])
+    assert v == {"config-plus-halve-lr": ["double-lr", "no-bias", "halve-lr"],
+                 "config-plus-scale-lr": ["double-lr", "no-bias", "scale-lr"],
+                 "config-plus-gpu-thing": ["double-lr", "gpu-thing"]}   # no-bias excludes it
+    v = plus_variants(OptimisedToy.optimisations, ["double-lr", "gpu-thing"])
+    assert v["config-plus-no-bias"] == ["double-lr", "no-bias"]   # it excludes gpu-thing
 
 
 def test_config_optimisations_reads_the_array(tmp_path, monkeypatch):

@@ -138,14 +138,17 @@ def test_sigterm_to_torchrun_and_its_workers(tmp_path):
     assert err.count("stopped by SIGTERM") == 1, err   # rank 0's line only
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--log-every", "0"], "--log-every: must be more than 0, not 0"),
-    (["--background-scoring"], "has no scorer"),
-], ids=["bad-flag", "bad-input-after-the-log-began"])
-def test_bad_input_under_torchrun_is_one_line_and_exit_2(tmp_path, flags, message):
+@pytest.mark.parametrize("workload, flags, message", [
+    ("ToyWorkload", ["--log-every", "0"], "--log-every: must be more than 0, not 0"),
+    ("ToyWorkload", ["--background-scoring"], "has no scorer"),
+    ("RankOneBadInputToy", ["--epochs", "1000"], "planted bad input on rank 1"),
+], ids=["bad-flag", "bad-input-after-the-log-began", "bad-input-on-one-rank"])
+def test_bad_input_under_torchrun_is_one_line_and_exit_2(tmp_path, workload, flags, message):
+    """On one rank only, the others are stopped by torchrun (or see a collective cut short):
+    they said so too, a second line ("run stopped by SIGTERM" or a traceback)."""
     proc = subprocess.run(
         [sys.executable, "-m", "common.launch", "--standalone", "--nproc_per_node", "2", "-m",
-         "tests.common.toy_program", "ToyWorkload", *FLAGS, "--log-file",
+         "tests.common.toy_program", workload, *FLAGS, "--log-file",
          str(tmp_path / "log.txt"), *flags], cwd=REPO, capture_output=True, text=True,
         timeout=START_S, env=dict(os.environ, OMP_NUM_THREADS="1"))
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
@@ -179,3 +182,17 @@ def test_a_loader_process_ends_quietly_on_sigterm(make):
     worker.join(10)
     assert worker.exitcode == 0
     del it
+
+
+def test_a_loader_process_says_nothing_of_a_dropped_connection():
+    """multiprocessing's fd server, in a loader process, printed a ConnectionResetError
+    traceback when a stop cut short the trainer's side of a handshake; other errors still
+    show."""
+    code = ("import sys\nfrom common.loaders import quiet_on_stop\nquiet_on_stop()\n"
+            "for e in (ConnectionResetError('reset'), BrokenPipeError('pipe'), "
+            "ValueError('shown')):\n    sys.excepthook(type(e), e, None)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "ValueError: shown" in proc.stderr
+    assert "reset" not in proc.stderr and "pipe" not in proc.stderr

@@ -10,6 +10,7 @@ import time
 import torch
 
 from common import loaders, process_exit
+from common.errors import UserError
 from common.training import main
 from tests.common import toy_workload
 
@@ -42,6 +43,14 @@ class LoaderToy(toy_workload.ToyWorkload):
         if hasattr(self, "loader"):
             loaders.shut_down(self.loader)
 
+
+class RankOneBadInputToy(toy_workload.ToyWorkload):
+    """Bad input that rank 1 alone finds, in its second epoch; rank 0 trains on."""
+
+    def epoch_batches(self, epoch):
+        if epoch == 2 and self.env.rank == 1:
+            raise UserError("planted bad input on rank 1")
+        return super().epoch_batches(epoch)
 
 
 class HelperToy(toy_workload.ToyWorkload):

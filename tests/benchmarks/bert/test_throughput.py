@@ -52,8 +52,14 @@ def test_variants_are_the_registry_s():
     assert throughput.OURS["plain"] == [] and throughput.OURS["config"] == config
     assert throughput.OURS["config-minus-flat-params"] == [
         "unpad", "fused-gelu", "fused-layernorm", "cuda-graph"]   # and what requires it
-    assert set(throughput.VARIANTS) == {"plain", "config", "hf-sdpa",
-                                        *(f"config-minus-{n}" for n in config)}
+    assert throughput.OURS["config-plus-fused-lamb"] == [*config, "fused-lamb"]
+    assert throughput.OURS["config-plus-sdpa"] == [   # unpad excludes it
+        "fused-gelu", "fused-layernorm", "flat-params", "sharded-optimizer", "bf16-weights",
+        "cuda-graph", "sdpa"]
+    assert set(throughput.VARIANTS) == {
+        "plain", "config", "hf-sdpa", "hf-sdpa-compiled",
+        *(f"config-minus-{n}" for n in config),
+        *(f"config-plus-{n}" for n in ("sdpa", "fused-lamb", "compile"))}
 
 
 # the config's step without the graph (CUDA only): what runs on the CPU
