@@ -1,6 +1,7 @@
 """The shared COCO input-pipeline skeleton (common/coco/pipeline.py): per-sample generators, the
 epoch's order, and a Loader that runs a subclass's sampling and collation in worker processes."""
 
+import os
 from typing import NamedTuple
 
 import pytest
@@ -63,7 +64,27 @@ def test_loader_collates_the_subclasss_batches_for_the_epoch(workers):
     batches = list(loader.epoch(5))
     assert all(type(b) is Pair for b in batches)
     assert [b.index.tolist() for b in batches] == loader.batches(5)
-    assert all(b.epoch.tolist() == [5, 5] for b in batches)   # set before the workers start
+    assert all(b.epoch.tolist() == [5, 5] for b in batches)
+    batches = list(loader.epoch(6))   # the same loader processes: the epoch travels with a batch
+    assert [b.index.tolist() for b in batches] == loader.batches(6)
+    assert all(b.epoch.tolist() == [6, 6] for b in batches)
+    loader.close()
+
+
+class Processes(Numbers):
+    """Sample i: the process that loaded it."""
+
+    def __getitem__(self, i):
+        return i, os.getpid()
+
+
+def test_training_loader_processes_serve_every_epoch():
+    """Started anew each epoch, they cost their start and first batches every epoch: most of
+    an epoch of a stand-in fraction's few steps."""
+    loader = Halves(Processes(16), True, collate, 2, seed=3, num_workers=2)
+    seen = [set(torch.cat([b.epoch for b in loader.epoch(e)]).tolist()) for e in range(3)]
+    loader.close()
+    assert len(set().union(*seen)) == 2 and os.getpid() not in seen[0], seen
 
 
 def test_an_evaluation_loader_leaves_the_datasets_epoch_alone():
