@@ -228,7 +228,7 @@ def load_split(root, split: str) -> CocoSplit:
 
 class TrainDataset(torch.utils.data.Dataset):
     """Training samples ``(image, boxes, labels, masks)`` of the split's images that have a
-    target; ``epoch`` is set before each pass (workers are created per pass and copy it)."""
+    target; ``epoch`` is set with each batch (``pipeline.EpochBatches``)."""
 
     def __init__(self, split: CocoSplit, seed: int = 0, min_size: int = MIN_SIZE,
                  max_size: int = MAX_SIZE):

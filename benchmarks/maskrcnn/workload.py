@@ -128,6 +128,7 @@ class MaskRCNNWorkload(Workload):
     scorer = staticmethod(score)
     hparams = HParams
     optimisations = REGISTRY
+    train_loader = None   # built with real data
 
     @staticmethod
     def add_args(p: argparse.ArgumentParser) -> None:
@@ -243,6 +244,10 @@ class MaskRCNNWorkload(Workload):
 
     def epoch_batches(self, epoch: int):
         return self.train_loader.epoch(epoch)
+
+    def close(self) -> None:
+        if self.train_loader is not None:   # none with synthetic data
+            self.train_loader.close()
 
     def capture_policy(self) -> CapturePolicy:
         return CapturePolicy("never", reason="proposals, sampled RoIs and their counts depend "

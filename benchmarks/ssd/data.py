@@ -346,8 +346,8 @@ def relative_boxes(record) -> torch.Tensor:
 
 
 class TrainDataset(torch.utils.data.Dataset):
-    """Decoded, augmented, padded training samples of a COCO split; ``epoch`` is set before
-    each pass (workers are created per pass and copy it)."""
+    """Decoded, augmented, padded training samples of a COCO split; ``epoch`` is set with
+    each batch (``pipeline.EpochBatches``, in the loader process that serves it)."""
 
     def __init__(self, split: CocoSplit, seed: int, max_boxes: int = MAX_BOXES,
                  max_samples: int = MAX_SAMPLES, size: int = IMAGE_SIZE):

@@ -202,6 +202,9 @@ class CachedLoader:
     def epoch(self, epoch: int) -> Epoch:
         return Epoch(self, epoch)
 
+    def close(self) -> None:
+        self.plans.close()
+
     def iterate(self, epoch: int):
         size = self.plans.dataset.size
         for index, windows, flips, factors, order, *targets in self.plans.iterate(epoch):

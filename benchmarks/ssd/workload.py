@@ -158,6 +158,7 @@ class SSDWorkload(Workload):
     scorer = staticmethod(score)
     hparams = HParams
     optimisations = REGISTRY
+    train_loader = None   # built with real data
 
     @staticmethod
     def add_args(p: argparse.ArgumentParser) -> None:
@@ -264,6 +265,10 @@ class SSDWorkload(Workload):
 
     def epoch_batches(self, epoch: int):
         return self.train_loader.epoch(epoch)
+
+    def close(self) -> None:
+        if self.train_loader is not None:   # none with synthetic data
+            self.train_loader.close()
 
     def capture_policy(self) -> CapturePolicy:
         return CapturePolicy("static")   # 300x300 images, targets padded to --max-boxes

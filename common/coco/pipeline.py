@@ -4,16 +4,19 @@ generators, the epoch's global order and a rank's :class:`Loader`.
 A sample's random choices come from a generator seeded by (seed, epoch, index), so they do
 not depend on the worker process that loads it; an epoch's order is a permutation seeded by
 (seed, epoch), the same on every rank. Each workload's loader subclasses :class:`Loader` with
-its sampling (``batches``) and its collation; loading runs in ``DataLoader`` workers
-(:func:`common.coco.data.batch_loader`).
+its sampling (``batches``) and its collation; loading runs in ``DataLoader`` workers: for
+training the same processes every epoch (``common.loaders.persistent``), for evaluation new
+ones each pass (:func:`common.coco.data.batch_loader`).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
 
+from common import loaders
 from common.coco.data import Epoch, batch_loader
 
 
@@ -38,8 +41,12 @@ def to_device(batch, device: torch.device):
 class Loader:
     """One rank's batches of ``dataset``: the index lists of ``batches(epoch)`` (the subclass's
     sampling), loaded and collated by ``collate`` in ``num_workers`` processes, moved to
-    ``device``. ``epoch(e)`` is that epoch's pass, sized and iterable; before a training pass
-    the dataset's ``epoch`` is set (workers are created per pass and copy it)."""
+    ``device``. ``epoch(e)`` is that epoch's pass, sized and iterable. Training batches come
+    from loader processes that serve the whole run (started at the first epoch, stopped by
+    ``close``) from one stream of keys that runs on into the next epoch, so the processes load
+    its first batches while this one's last steps run. A batch is one process's work: a
+    loader that started each epoch afresh made every epoch's first step wait for a whole
+    batch's loading, most of the time of a stand-in fraction's few-step epochs."""
 
     def __init__(self, dataset, train: bool, collate: Callable, batch_size: int, rank: int = 0,
                  world_size: int = 1, seed: int = 0, num_workers: int = 0,
@@ -49,6 +56,8 @@ class Loader:
         self.dataset, self.train, self.collate = dataset, train, collate
         self.batch_size, self.rank, self.world_size, self.seed = batch_size, rank, world_size, seed
         self.num_workers, self.device = num_workers, torch.device(device)
+        self._keys, self._train_loader = loaders.Keys(), None
+        self._stream, self._next_epoch = None, None   # the training batches' iterator
 
     def batches(self, epoch: int) -> list[list[int]]:
         raise NotImplementedError
@@ -60,8 +69,47 @@ class Loader:
         return Epoch(self, epoch)
 
     def iterate(self, epoch: int):
-        if self.train:
-            self.dataset.epoch = epoch
-        for batch in batch_loader(self.dataset, self.batches(epoch), self.collate,
-                                  self.num_workers, self.device):
-            yield to_device(batch, self.device)
+        if not self.train:
+            for batch in batch_loader(self.dataset, self.batches(epoch), self.collate,
+                                      self.num_workers, self.device):
+                yield to_device(batch, self.device)
+            return
+        if self._train_loader is None:
+            self._train_loader = loaders.persistent(
+                EpochBatches(self.dataset, self.collate), self._keys, self.num_workers,
+                pin=self.device.type == "cuda")
+        if epoch != self._next_epoch:   # the first pass, or the last one not read to its end
+            self._keys.keys = self._keys_from(epoch)
+            self._stream = iter(self._train_loader)
+        self._next_epoch = None
+        for _ in range(len(self.batches(epoch))):
+            yield to_device(next(self._stream), self.device)
+        self._next_epoch = epoch + 1
+
+    def _keys_from(self, epoch: int):
+        """``(epoch, batch)`` for every batch of ``epoch`` and of each epoch after it."""
+        for e in itertools.count(epoch):
+            for batch in self.batches(e):
+                yield e, batch
+
+    def close(self) -> None:
+        """Stop the training loader processes (started again if iterated again)."""
+        if self._train_loader is not None:
+            loaders.shut_down(self._train_loader)
+            self._stream = self._next_epoch = None
+
+
+class EpochBatches(torch.utils.data.Dataset):
+    """``dataset``'s samples a batch at a time, for ``loaders.persistent``: key ``(epoch,
+    indices)`` -> ``collate`` of those samples with the dataset's ``epoch`` set (in the loader
+    process that serves it)."""
+
+    def __init__(self, dataset, collate: Callable):
+        self.dataset, self.collate = dataset, collate
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, list[int]]):
+        self.dataset.epoch, indices = key
+        return self.collate([self.dataset[i] for i in indices])

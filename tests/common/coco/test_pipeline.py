@@ -1,6 +1,8 @@
 """The shared COCO input-pipeline skeleton (common/coco/pipeline.py): per-sample generators, the
 epoch's order, and a Loader that runs a subclass's sampling and collation in worker processes."""
 
+import os
+import time
 from typing import NamedTuple
 
 import pytest
@@ -63,7 +65,27 @@ def test_loader_collates_the_subclasss_batches_for_the_epoch(workers):
     batches = list(loader.epoch(5))
     assert all(type(b) is Pair for b in batches)
     assert [b.index.tolist() for b in batches] == loader.batches(5)
-    assert all(b.epoch.tolist() == [5, 5] for b in batches)   # set before the workers start
+    assert all(b.epoch.tolist() == [5, 5] for b in batches)
+    batches = list(loader.epoch(6))   # the same loader processes: the epoch travels with a batch
+    assert [b.index.tolist() for b in batches] == loader.batches(6)
+    assert all(b.epoch.tolist() == [6, 6] for b in batches)
+    loader.close()
+
+
+class Processes(Numbers):
+    """Sample i: the process that loaded it."""
+
+    def __getitem__(self, i):
+        return i, os.getpid()
+
+
+def test_training_loader_processes_serve_every_epoch():
+    """Started anew each epoch, they cost their start and first batches every epoch: most of
+    an epoch of a stand-in fraction's few steps."""
+    loader = Halves(Processes(16), True, collate, 2, seed=3, num_workers=2)
+    seen = [set(torch.cat([b.epoch for b in loader.epoch(e)]).tolist()) for e in range(3)]
+    loader.close()
+    assert len(set().union(*seen)) == 2 and os.getpid() not in seen[0], seen
 
 
 def test_an_evaluation_loader_leaves_the_datasets_epoch_alone():
@@ -77,3 +99,41 @@ def test_an_evaluation_loader_leaves_the_datasets_epoch_alone():
 def test_a_rank_outside_the_world_is_refused():
     with pytest.raises(ValueError, match="rank 2 outside world size 2"):
         Halves(Numbers(4), True, collate, 2, rank=2, world_size=2)
+
+
+class Marked(Numbers):
+    """Sample i leaves a file named for its epoch and index when loaded."""
+
+    def __init__(self, n: int, folder):
+        super().__init__(n)
+        self.folder = folder
+
+    def __getitem__(self, i):
+        (self.folder / f"{self.epoch}-{i}").touch()
+        return i, self.epoch
+
+
+def test_training_loader_processes_load_the_next_epoch_ahead(tmp_path):
+    """While an epoch's last steps run, the next epoch's first batches load; with new keys
+    only when the next pass began, its first steps waited for a whole batch's loading."""
+    loader = Halves(Marked(16, tmp_path), True, collate, 2, seed=3, num_workers=2)
+    first = list(loader.epoch(0))
+    deadline = time.monotonic() + 20
+    while not list(tmp_path.glob("1-*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ahead = len(list(tmp_path.glob("1-*")))
+    second = list(loader.epoch(1))
+    loader.close()
+    assert ahead > 0
+    assert [b.index.tolist() for b in first] == loader.batches(0)
+    assert [b.index.tolist() for b in second] == loader.batches(1)
+    assert all(b.epoch.tolist() == [1, 1] for b in second)
+
+
+def test_a_pass_left_unfinished_restarts_at_the_epoch_asked_for():
+    loader = Halves(Numbers(16), True, collate, 2, seed=3, num_workers=2)
+    next(iter(loader.epoch(0)))
+    batches = list(loader.epoch(4))
+    loader.close()
+    assert [b.index.tolist() for b in batches] == loader.batches(4)
+    assert all(b.epoch.tolist() == [4, 4] for b in batches)
