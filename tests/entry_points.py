@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,6 +53,16 @@ def group_alive(pgid: int) -> bool:
         os.killpg(pgid, 0)
     except ProcessLookupError:
         return False
+    return True
+
+
+def group_gone(pgid: int, seconds: float) -> bool:
+    """Whether process group ``pgid`` has ended, waiting up to ``seconds`` for it."""
+    deadline = time.monotonic() + seconds
+    while group_alive(pgid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
     return True
 
 

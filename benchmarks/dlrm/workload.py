@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.dlrm import data, fused_sgd, split_linear
+from benchmarks.dlrm import aligned, data, fused_sgd, split_linear
 from benchmarks.dlrm.auc import roc_auc
 from benchmarks.dlrm.hybrid import HybridEmbedding, Plan, frequent_rows
 from benchmarks.dlrm.model import DenseArch, PlainEmbeddings, mllog_tensor_names, parse_mlp
@@ -172,6 +172,10 @@ class DLRMWorkload(Workload):
         Optimisation("split-linear", "each MLP layer's weight gradients on a side CUDA stream "
                      "beside its data gradient (split_linear.py)", apply=_split_linear,
                      rtol=1e-7),
+        Optimisation("aligned-dense", "the bottom MLP's input, the interaction's vectors and "
+                     "the top MLP's input padded with zeros to multiples of 8 (aligned GEMMs; "
+                     "aligned.py)", apply=lambda wl, _: aligned.apply(wl.dense_arch),
+                     excludes=("split-linear",), rtol=1e-5),
         Optimisation("prefetch", "the next batches read, copied to the device and their index "
                      "plans computed there (own stream) by four threads during the step",
                      compare="batches",

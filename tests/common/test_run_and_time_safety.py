@@ -17,7 +17,7 @@ import pytest
 
 from common.errors import UserError
 from compliance.package import result_logs
-from tests.entry_points import REPO, error_lines, group_alive, run_script
+from tests.entry_points import REPO, error_lines, group_alive, group_gone, run_script
 
 SCRIPT = REPO / "benchmarks/resnet/run_and_time.sh"
 WAIT_S = 45   # for run_start, and again for the script's exit after the signal
@@ -92,10 +92,7 @@ def assert_stopped_after_first_run(proc: subprocess.Popen, tmp_path: Path, signu
     assert stop["key"] == "run_stop" and stop["metadata"]["status"] == "aborted", stop
     result = [x for x in out.splitlines() if x.startswith("RESULT,")]
     assert len(result) == 1 and result[0].split(",")[4] == "aborted", out[-2000:]
-    deadline = time.monotonic() + 10   # nothing of the run outlives the script for long
-    while group_alive(proc.pid):
-        assert time.monotonic() < deadline, "processes of the run outlived run_and_time.sh"
-        time.sleep(0.2)
+    assert group_gone(proc.pid, 10), "processes of the run outlived run_and_time.sh"
 
 
 def test_sigterm_to_the_script_ends_the_run_and_starts_no_other(training, tmp_path):
@@ -144,10 +141,7 @@ def test_a_stopped_run_that_does_not_end_is_killed_after_the_grace(tmp_path):
         assert "Killed" not in err.replace("killed", ""), err[-3000:]   # no bash job notice
         result = [x for x in out.splitlines() if x.startswith("RESULT,")]
         assert len(result) == 1 and result[0].split(",")[3] == "nan", out[-2000:]
-        deadline = time.monotonic() + 10
-        while group_alive(proc.pid):
-            assert time.monotonic() < deadline, "processes of the run outlived run_and_time.sh"
-            time.sleep(0.2)
+        assert group_gone(proc.pid, 10), "processes of the run outlived run_and_time.sh"
     finally:
         if group_alive(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -310,10 +304,7 @@ def stop_early(proc: subprocess.Popen, tmp_path: Path, sig: int, status: str = "
     if log.is_file() and log.stat().st_size:
         stop = last_event(log)
         assert stop["key"] == "run_stop" and stop["metadata"]["status"] == status
-    deadline = time.monotonic() + 10
-    while group_alive(proc.pid):
-        assert time.monotonic() < deadline, "processes of the run outlived run_and_time.sh"
-        time.sleep(0.2)
+    assert group_gone(proc.pid, 10), "processes of the run outlived run_and_time.sh"
     assert "Traceback" not in err, err[-3000:]
     return err
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.common.test_multinode import wait_gone
-from tests.entry_points import group_alive
+from tests.entry_points import group_gone
 
 REPO = Path(__file__).resolve().parents[2]
 STOP_S = 15   # the bound on a stopped run's exit: run_stop, the scorer and loaders stopped
@@ -50,11 +50,8 @@ def assert_stopped(proc: subprocess.Popen, tmp_path: Path, log: Path, signum: in
     except subprocess.TimeoutExpired:
         pytest.fail(f"still running {STOP_S} s after the signal")
     finally:
-        deadline = time.monotonic() + 5
-        while group_alive(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
         # torchrun's workers run in sessions of their own: found by their command line
-        left = group_alive(proc.pid) or not wait_gone(str(log), 5)
+        left = not group_gone(proc.pid, 5) or not wait_gone(str(log), 5)
         if left:
             os.killpg(proc.pid, signal.SIGKILL)
     err = (tmp_path / "stderr").read_text()
@@ -108,9 +105,7 @@ def test_a_run_ends_without_waiting_for_its_helpers(tmp_path):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail(f"still running {START_S} s after it began")
-    deadline = time.monotonic() + 5   # a killed helper is reaped by init meanwhile
-    while (alive := group_alive(proc.pid)) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    alive = not group_gone(proc.pid, 5)   # a killed helper is reaped by init meanwhile
     if alive:
         os.killpg(proc.pid, signal.SIGKILL)
     assert rc == 1, (tmp_path / "stderr").read_text()[-3000:]   # the toy's target: unreached
