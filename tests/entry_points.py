@@ -56,14 +56,19 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def group_gone(pgid: int, seconds: float) -> bool:
-    """Whether process group ``pgid`` has ended, waiting up to ``seconds`` for it."""
+def ended(alive, seconds: float) -> bool:
+    """Whether ``alive()`` turns false within ``seconds``, asked every 0.1 s."""
     deadline = time.monotonic() + seconds
-    while group_alive(pgid):
+    while alive():
         if time.monotonic() > deadline:
             return False
         time.sleep(0.1)
     return True
+
+
+def group_gone(pgid: int, seconds: float) -> bool:
+    """Whether process group ``pgid`` has ended, waiting up to ``seconds`` for it."""
+    return ended(lambda: group_alive(pgid), seconds)
 
 
 def error_lines(proc: subprocess.CompletedProcess) -> list[str]:

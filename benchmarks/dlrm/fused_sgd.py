@@ -16,8 +16,9 @@ from common import dist
 @torch.no_grad()
 def sparse_sgd_(master: torch.Tensor, copy: torch.Tensor | None, rows: torch.Tensor,
                 grads: torch.Tensor, lr: torch.Tensor) -> None:
-    """``master[rows] -= lr * grads`` (repeats accumulate), then ``copy[rows] = master[rows]``."""
-    master.index_add_(0, rows, grads * -lr)
+    """``master[rows] -= lr * grads`` (repeats accumulate), then ``copy[rows] = master[rows]``;
+    ``grads`` in any float dtype, added in fp32."""
+    master.index_add_(0, rows, grads.float() * -lr)
     if copy is not None:
         copy[rows] = master[rows].to(copy.dtype)
 
@@ -36,24 +37,27 @@ def table_sgd_(master: torch.Tensor, copy: torch.Tensor | None, grad: torch.Tens
         copy.copy_(master)
 
 
-def bags_update(params: list[torch.Tensor], bags: list[torch.Tensor], lr: torch.Tensor) -> None:
+def bags_update(params: list[torch.Tensor], bags: list[torch.Tensor], lr: torch.Tensor,
+                sparse=sparse_sgd_) -> None:
     """One step of the MLPs ``params`` and the ``nn.EmbeddingBag`` weights ``bags`` (their
-    sparse gradients: one row a lookup)."""
+    sparse gradients: one row a lookup), the rows by ``sparse`` (``sparse_sgd_``'s contract)."""
     dense_sgd_(params, [p.grad for p in params], lr)
     for w in bags:
-        sparse_sgd_(w, None, w.grad._indices()[0], w.grad._values(), lr)
+        sparse(w, None, w.grad._indices()[0], w.grad._values(), lr)
     for p in params + bags:
         p.grad = None
 
 
-def hybrid_update(params: list[torch.Tensor], emb, lr: torch.Tensor, distributed: bool) -> None:
-    """One step of the MLPs ``params`` and the ``HybridEmbedding`` ``emb``."""
+def hybrid_update(params: list[torch.Tensor], emb, lr: torch.Tensor, distributed: bool,
+                  sparse=sparse_sgd_) -> None:
+    """One step of the MLPs ``params`` and the ``HybridEmbedding`` ``emb``, its rare rows by
+    ``sparse`` (``sparse_sgd_``'s contract)."""
     grads = [p.grad for p in params] + [emb.frequent_grad()]
     if distributed:   # one all-reduce for the MLPs and the frequent rows ...
         flat = torch.cat([g.flatten() for g in grads])
         work = dist.all_reduce_sum_async(flat)
     rows, rare = emb.rare_grad()   # ... in flight while this rank's rare rows update
-    sparse_sgd_(emb.rare_weight, emb.rare_lp, rows, rare, lr)
+    sparse(emb.rare_weight, emb.rare_lp, rows, rare, lr)
     if distributed:
         work.wait()
         grads = list(torch.split(flat, [g.numel() for g in grads]))

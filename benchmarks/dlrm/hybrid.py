@@ -184,11 +184,12 @@ class HybridEmbedding(torch.nn.Module):
         return grad.index_add_(0, self._plan.freq_rows, self._freq_vals.grad.float())
 
     def rare_grad(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(rows, grads)`` of this rank's shard, one per served lookup (rows may repeat);
-        on several ranks, once backward's all-to-all has brought them home."""
+        """``(rows, grads)`` of this rank's shard, one per served lookup (rows may repeat), the
+        grads in the lookups' dtype; on several ranks, once backward's all-to-all has brought
+        them home."""
         if self._returning is None:
-            return self._plan.serve_rows, self._send.grad.float()
+            return self._plan.serve_rows, self._send.grad
         grads, work = self._returning
         work.wait()
         self._returning = None
-        return self._plan.serve_rows, grads.float()
+        return self._plan.serve_rows, grads

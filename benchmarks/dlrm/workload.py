@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.dlrm import aligned, data, fused_sgd, split_linear
+from benchmarks.dlrm import aligned, data, fused_sgd, sparse_triton, split_linear
 from benchmarks.dlrm.auc import roc_auc
 from benchmarks.dlrm.hybrid import HybridEmbedding, Plan, frequent_rows
 from benchmarks.dlrm.model import DenseArch, PlainEmbeddings, mllog_tensor_names, parse_mlp
@@ -128,13 +128,15 @@ def _tensors(batch) -> list[torch.Tensor]:
 
 def _fused_sgd(wl: DLRMWorkload, _) -> None:
     params, lp = list(wl.dense_arch.parameters()), wl.precision.autocast_dtype
+    sparse = getattr(wl.impl, "sparse_sgd", fused_sgd.sparse_sgd_)   # triton-sparse-sgd's
     if isinstance(wl.emb, HybridEmbedding):
         if lp is not None and wl.env.device.type == "cuda":
             wl.emb.keep_low_precision(lp)
-        wl.update = partial(fused_sgd.hybrid_update, params, wl.emb, wl.lr, wl.env.distributed)
+        wl.update = partial(fused_sgd.hybrid_update, params, wl.emb, wl.lr, wl.env.distributed,
+                            sparse=sparse)
     else:
         bags = [bag.weight for bag in wl.emb.tables]
-        wl.update = partial(fused_sgd.bags_update, params, bags, wl.lr)
+        wl.update = partial(fused_sgd.bags_update, params, bags, wl.lr, sparse=sparse)
     wl.optimizer = None
 
 
@@ -160,6 +162,13 @@ class DLRMWorkload(Workload):
                      "the rows a step touched, LR on the device; under amp on CUDA hybrid "
                      "lookups read a bf16 copy it refreshes (fused_sgd.py)", apply=_fused_sgd,
                      rtol=1e-7),
+        Optimisation("triton-sparse-sgd", "fused-sgd's embedding-row update as two Triton "
+                     "kernels: atomic adds of -lr * grad into the fp32 rows, then the rows' "
+                     "low-precision copy (sparse_triton.py)", requires=("fused-sgd",),
+                     cuda=True, compare=None,
+                     tested_by="tests/benchmarks/dlrm/test_sparse_triton.py",
+                     select=lambda wl, _: setattr(wl.impl, "sparse_sgd",
+                                                  sparse_triton.sparse_sgd_)),
         Optimisation("hybrid-embeddings", "=T: rows seen T times in --stats-batches batches "
                      "replicated, the rest sharded over the ranks and exchanged by all-to-all "
                      "(hybrid.py)", requires=("fused-sgd",), rtol=1e-6, default=20.0,

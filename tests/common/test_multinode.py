@@ -18,7 +18,7 @@ import pytest
 from benchmarks.resnet.fixture import write_fixture
 from compliance.check import check_log
 from compliance.logs import summarize
-from tests.entry_points import REPO, SMALL_RESNET_FIXTURE, SMALL_RESNET_FLAGS
+from tests.entry_points import REPO, SMALL_RESNET_FIXTURE, SMALL_RESNET_FLAGS, ended
 
 START_S = 120   # both agents up, the rendezvous made, the model built and run_start logged
 LOST_S = 60     # a surviving node ends within this after its peer is lost (the test's bound)
@@ -44,12 +44,7 @@ def running(text: str) -> list[int]:
 
 
 def wait_gone(text: str, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while running(text):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    return True
+    return ended(lambda: running(text), seconds)
 
 
 class Node:
