@@ -107,15 +107,16 @@ def test_fused_norm_matches_instance_norm_and_relu(channels_last):
 def test_fused_norm_model_matches_plain_model(channels_last):
     """The optimisation applied to the built plain model: its state_dict keys unchanged, its
     outputs and every parameter's gradient (the dense transposed-convolution gradients
-    included) against the plain model in float64, the gradients within 0.1% of their largest
-    entry: the fused norm computes in fp32 from sums of squares, which the near-degenerate
-    deep levels amplify. Float64 is the reference because PyTorch's own fp32 instance norm
-    backward on the CPU is off by up to 0.75% in the shallow levels on some CPUs, while the
-    fused norm stays within 0.03%."""
+    included) against the plain model in float64. A gradient may be off by 0.1% of its
+    largest entry, or by as much as the plain model's own in fp32 (times 1.5): on some CPUs
+    PyTorch's fp32 convolution and instance-norm backward are off float64 by up to 0.75% in
+    the shallow levels, and the fused norm, computing in fp32 from sums of squares, follows
+    them there."""
     torch.manual_seed(0)
     plain = Unet3D((4, 8, 16, 32, 40)).double()
-    fused = Unet3D((4, 8, 16, 32, 40))
+    fused, plain32 = Unet3D((4, 8, 16, 32, 40)), Unet3D((4, 8, 16, 32, 40))
     fused.load_state_dict(plain.state_dict())
+    plain32.load_state_dict(plain.state_dict())
     keys = list(fused.state_dict())
     fused_norm.fuse(fused)
     assert list(fused.state_dict()) == keys and fused.tensor_names() == plain.tensor_names()
@@ -124,15 +125,18 @@ def test_fused_norm_model_matches_plain_model(channels_last):
     weights = torch.randn(1, 3, 32, 32, 64)
     out = plain(x.double())
     (out * weights.double()).sum().backward()
+    (plain32(x) * weights).sum().backward()
     if channels_last:
         fused = fused.to(memory_format=torch.channels_last_3d)
         x = as_channels_last_3d(x)
     fused_out = fused(x)
     (fused_out * weights).sum().backward()
     torch.testing.assert_close(fused_out.double(), out, rtol=1e-4, atol=1e-4)
-    for (name, p), q in zip(plain.named_parameters(), fused.parameters()):
-        scale = p.grad.abs().max().item()
-        torch.testing.assert_close(q.grad.double(), p.grad, rtol=0, atol=1e-3 * scale, msg=name)
+    for (name, p), q, r in zip(plain.named_parameters(), fused.parameters(),
+                               plain32.parameters()):
+        own = (r.grad.double() - p.grad).abs().max().item()
+        allowed = max(1e-3 * p.grad.abs().max().item(), 1.5 * own)
+        torch.testing.assert_close(q.grad.double(), p.grad, rtol=0, atol=allowed, msg=name)
 
 
 @pytest.mark.parametrize("channels", [1, 3])
