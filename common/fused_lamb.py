@@ -17,8 +17,7 @@ import functools
 
 import torch
 
-from common.flat_params import FlatParameters
-from common.lamb import LambHyper, ShardedLamb
+from common.lamb import ShardedLamb
 
 BLOCK = 2048   # elements a program; a block never crosses a tensor's end
 CHUNK = 1024   # blocks' sums a piece's program adds at a time
@@ -87,15 +86,14 @@ def _kernels():
 
 
 class FusedLamb(ShardedLamb):
-    """:class:`ShardedLamb` (the same arguments, state and collectives) with its update in two
+    """:class:`ShardedLamb` (the same arguments, state and collectives) with its update in
     Triton kernels; CUDA only."""
 
-    def __init__(self, flat: FlatParameters, decay: list[bool], h: LambHyper,
-                 rank: int = 0, world_size: int = 1, sharded: bool = True):
-        super().__init__(flat, decay, h, rank, world_size, sharded)
-        if flat.master.device.type != "cuda":
+    def _prepare_update(self) -> None:
+        """The blocks (start, length, tensor, weight decay) and the pieces' blocks, in place of
+        the reference's per-element weight decay."""
+        if self.m.device.type != "cuda":
             raise ValueError("fused-lamb runs on CUDA devices only")
-        self.wd = None   # per block here (``block_wd``), not per element
         starts, lengths, owners, offset = [], [], [], 0
         for length, owner in zip(self.lengths, self.owner.tolist()):
             first = torch.arange(offset, offset + length, BLOCK)
@@ -103,7 +101,7 @@ class FusedLamb(ShardedLamb):
             lengths.append((offset + length - first).clamp(max=BLOCK))
             owners.append(torch.full_like(first, owner))
             offset += length
-        dev = flat.master.device
+        dev = self.m.device
         self.block_start = torch.cat(starts).to(dev)
         self.block_len = torch.cat(lengths).to(dev, torch.int32)
         self.block_owner = torch.cat(owners).to(dev)
@@ -111,7 +109,7 @@ class FusedLamb(ShardedLamb):
         self.piece_count = counts.to(dev)
         self.piece_first = (counts.cumsum(0) - counts).to(dev)
         self.piece_sums = torch.empty(len(counts), 2, device=dev)
-        self.block_wd = self.decay[self.block_owner].float() * h.weight_decay
+        self.block_wd = self.decay[self.block_owner].float() * self.h.weight_decay
         self.partial = torch.empty(len(self.block_start), 2, device=dev)
 
     def _update(self, g: torch.Tensor, w: torch.Tensor, clip: torch.Tensor,
@@ -125,9 +123,7 @@ class FusedLamb(ShardedLamb):
                       h.eps, BLOCK=BLOCK, num_warps=4)
         pieces[(len(self.piece_count),)](self.partial, self.piece_first, self.piece_count,
                                          self.piece_sums, CHUNK=CHUNK, num_warps=4)
-        sums = torch.zeros(len(self.decay), 2, device=w.device).index_add_(
-            0, self.owner, self.piece_sums)
-        scale = (self._trust_ratios(sums) * lr)[self.block_owner]
+        scale = (self._trust_ratios(self.piece_sums) * lr)[self.block_owner]
         copy = self.flat.shard(self.flat.data, self.rank)
         has_copy = self.flat.data is not self.flat.master
         weights[grid](self.m, self.v, w, copy if has_copy else w, self.block_start,

@@ -103,16 +103,19 @@ class ShardedLamb:
             owner.append(len(flat.params))
         self.lengths = lengths
         self.owner = torch.tensor(owner, device=dev)
-        decay_t = torch.tensor(list(decay) + [False], device=dev)
-        self.decay = decay_t
-        self.wd = (decay_t[self.owner].float() * h.weight_decay).repeat_interleave(
-            torch.tensor(lengths, device=dev), output_size=flat.shard_size)
+        self.decay = torch.tensor(list(decay) + [False], device=dev)
         self.m = torch.zeros(flat.shard_size, device=dev)
         self.v = torch.zeros(flat.shard_size, device=dev)
         self.t = torch.zeros((), device=dev)
         self.grad_shard = (torch.zeros(flat.shard_size, dtype=flat.grad.dtype, device=dev)
                            if self.sharded else None)
         self._nccl = dist.is_initialized() and dist.get_backend() == "nccl"
+        self._prepare_update()
+
+    def _prepare_update(self) -> None:
+        """What ``_update`` needs beside the state: each element's weight decay."""
+        self.wd = (self.decay[self.owner].float() * self.h.weight_decay).repeat_interleave(
+            torch.tensor(self.lengths, device=self.m.device), output_size=self.flat.shard_size)
 
     def zero_grad(self) -> None:
         self.flat.zero_grad()
@@ -162,18 +165,19 @@ class ShardedLamb:
         self.v.mul_(h.beta2).addcmul_(g, g, value=1 - h.beta2)
         u = (self.m / bc1).div_((self.v / bc2).sqrt_().add_(h.eps)).addcmul_(self.wd, w)
         norms = torch.stack([stacked_norms(list(x.split(self.lengths))) for x in (w, u)], 1).pow(2)
-        sums = torch.zeros(len(self.decay), 2, device=w.device).index_add_(0, self.owner, norms)
         # each piece of u times its tensor's lr * trust ratio (device scalars), then one update
         torch._foreach_mul_(u.split(self.lengths),
-                            list((self._trust_ratios(sums)[self.owner] * lr).unbind()))
+                            list((self._trust_ratios(norms)[self.owner] * lr).unbind()))
         w.sub_(u)
         mine = self.flat.shard(self.flat.data, self.rank)
         if self.flat.data is not self.flat.master:
             mine.copy_(w)   # the model's low-precision copy of the updated shard
 
-    def _trust_ratios(self, sums: torch.Tensor) -> torch.Tensor:
-        """Each tensor's ``|w| / |u|`` (1 where either is 0 or without weight decay) from this
-        shard's sums of squares, ``[tensors, 2]``, completed over the shards."""
+    def _trust_ratios(self, pieces: torch.Tensor) -> torch.Tensor:
+        """Each tensor's ``|w| / |u|`` (1 where either is 0 or without weight decay) from the
+        sums of squares of this shard's pieces, ``[pieces, 2]``, completed over the shards."""
+        sums = torch.zeros(len(self.decay), 2, device=pieces.device).index_add_(
+            0, self.owner, pieces)
         if self.sharded:
             dist.all_reduce(sums)
         wn, un = sums.sqrt().unbind(1)
