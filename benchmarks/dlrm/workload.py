@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.dlrm import aligned, data, fused_sgd, sparse_triton, split_linear
+from benchmarks.dlrm import aligned, data, fused_sgd, lookups_triton, sparse_triton, split_linear
 from benchmarks.dlrm.auc import roc_auc
 from benchmarks.dlrm.hybrid import HybridEmbedding, Plan, frequent_rows
 from benchmarks.dlrm.model import DenseArch, PlainEmbeddings, mllog_tensor_names, parse_mlp
@@ -178,6 +178,12 @@ class DLRMWorkload(Workload):
                      "by all-to-all (hybrid.py, no frequent rows)", requires=("fused-sgd",),
                      excludes=("hybrid-embeddings",), rtol=1e-7,
                      select=lambda wl, _: setattr(wl.impl, "frequent_threshold", math.inf)),
+        Optimisation("fused-lookups", "hybrid lookups as one Triton kernel from a per-lookup "
+                     "code in the index plan; backward keeps the output's gradient, the rare "
+                     "update reads it in place, the frequent rows' gradient summed over sorted "
+                     "chunks (lookups_triton.py)", requires=("hybrid-embeddings",), cuda=True,
+                     compare=None, tested_by="tests/benchmarks/dlrm/test_lookups_triton.py",
+                     apply=lambda wl, _: lookups_triton.apply(wl.emb)),
         Optimisation("split-linear", "each MLP layer's weight gradients on a side CUDA stream "
                      "beside its data gradient (split_linear.py)", apply=_split_linear,
                      rtol=1e-7),

@@ -57,3 +57,20 @@ def test_no_lookups_change_nothing():
     triton_sgd_(master, copy, torch.zeros(0, dtype=torch.long, device=DEVICE),
                 torch.zeros(0, 8, device=DEVICE), torch.tensor(0.1, device=DEVICE))
     assert torch.equal(master, before)
+
+
+def test_gradients_read_through_positions_equal_the_reference():
+    from benchmarks.dlrm.sparse_triton import sparse_sgd_ as triton_sgd_
+
+    g = torch.Generator().manual_seed(2)
+    grads = torch.randn(500, 128, generator=g).to(DEVICE, torch.bfloat16)
+    at = torch.randperm(500, generator=g)[:300].to(DEVICE)
+    rows = torch.randint(0, 40, (300,), generator=g).to(DEVICE)
+    lr = torch.tensor(0.3, device=DEVICE)
+    want, want_copy = _tables(40, 128, torch.bfloat16)
+    got, got_copy = _tables(40, 128, torch.bfloat16)
+    sparse_sgd_(want, want_copy, rows, grads, lr, at)
+    triton_sgd_(got, got_copy, rows, grads, lr, at)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(want, _tables(40, 128, None)[0] - torch.zeros_like(want).index_add_(
+        0, rows, grads[at].float() * 0.3), rtol=1e-5, atol=1e-5)
