@@ -15,12 +15,9 @@ from common import dist
 
 @torch.no_grad()
 def sparse_sgd_(master: torch.Tensor, copy: torch.Tensor | None, rows: torch.Tensor,
-                grads: torch.Tensor, lr: torch.Tensor, at: torch.Tensor | None = None) -> None:
+                grads: torch.Tensor, lr: torch.Tensor) -> None:
     """``master[rows] -= lr * grads`` (repeats accumulate), then ``copy[rows] = master[rows]``;
-    ``grads`` in any float dtype, added in fp32; with ``at``, row ``rows[i]`` takes
-    ``grads[at[i]]``."""
-    if at is not None:
-        grads = grads[at]
+    ``grads`` in any float dtype, added in fp32."""
     master.index_add_(0, rows, grads.float() * -lr)
     if copy is not None:
         copy[rows] = master[rows].to(copy.dtype)
@@ -59,8 +56,8 @@ def hybrid_update(params: list[torch.Tensor], emb, lr: torch.Tensor, distributed
     if distributed:   # one all-reduce for the MLPs and the frequent rows ...
         flat = torch.cat([g.flatten() for g in grads])
         work = dist.all_reduce_sum_async(flat)
-    rows, rare, at = emb.rare_grad()   # ... in flight while this rank's rare rows update
-    sparse(emb.rare_weight, emb.rare_lp, rows, rare, lr, at)
+    rows, rare = emb.rare_grad()   # ... in flight while this rank's rare rows update
+    sparse(emb.rare_weight, emb.rare_lp, rows, rare, lr)
     if distributed:
         work.wait()
         grads = list(torch.split(flat, [g.numel() for g in grads]))

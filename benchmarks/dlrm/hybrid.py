@@ -185,13 +185,13 @@ class HybridEmbedding(torch.nn.Module):
         grad = torch.zeros_like(self.freq_weight)
         return grad.index_add_(0, self._plan.freq_rows, self._freq_vals.grad.float())
 
-    def rare_grad(self) -> tuple[torch.Tensor, torch.Tensor, None]:
-        """``(rows, grads, at)`` of this rank's shard, one per served lookup (rows may repeat),
-        the grads in the lookups' dtype (``at``: None, the grads are in ``rows``' order); on
-        several ranks, once backward's all-to-all has brought them home."""
+    def rare_grad(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rows, grads)`` of this rank's shard, one per served lookup (rows may repeat), the
+        grads in the lookups' dtype; on several ranks, once backward's all-to-all has brought
+        them home."""
         if self._returning is None:
-            return self._plan.serve_rows, self._send.grad, None
-        return self._plan.serve_rows, self.returned(), None
+            return self._plan.serve_rows, self._send.grad
+        return self._plan.serve_rows, self.returned()
 
     def returned(self) -> torch.Tensor:
         """The rare rows' gradients that backward's all-to-all brought home."""

@@ -9,12 +9,16 @@ gradient back at both sets of positions and adds the frequent ones into their ro
 - the index plan carries ``code``, one int per lookup position: a frequent row ``r >= 0``, or
   ``-1 - j``: rare vector ``j`` (on one rank the rare table's row, on several the received
   vector), so one kernel writes each output row once from wherever it lives;
-- backward keeps the output's gradient as it is: the rare update reads its rows in place
-  (``rare_grad``'s ``at``), and the frequent gradient is summed by a kernel over the frequent
-  lookups sorted by row, cut into chunks of at most ``CHUNK`` of one row, one atomic add a chunk
-  and dimension (a GPU test against the reference; fp32 sums in another order).
+- backward keeps the output's gradient as it is. On one rank the rare update
+  (``triton-sparse-sgd``) reads it in place through every lookup's rare row (-1 where
+  frequent); the frequent gradient is summed by a kernel over the frequent lookups sorted by
+  row, cut into chunks of at most ``CHUNK`` of one row, one atomic add a chunk and dimension
+  (a test against the reference; fp32 sums in another order).
 
-On several ranks the rare vectors still travel by the reference's all-to-alls.
+On one rank every tensor of the plan has a size fixed by the batch (the chunks padded to
+:func:`chunk_capacity`), and the step has no host sync: it may be one CUDA graph
+(``cuda-graph``). On several ranks the rare vectors still travel by the reference's
+all-to-alls, whose sizes change with the batch.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ def _kernels():
     def chunk_sum_kernel(grad_ptr, out_grad_ptr, order_ptr, starts_ptr, rows_ptr, dim,
                          CHUNK: tl.constexpr, DIM: tl.constexpr):
         c = tl.program_id(0)
-        start, stop = tl.load(starts_ptr + c), tl.load(starts_ptr + c + 1)
+        start, stop = tl.load(starts_ptr + c), tl.load(starts_ptr + c + 1)   # empty: padding
         k = start + tl.arange(0, CHUNK)
         d = tl.arange(0, DIM)
         pos = tl.load(order_ptr + k, mask=k < stop, other=0).to(tl.int64)
@@ -61,30 +65,62 @@ def _kernels():
                     mask=(k < stop)[:, None] & (d < dim)[None, :], other=0.0)
         row = tl.load(rows_ptr + c).to(tl.int64)
         tl.atomic_add(grad_ptr + row * dim + d, tl.sum(g.to(tl.float32), axis=0),
-                      mask=d < dim, sem="relaxed")
+                      mask=(d < dim) & (d * 0 + start < stop), sem="relaxed")
 
     return lookup_kernel, chunk_sum_kernel
 
 
-def plan_extra(plan: Plan, world: int) -> dict[str, torch.Tensor]:
-    """``code`` (see the module doc) and the frequent lookups' chunks: ``freq_order`` (their
-    positions sorted by row), ``chunk_starts`` (each chunk's first index into it, then the
-    count) and ``chunk_rows``."""
+def chunk_capacity(frequent_rows: int, lookups: int) -> int:
+    """The most chunks ``lookups`` frequent lookups over ``frequent_rows`` rows can make: a
+    row's run of L lookups is ceil(L / CHUNK) <= L / CHUNK + 1 chunks."""
+    return min(lookups, frequent_rows + -(-lookups // CHUNK))
+
+
+def _chunks(rows_of: torch.Tensor, frequent_rows: int) -> dict[str, torch.Tensor]:
+    """The chunks of the lookups whose ``rows_of`` (one a lookup position; ``frequent_rows``
+    for a rare lookup) is a frequent row, padded to :func:`chunk_capacity` (empty chunks)."""
+    n = rows_of.numel()
+    rows, order = torch.sort(rows_of, stable=True)   # the rare ones last
+    k = torch.arange(n, device=rows.device)
+    new_row = torch.ones_like(rows, dtype=torch.bool)
+    new_row[1:] = rows[1:] != rows[:-1]
+    run_start = torch.cummax(torch.where(new_row, k, 0), 0).values
+    first = torch.nonzero((new_row | ((k - run_start) % CHUNK == 0))
+                          & (rows < frequent_rows)).squeeze(1)
+    cap = chunk_capacity(frequent_rows, n)
+    starts = (rows < frequent_rows).sum().expand(cap + 1).clone()   # the frequent count
+    starts[:first.numel()] = first
+    chunk_rows = rows.new_zeros(cap)
+    chunk_rows[:first.numel()] = rows[first]
+    return {"freq_order": order, "chunk_starts": starts, "chunk_rows": chunk_rows}
+
+
+def one_rank_plan(emb: HybridEmbedding, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One rank's plan for ids [B, T] on the tables' device, every tensor's size fixed by B
+    (so a step may be one CUDA graph): ``code`` (see the module doc: a rare lookup's row is its
+    global row), ``rare_rows`` (each lookup's rare row, -1 for a frequent one), and the
+    frequent lookups' chunks: ``freq_order`` (positions sorted by row), ``chunk_starts`` (each
+    chunk's first index into it, then the frequent count) and ``chunk_rows``."""
+    flat = (ids.to(emb.freq_map.device, non_blocking=True) + emb.offsets).reshape(-1)
+    row = emb.freq_map[flat].long()
+    frequent = row >= 0
+    n_frequent = emb.freq_weight.shape[0]
+    return {"code": torch.where(frequent, row, -1 - flat),
+            "rare_rows": torch.where(frequent, -1, flat),
+            **_chunks(torch.where(frequent, row, n_frequent), n_frequent)}
+
+
+def plan_extra(plan: Plan, frequent_rows: int) -> dict[str, torch.Tensor]:
+    """On several ranks, the :class:`Plan`'s additions: ``code`` (a rare lookup's is the
+    received vector's index) and the frequent lookups' chunks (as :func:`one_rank_plan`)."""
     n = plan.freq_pos.numel() + plan.recv_pos.numel()   # every lookup is one or the other
     dev = plan.freq_pos.device
     code = torch.empty(n, dtype=torch.int64, device=dev)
     code[plan.freq_pos] = plan.freq_rows
-    rare = plan.serve_rows if world == 1 else torch.arange(plan.recv_pos.numel(), device=dev)
-    code[plan.recv_pos] = -1 - rare
-    rows, perm = torch.sort(plan.freq_rows, stable=True)
-    k = torch.arange(rows.numel(), device=dev)
-    new_row = torch.ones_like(rows, dtype=torch.bool)
-    new_row[1:] = rows[1:] != rows[:-1]
-    run_start = torch.cummax(torch.where(new_row, k, 0), 0).values
-    starts = torch.nonzero(new_row | ((k - run_start) % CHUNK == 0)).squeeze(1)
-    return {"code": code, "freq_order": plan.freq_pos[perm],
-            "chunk_starts": torch.cat([starts, k.new_tensor([rows.numel()])]),
-            "chunk_rows": rows[starts]}
+    code[plan.recv_pos] = -1 - torch.arange(plan.recv_pos.numel(), device=dev)
+    rows_of = torch.full((n,), frequent_rows, dtype=torch.int64, device=dev)
+    rows_of[plan.freq_pos] = plan.freq_rows
+    return {"code": code, **_chunks(rows_of, frequent_rows)}
 
 
 class _Lookup(torch.autograd.Function):
@@ -118,16 +154,18 @@ class _Lookup(torch.autograd.Function):
         return None, None, None, None, None
 
 
-def _plan(self, sparse: torch.Tensor, bounds: list[int]) -> Plan:
+def _plan(self, sparse: torch.Tensor, bounds: list[int]):
+    if self.world == 1:
+        return one_rank_plan(self, sparse)
     plan = HybridEmbedding.plan(self, sparse, bounds)
-    plan.extra.update(plan_extra(plan, self.world))
+    plan.extra.update(plan_extra(plan, self.freq_weight.shape[0]))
     return plan
 
 
-def _forward(self, plan: Plan, overlap=None):
+def _forward(self, plan, overlap=None):
     freq_src = self.freq_weight if self.freq_lp is None else self.freq_lp
     rare_src = self.rare_weight if self.rare_lp is None else self.rare_lp
-    work = None
+    T, work = len(self.sizes), None
     if self.world > 1:
         send = rare_src[plan.serve_rows]
         rare_src = send.new_empty(sum(plan.recv_counts), self.dim)
@@ -137,27 +175,29 @@ def _forward(self, plan: Plan, overlap=None):
     if work is not None:
         work.wait()
     self._plan, self._out_grad, self._returning = plan, None, None
-    out = _Lookup.apply(self._anchor, plan.extra["code"], freq_src, rare_src.contiguous(), self)
-    return out.view(plan.local_batch, len(self.sizes), self.dim), extra
+    code = plan["code"] if self.world == 1 else plan.extra["code"]
+    out = _Lookup.apply(self._anchor, code, freq_src, rare_src.contiguous(), self)
+    return out.view(code.numel() // T, T, self.dim), extra
 
 
 def _frequent_grad(self) -> torch.Tensor:
     import triton
 
     grad = torch.zeros_like(self.freq_weight)
-    extra, dim = self._plan.extra, self.dim
-    chunks = extra["chunk_rows"].numel()
-    if chunks:
-        _kernels()[1][(chunks,)](grad, self._out_grad, extra["freq_order"],
-                                 extra["chunk_starts"], extra["chunk_rows"], dim,
-                                 CHUNK=CHUNK, DIM=triton.next_power_of_2(dim))
+    chunks = self._plan if self.world == 1 else self._plan.extra
+    if chunks["chunk_rows"].numel():
+        _kernels()[1][(chunks["chunk_rows"].numel(),)](
+            grad, self._out_grad, chunks["freq_order"], chunks["chunk_starts"],
+            chunks["chunk_rows"], self.dim, CHUNK=CHUNK, DIM=triton.next_power_of_2(self.dim))
     return grad
 
 
 def _rare_grad(self):
-    if self._returning is None:
-        return self._plan.serve_rows, self._out_grad, self._plan.recv_pos
-    return self._plan.serve_rows, self.returned(), None
+    """One rank: every lookup's rare row (-1 where frequent, which ``triton-sparse-sgd``
+    skips) and the output's gradient as it is; several: the reference's."""
+    if self.world == 1:
+        return self._plan["rare_rows"], self._out_grad
+    return self._plan.serve_rows, self.returned()
 
 
 def apply(emb: HybridEmbedding) -> None:

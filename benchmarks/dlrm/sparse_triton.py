@@ -27,14 +27,13 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def add_kernel(master_ptr, rows_ptr, grads_ptr, at_ptr, lr_ptr, n, dim,
-                   LOOKUPS: tl.constexpr, DIM: tl.constexpr, AT: tl.constexpr):
+    def add_kernel(master_ptr, rows_ptr, grads_ptr, lr_ptr, n, dim, LOOKUPS: tl.constexpr,
+                   DIM: tl.constexpr):
         p = tl.program_id(0).to(tl.int64) * LOOKUPS + tl.arange(0, LOOKUPS)
         d = tl.arange(0, DIM)
-        inside = (p < n)[:, None] & (d < dim)[None, :]
-        row = tl.load(rows_ptr + p, mask=p < n, other=0)
-        src = tl.load(at_ptr + p, mask=p < n, other=0).to(tl.int64) if AT else p
-        g = tl.load(grads_ptr + src[:, None] * dim + d[None, :], mask=inside, other=0.0)
+        row = tl.load(rows_ptr + p, mask=p < n, other=-1)
+        inside = ((p < n) & (row >= 0))[:, None] & (d < dim)[None, :]
+        g = tl.load(grads_ptr + p[:, None] * dim + d[None, :], mask=inside, other=0.0)
         tl.atomic_add(master_ptr + row[:, None] * dim + d[None, :],
                       g.to(tl.float32) * -tl.load(lr_ptr), mask=inside, sem="relaxed")
 
@@ -43,8 +42,9 @@ def _kernels():
                     DIM: tl.constexpr):
         p = tl.program_id(0).to(tl.int64) * LOOKUPS + tl.arange(0, LOOKUPS)
         d = tl.arange(0, DIM)
-        inside = (p < n)[:, None] & (d < dim)[None, :]
-        at = tl.load(rows_ptr + p, mask=p < n, other=0)[:, None] * dim + d[None, :]
+        row = tl.load(rows_ptr + p, mask=p < n, other=-1)
+        inside = ((p < n) & (row >= 0))[:, None] & (d < dim)[None, :]
+        at = row[:, None] * dim + d[None, :]
         w = tl.load(master_ptr + at, mask=inside)
         tl.store(copy_ptr + at, w.to(copy_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
                  mask=inside)
@@ -54,20 +54,20 @@ def _kernels():
 
 @torch.no_grad()
 def sparse_sgd_(master: torch.Tensor, copy: torch.Tensor | None, rows: torch.Tensor,
-                grads: torch.Tensor, lr: torch.Tensor, at: torch.Tensor | None = None) -> None:
+                grads: torch.Tensor, lr: torch.Tensor) -> None:
     """``fused_sgd.sparse_sgd_`` (``master[rows] -= lr * grads``, repeats accumulating, then
-    ``copy[rows] = master[rows]``; with ``at``, row ``rows[i]`` takes ``grads[at[i]]``, read in
-    place) in Triton kernels; ``master`` fp32, ``grads`` any float dtype, all on one device."""
+    ``copy[rows] = master[rows]``) in Triton kernels; ``master`` fp32, ``grads`` any float
+    dtype, all on one device. Unlike the reference, a negative row is skipped (with its
+    gradient): ``fused-lookups`` passes every lookup's, frequent ones as -1."""
     import triton
 
-    n, dim = rows.numel(), grads.shape[1]
+    n, dim = grads.shape
     if not n:
         return
     add, refresh = _kernels()
     grid = (triton.cdiv(n, LOOKUPS),)
     rows, grads = rows.contiguous(), grads.contiguous()
     block = dict(LOOKUPS=LOOKUPS, DIM=triton.next_power_of_2(dim))
-    add[grid](master, rows, grads, rows if at is None else at.contiguous(), lr, n, dim,
-              AT=at is not None, **block)
+    add[grid](master, rows, grads, lr, n, dim, **block)
     if copy is not None:
         refresh[grid](master, copy, rows, n, dim, **block)

@@ -33,6 +33,7 @@ from benchmarks.dlrm import data
 from benchmarks.dlrm.workload import DLRMWorkload
 from common import dist
 from common.cli import one_line_errors
+from common.cuda_graph import graphed_step
 from common.kernel_profile import kernel_breakdown
 from common.mfu import MFU
 from common.optimisations import ablation_variants, config_optimisations, plus_variants
@@ -167,7 +168,10 @@ def _run(p, a, variants: list[str], env: dist.DistEnv) -> int:
         batch = wl.synthetic_batch(a.batch_size)
         ids = data.synthetic_batch(a.batch_size, wl.sizes,   # the same batch's ids
                                    torch.Generator().set_state(state)).sparse
-        m = time_steps(v, wl.train_step, batch, env.device, a.warmup, a.iters)
+        step = graphed_step(wl.train_step, wl.capture_policy(), args.cuda_graph, env.device,
+                            a.precision, "dlrm")
+        capture = step.warmup_steps + 1 if step.enabled else 0   # eager steps, then the capture
+        m = time_steps(v, step, batch, env.device, a.warmup + capture, a.iters)
         rate = a.batch_size * m.iters / m.seconds
         sizes = torch.tensor(wl.sizes, device=env.device)
         moved = embedding_bytes(ids, args.embedding_dim, sizes.cumsum(0) - sizes,
@@ -182,8 +186,9 @@ def _run(p, a, variants: list[str], env: dist.DistEnv) -> int:
             f"({moved / rate_limit:.1%} of copy)  peak "
             f"{m.peak_memory_bytes / 2**30:5.1f} GiB (rank 0)", env.is_main)
         if a.profile:
-            say(kernel_breakdown(wl.train_step, batch, top=25), env.is_main)
-        del wl, batch
+            say(kernel_breakdown(step, batch, top=25), env.is_main)
+        step.release()
+        del wl, batch, step
         gc.collect()
         torch.cuda.empty_cache()
     timed = [r for r in rows if "samples_per_second" in r]

@@ -26,7 +26,7 @@ from common import dist, fixture_cache
 from common.errors import UserError
 from common.hparams import checked, hparam, non_negative, positive
 from common.mllog import constants
-from common.optimisations import Optimisation, Registry
+from common.optimisations import CUDA_GRAPH, Optimisation, Registry, shared
 from common.progress import say
 from common.workload import CapturePolicy, EvalPoint, Target, Workload, interval_points
 
@@ -123,7 +123,9 @@ class _Epoch:
 
 
 def _tensors(batch) -> list[torch.Tensor]:
-    return [t for x in batch for t in (x.tensors() if isinstance(x, Plan) else [x])]
+    return [t for x in batch
+            for t in (x.tensors() if isinstance(x, Plan) else
+                      x.values() if isinstance(x, dict) else [x])]
 
 
 def _fused_sgd(wl: DLRMWorkload, _) -> None:
@@ -181,7 +183,8 @@ class DLRMWorkload(Workload):
         Optimisation("fused-lookups", "hybrid lookups as one Triton kernel from a per-lookup "
                      "code in the index plan; backward keeps the output's gradient, the rare "
                      "update reads it in place, the frequent rows' gradient summed over sorted "
-                     "chunks (lookups_triton.py)", requires=("hybrid-embeddings",), cuda=True,
+                     "chunks (lookups_triton.py)",
+                     requires=("triton-sparse-sgd", "hybrid-embeddings"), cuda=True,
                      compare=None, tested_by="tests/benchmarks/dlrm/test_lookups_triton.py",
                      apply=lambda wl, _: lookups_triton.apply(wl.emb)),
         Optimisation("split-linear", "each MLP layer's weight gradients on a side CUDA stream "
@@ -191,6 +194,7 @@ class DLRMWorkload(Workload):
                      "the top MLP's input padded with zeros to multiples of 8 (aligned GEMMs; "
                      "aligned.py)", apply=lambda wl, _: aligned.apply(wl.dense_arch),
                      excludes=("split-linear",), rtol=1e-5),
+        shared(CUDA_GRAPH, requires=("fused-lookups",), single_process=True),
         Optimisation("prefetch", "the next batches read, copied to the device and their index "
                      "plans computed there (own stream) by four threads during the step",
                      compare="batches",
@@ -330,7 +334,10 @@ class DLRMWorkload(Workload):
         return _Epoch(self, self.train_sched.ranges(epoch - 1, self.args.seed, self.hp.shuffle))
 
     def capture_policy(self) -> CapturePolicy:
-        return CapturePolicy("never", reason="the all-to-all's split sizes change every step")
+        if "fused-lookups" in self.opts and self.env.world_size == 1:
+            return CapturePolicy("static")   # its one-rank plan: sizes fixed by the batch
+        return CapturePolicy("never", reason="the index plan's sizes (and on several ranks "
+                             "the all-to-all's splits) change every step")
 
     @property
     def rank_batch_size(self) -> int:

@@ -44,9 +44,7 @@ def _worker(rank, world, port, threshold, fused, out):
     lookups, _ = emb(plan)
     (lookups * weight[bounds[rank]:bounds[rank + 1]]).sum().backward()
     freq_grad = dist.all_reduce_sum(emb.frequent_grad())
-    rows, grads, at = emb.rare_grad()
-    if at is not None:
-        grads = grads[at]
+    rows, grads = emb.rare_grad()
     out[rank] = dict(lookups=lookups.detach(), freq_grad=freq_grad,
                      freq_map=emb.freq_map.clone(), rows=rows, grads=grads,
                      n_frequent=emb.freq_weight.shape[0])

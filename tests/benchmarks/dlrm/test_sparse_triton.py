@@ -59,18 +59,18 @@ def test_no_lookups_change_nothing():
     assert torch.equal(master, before)
 
 
-def test_gradients_read_through_positions_equal_the_reference():
+def test_negative_rows_are_skipped():
     from benchmarks.dlrm.sparse_triton import sparse_sgd_ as triton_sgd_
 
     g = torch.Generator().manual_seed(2)
-    grads = torch.randn(500, 128, generator=g).to(DEVICE, torch.bfloat16)
-    at = torch.randperm(500, generator=g)[:300].to(DEVICE)
-    rows = torch.randint(0, 40, (300,), generator=g).to(DEVICE)
+    rows = torch.randint(0, 40, (300,), generator=g)
+    skip = torch.rand(300, generator=g) < 0.4
+    grads = torch.randn(300, 128, generator=g).to(DEVICE, torch.bfloat16)
     lr = torch.tensor(0.3, device=DEVICE)
     want, want_copy = _tables(40, 128, torch.bfloat16)
     got, got_copy = _tables(40, 128, torch.bfloat16)
-    sparse_sgd_(want, want_copy, rows, grads, lr, at)
-    triton_sgd_(got, got_copy, rows, grads, lr, at)
+    sparse_sgd_(want, want_copy, rows[~skip].to(DEVICE), grads[~skip.to(DEVICE)], lr)
+    triton_sgd_(got, got_copy, torch.where(skip, -1, rows).to(DEVICE), grads, lr)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(want, _tables(40, 128, None)[0] - torch.zeros_like(want).index_add_(
-        0, rows, grads[at].float() * 0.3), rtol=1e-5, atol=1e-5)
+    ulp = dict(rtol=2 ** -7, atol=0) if INTERPRETED else dict(rtol=0, atol=0)
+    torch.testing.assert_close(got_copy, got.to(torch.bfloat16), **ulp)
