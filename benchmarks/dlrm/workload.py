@@ -26,9 +26,16 @@ from common import dist, fixture_cache
 from common.errors import UserError
 from common.hparams import checked, hparam, non_negative, positive
 from common.mllog import constants
-from common.optimisations import CUDA_GRAPH, Optimisation, Registry, shared
+from common.optimisations import COMPILE, CUDA_GRAPH, Optimisation, Registry, shared
 from common.progress import say
-from common.workload import CapturePolicy, EvalPoint, Target, Workload, interval_points
+from common.workload import (
+    CapturePolicy,
+    EvalPoint,
+    Target,
+    Workload,
+    interval_points,
+    maybe_compile,
+)
 
 CRITEO_TRAIN_SAMPLES = 4_195_197_692
 CRITEO_EVAL_SAMPLES = 89_137_319
@@ -142,6 +149,14 @@ def _fused_sgd(wl: DLRMWorkload, _) -> None:
     wl.optimizer = None
 
 
+def _compile(wl: DLRMWorkload, mode: str) -> None:
+    """The dense part's two regions compiled (after ``aligned-dense``, which it then fuses):
+    the embeddings' lookups and their update stay as they are."""
+    dense = wl.dense_arch
+    dense.bottom_mlp.forward = maybe_compile(dense.bottom_mlp.forward, mode)
+    dense.forward = maybe_compile(dense.forward, mode)
+
+
 def _split_linear(wl: DLRMWorkload, _) -> None:
     split_linear.split(wl.dense_arch)
     update = wl.update   # it reads the weight gradients: join the side streams first
@@ -150,7 +165,6 @@ def _split_linear(wl: DLRMWorkload, _) -> None:
 
 class DLRMWorkload(Workload):
     name = "dlrm"            # the 1.1.0 benchmark name (newer mllog constants say dlrmv4)
-    compiles = False
     targets = (Target("auc", 0.8025),)
     full_dataset = (CRITEO_TRAIN_SAMPLES, CRITEO_EVAL_SAMPLES)
     batch_size_is_global = True
@@ -194,6 +208,9 @@ class DLRMWorkload(Workload):
                      "the top MLP's input padded with zeros to multiples of 8 (aligned GEMMs; "
                      "aligned.py)", apply=lambda wl, _: aligned.apply(wl.dense_arch),
                      excludes=("split-linear",), rtol=1e-5),
+        shared(COMPILE, apply=_compile, description="torch.compile the dense part: the bottom "
+               "MLP, and the interaction with the top MLP (=MODE: default, tuned, "
+               "max-autotune-no-cudagraphs)"),
         shared(CUDA_GRAPH, requires=("fused-lookups",), single_process=True),
         Optimisation("prefetch", "the next batches read, copied to the device and their index "
                      "plans computed there (own stream) by four threads during the step",
