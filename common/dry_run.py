@@ -12,16 +12,40 @@ from __future__ import annotations
 
 import math
 import resource
+import statistics
 from dataclasses import asdict, dataclass
 
 DRY_RUN_KEY = "dry_run"          # value: the steps asked for
 REPORT_KEY = "dry_run_report"    # value: a Report as a dict
+SLOW_FACTOR = 3.0    # a step this many times the median before it gets a line of its own
+SLOW_LINES = 20      # such lines at most, each printed as its step ends
 
 
 def percentile(values: list[float], q: float) -> float:
     """The ``q``-th percentile (0-100) by the nearest rank."""
     ordered = sorted(values)
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def slow(step_s: list[float]) -> bool:
+    """Whether the last of ``step_s`` took over ``SLOW_FACTOR`` times the median of the steps
+    before it."""
+    return len(step_s) > 1 and step_s[-1] > SLOW_FACTOR * statistics.median(step_s[:-1])
+
+
+def slow_step_line(n: int, step_s: float, wait_s: float, compiles, spawned) -> str:
+    """Step ``n``'s line, for a step that ran :func:`slow`: its time, its wait for input and
+    what compiled or started a process during it (``common.stalls.StallWatch``'s
+    ``compiles`` and ``spawned``: a graph recorded or a kernel compiled inside a timed step
+    is a one-off cost that a projection at the steps' mean would charge to every step)."""
+    kinds: dict[str, list[float]] = {}
+    for step, what, seconds in compiles:
+        if step == n:
+            kinds.setdefault(what, []).append(seconds)
+    made = ", ".join(f"{what} {len(t)} x, {sum(t):.1f} s" for what, t in kinds.items())
+    started = sum(1 for step, *_ in spawned if step == n)
+    return (f"dry run: step {n} took {step_s * 1e3:,.1f} ms (input wait {wait_s * 1e3:,.1f} "
+            f"ms; compiled or recorded: {made or 'nothing'}; processes started: {started})")
 
 
 def short_epoch_note(train_samples: int, full_dataset: tuple[int, int] | None) -> str | None:

@@ -337,12 +337,17 @@ def plus_variants(registry: Registry, config: Sequence[str],
                   leave_out: Sequence[str] = ()) -> dict[str, list[str]]:
     """``config-plus-<name>`` for each optimisation of ``registry`` outside ``config`` (and
     its requirements) and ``leave_out``: the config's items with it added, less those that
-    exclude it or that it excludes."""
+    exclude it or that it excludes, and those that require one of them."""
     names = [c.partition("=")[0] for c in config]
-    return {f"config-plus-{o.name}": [c for c, n in zip(config, names)
-                                      if n not in o.excludes
-                                      and o.name not in registry[n].excludes] + [o.name]
-            for o in registry if o.name not in (*leave_out, *registry.closure(names))}
+    variants = {}
+    for o in registry:
+        if o.name in (*leave_out, *registry.closure(names)):
+            continue
+        kept = {n for n in names if n not in o.excludes and o.name not in registry[n].excludes}
+        kept = {n for n in kept if set(registry.closure([n])) <= kept}   # requirements kept
+        variants[f"config-plus-{o.name}"] = [c for c, n in zip(config, names)
+                                             if n in kept] + [o.name]
+    return variants
 
 
 def _with_requirements(registry: Registry, item: str) -> list[str]:

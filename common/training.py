@@ -33,6 +33,7 @@ from common.mllog import MLLog, constants
 from common.precision import PRECISIONS, Precision
 from common.progress import Progress, say
 from common.scoring import BackgroundScorer
+from common.stalls import StallWatch
 from common.streams import work_stream
 from common.workload import COMPILE_MODES, EvalPoint, Workload
 
@@ -527,17 +528,25 @@ def _dry_run(wl: Workload, step, log: MLLog, args, env, init_s: float) -> None:
     if note:
         say(note, env.is_main)
     progress = Progress(args.dry_run, "dry run", enabled=env.is_main)
-    for n in range(1, args.dry_run + 1):
-        t0 = time.perf_counter()
-        batch = stream.next()
-        t1 = time.perf_counter()
-        window.add(step(*batch), n, stream.epoch)
-        stream.stepped()
-        sync()
-        step_s.append(time.perf_counter() - t0)
-        wait_s.append(t1 - t0)
-        raise_if_stopped()
-        progress.update(1, step_ms=f"{step_s[-1] * 1e3:.1f}")
+    slow_lines = 0
+    with StallWatch() as watch:   # what compiled or started a process in each step
+        for n in range(1, args.dry_run + 1):
+            watch.begin(n, None)
+            t0 = time.perf_counter()
+            batch = stream.next()
+            t1 = time.perf_counter()
+            window.add(step(*batch), n, stream.epoch)
+            stream.stepped()
+            sync()
+            watch.end()
+            step_s.append(time.perf_counter() - t0)
+            wait_s.append(t1 - t0)
+            raise_if_stopped()
+            if dry_run.slow(step_s) and slow_lines < dry_run.SLOW_LINES:
+                slow_lines += 1
+                say(dry_run.slow_step_line(n, step_s[-1], wait_s[-1], watch.compiles,
+                                           watch.spawned), env.is_main)
+            progress.update(1, step_ms=f"{step_s[-1] * 1e3:.1f}")
     progress.close()
     window.read_back()
     # the steps' figures before the evaluation, which a stop may cut short

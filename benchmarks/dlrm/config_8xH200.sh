@@ -2,5 +2,6 @@
 # batch 55296): 6912 samples per GPU, rare embedding rows sharded over the 8 GPUs.
 NPROC=8
 PRECISION=${PRECISION:-amp-bf16}
-OPTIMISATIONS=(fused-sgd hybrid-embeddings prefetch cache-eval)
+OPTIMISATIONS=(fused-sgd triton-sparse-sgd hybrid-embeddings fused-lookups aligned-dense prefetch
+               cache-eval)
 TRAIN_ARGS=(--precision "$PRECISION" --log-every 500)

@@ -31,8 +31,8 @@ def _kernels():
                    DIM: tl.constexpr):
         p = tl.program_id(0).to(tl.int64) * LOOKUPS + tl.arange(0, LOOKUPS)
         d = tl.arange(0, DIM)
-        inside = (p < n)[:, None] & (d < dim)[None, :]
-        row = tl.load(rows_ptr + p, mask=p < n, other=0)
+        row = tl.load(rows_ptr + p, mask=p < n, other=-1)
+        inside = ((p < n) & (row >= 0))[:, None] & (d < dim)[None, :]
         g = tl.load(grads_ptr + p[:, None] * dim + d[None, :], mask=inside, other=0.0)
         tl.atomic_add(master_ptr + row[:, None] * dim + d[None, :],
                       g.to(tl.float32) * -tl.load(lr_ptr), mask=inside, sem="relaxed")
@@ -42,8 +42,9 @@ def _kernels():
                     DIM: tl.constexpr):
         p = tl.program_id(0).to(tl.int64) * LOOKUPS + tl.arange(0, LOOKUPS)
         d = tl.arange(0, DIM)
-        inside = (p < n)[:, None] & (d < dim)[None, :]
-        at = tl.load(rows_ptr + p, mask=p < n, other=0)[:, None] * dim + d[None, :]
+        row = tl.load(rows_ptr + p, mask=p < n, other=-1)
+        inside = ((p < n) & (row >= 0))[:, None] & (d < dim)[None, :]
+        at = row[:, None] * dim + d[None, :]
         w = tl.load(master_ptr + at, mask=inside)
         tl.store(copy_ptr + at, w.to(copy_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
                  mask=inside)
@@ -56,7 +57,8 @@ def sparse_sgd_(master: torch.Tensor, copy: torch.Tensor | None, rows: torch.Ten
                 grads: torch.Tensor, lr: torch.Tensor) -> None:
     """``fused_sgd.sparse_sgd_`` (``master[rows] -= lr * grads``, repeats accumulating, then
     ``copy[rows] = master[rows]``) in Triton kernels; ``master`` fp32, ``grads`` any float
-    dtype, all on one device."""
+    dtype, all on one device. Unlike the reference, a negative row is skipped (with its
+    gradient): ``fused-lookups`` passes every lookup's, frequent ones as -1."""
     import triton
 
     n, dim = grads.shape

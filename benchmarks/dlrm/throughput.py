@@ -13,8 +13,11 @@ pipeline (``prefetch``), no evaluation. ``plain``: no optimisation (one process 
 requires it); ``config-plus-<name>`` with one more (in place of what it excludes). Under
 torchrun each rank trains its share of the global batch; rank 0 prints the global samples/s. A
 variant whose tables would not fit the free device memory is skipped with one line.
+``plain-compiled``: ``plain`` with its forward under ``torch.compile``.
 ``--profile`` adds the GPU kernel time by kernel family; MFU (``common.mfu``) counts the MLPs and
-the interaction, over the peak of all the GPUs.
+the interaction, over the peak of all the GPUs. Bandwidth: the embeddings' least traffic a step
+(:func:`embedding_bytes`) over the step's time, against the device-to-device copy rate measured
+in the same process (read and write counted).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from benchmarks.dlrm import data
 from benchmarks.dlrm.workload import DLRMWorkload
 from common import dist
 from common.cli import one_line_errors
+from common.cuda_graph import graphed_step
 from common.kernel_profile import kernel_breakdown
 from common.mfu import MFU
 from common.optimisations import ablation_variants, config_optimisations, plus_variants
@@ -49,7 +53,33 @@ def variants() -> dict[str, list[str]]:
     registry = DLRMWorkload.optimisations
     config = [o for o in config_optimisations("dlrm", "1xH100")
               if o.partition("=")[0] not in NOT_A_STEPS]
-    return {**ablation_variants(registry, config), **plus_variants(registry, config, NOT_A_STEPS)}
+    ablation = ablation_variants(registry, config)
+    return {"plain": ablation.pop("plain"), "plain-compiled": [], **ablation,
+            **plus_variants(registry, config, NOT_A_STEPS)}
+
+
+def embedding_bytes(ids: torch.Tensor, dim: int, offsets: torch.Tensor, lp_bytes: int) -> int:
+    """The least bytes the embeddings move in a training step of global batch ``ids`` [B, T]:
+    each lookup's row read and its output written, the output's gradient read (``lp_bytes``
+    each element), and each distinct row's fp32 master read and written and its copy written
+    (the copy only with ``lp_bytes`` < 4)."""
+    lookups = ids.numel()
+    rows = torch.unique(ids.to(offsets.device) + offsets).numel()
+    return dim * (3 * lookups * lp_bytes + rows * (8 + (lp_bytes if lp_bytes < 4 else 0)))
+
+
+def copy_rate(device, nbytes: int = 2**30, iters: int = 20) -> float:
+    """Device-to-device copy bytes/s (each byte read and written counted)."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        b.copy_(a)
+    stop.record()
+    stop.synchronize()
+    return 2 * nbytes * iters / (start.elapsed_time(stop) / 1e3)
 
 
 VARIANTS = variants()
@@ -120,6 +150,8 @@ def _run(p, a, variants: list[str], env: dist.DistEnv) -> int:
     mfu = MFU.measure(lambda: (DLRMWorkload(workload_args(variants[0], a), env, precision),
                                None), env.device, env.world_size)
     say(str(mfu), env.is_main)
+    rate_limit = copy_rate(env.device)
+    say(f"device-to-device copy: {rate_limit / 1e9:.0f} GB/s (read + write)", env.is_main)
     rows = []
     for v in variants:
         args = workload_args(v, a)
@@ -130,18 +162,33 @@ def _run(p, a, variants: list[str], env: dist.DistEnv) -> int:
             continue
         wl = DLRMWorkload(args, env, precision)
         wl.setup()
+        if v == "plain-compiled":
+            wl._forward = torch.compile(wl._forward)
+        state = wl.synthetic_rng.get_state()
         batch = wl.synthetic_batch(a.batch_size)
-        m = time_steps(v, wl.train_step, batch, env.device, a.warmup, a.iters)
+        ids = data.synthetic_batch(a.batch_size, wl.sizes,   # the same batch's ids
+                                   torch.Generator().set_state(state)).sparse
+        step = graphed_step(wl.train_step, wl.capture_policy(), args.cuda_graph, env.device,
+                            a.precision, "dlrm")
+        capture = step.warmup_steps + 1 if step.enabled else 0   # eager steps, then the capture
+        m = time_steps(v, step, batch, env.device, a.warmup + capture, a.iters)
         rate = a.batch_size * m.iters / m.seconds
+        sizes = torch.tensor(wl.sizes, device=env.device)
+        moved = embedding_bytes(ids, args.embedding_dim, sizes.cumsum(0) - sizes,
+                                lp.itemsize if lp else 4) * m.iters / m.seconds / env.world_size
         rows.append({"variant": v, "samples_per_second": rate, **mfu.row(rate),
+                     "embedding_gb_per_second": moved / 1e9,
+                     "copy_rate_gb_per_second": rate_limit / 1e9,
                      "peak_memory_gib": m.peak_memory_bytes / 2**30,
                      "table_gib_per_gpu": need / 2**30})
         say(f"{v:38s} batch {a.batch_size} on {env.world_size} GPU(s) {a.precision}: "
-            f"{rate:10.0f} samples/s  {mfu.text(rate)}  peak "
+            f"{rate:10.0f} samples/s  {mfu.text(rate)}  embeddings {moved / 1e9:5.0f} GB/s "
+            f"({moved / rate_limit:.1%} of copy)  peak "
             f"{m.peak_memory_bytes / 2**30:5.1f} GiB (rank 0)", env.is_main)
         if a.profile:
-            say(kernel_breakdown(wl.train_step, batch, top=25), env.is_main)
-        del wl, batch
+            say(kernel_breakdown(step, batch, top=25), env.is_main)
+        step.release()
+        del wl, batch, step
         gc.collect()
         torch.cuda.empty_cache()
     timed = [r for r in rows if "samples_per_second" in r]

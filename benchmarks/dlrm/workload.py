@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.dlrm import aligned, data, fused_sgd, sparse_triton, split_linear
+from benchmarks.dlrm import aligned, data, fused_sgd, lookups_triton, sparse_triton, split_linear
 from benchmarks.dlrm.auc import roc_auc
 from benchmarks.dlrm.hybrid import HybridEmbedding, Plan, frequent_rows
 from benchmarks.dlrm.model import DenseArch, PlainEmbeddings, mllog_tensor_names, parse_mlp
@@ -26,9 +26,16 @@ from common import dist, fixture_cache
 from common.errors import UserError
 from common.hparams import checked, hparam, non_negative, positive
 from common.mllog import constants
-from common.optimisations import Optimisation, Registry
+from common.optimisations import COMPILE, CUDA_GRAPH, Optimisation, Registry, shared
 from common.progress import say
-from common.workload import CapturePolicy, EvalPoint, Target, Workload, interval_points
+from common.workload import (
+    CapturePolicy,
+    EvalPoint,
+    Target,
+    Workload,
+    interval_points,
+    maybe_compile,
+)
 
 CRITEO_TRAIN_SAMPLES = 4_195_197_692
 CRITEO_EVAL_SAMPLES = 89_137_319
@@ -123,7 +130,9 @@ class _Epoch:
 
 
 def _tensors(batch) -> list[torch.Tensor]:
-    return [t for x in batch for t in (x.tensors() if isinstance(x, Plan) else [x])]
+    return [t for x in batch
+            for t in (x.tensors() if isinstance(x, Plan) else
+                      x.values() if isinstance(x, dict) else [x])]
 
 
 def _fused_sgd(wl: DLRMWorkload, _) -> None:
@@ -140,6 +149,14 @@ def _fused_sgd(wl: DLRMWorkload, _) -> None:
     wl.optimizer = None
 
 
+def _compile(wl: DLRMWorkload, mode: str) -> None:
+    """The dense part's two regions compiled (after ``aligned-dense``, which it then fuses):
+    the embeddings' lookups and their update stay as they are."""
+    dense = wl.dense_arch
+    dense.bottom_mlp.forward = maybe_compile(dense.bottom_mlp.forward, mode)
+    dense.forward = maybe_compile(dense.forward, mode)
+
+
 def _split_linear(wl: DLRMWorkload, _) -> None:
     split_linear.split(wl.dense_arch)
     update = wl.update   # it reads the weight gradients: join the side streams first
@@ -148,7 +165,6 @@ def _split_linear(wl: DLRMWorkload, _) -> None:
 
 class DLRMWorkload(Workload):
     name = "dlrm"            # the 1.1.0 benchmark name (newer mllog constants say dlrmv4)
-    compiles = False
     targets = (Target("auc", 0.8025),)
     full_dataset = (CRITEO_TRAIN_SAMPLES, CRITEO_EVAL_SAMPLES)
     batch_size_is_global = True
@@ -178,6 +194,13 @@ class DLRMWorkload(Workload):
                      "by all-to-all (hybrid.py, no frequent rows)", requires=("fused-sgd",),
                      excludes=("hybrid-embeddings",), rtol=1e-7,
                      select=lambda wl, _: setattr(wl.impl, "frequent_threshold", math.inf)),
+        Optimisation("fused-lookups", "hybrid lookups as one Triton kernel from a per-lookup "
+                     "code in the index plan; backward keeps the output's gradient, the rare "
+                     "update reads it in place, the frequent rows' gradient summed over sorted "
+                     "chunks (lookups_triton.py)",
+                     requires=("triton-sparse-sgd", "hybrid-embeddings"), cuda=True,
+                     compare=None, tested_by="tests/benchmarks/dlrm/test_lookups_triton.py",
+                     apply=lambda wl, _: lookups_triton.apply(wl.emb)),
         Optimisation("split-linear", "each MLP layer's weight gradients on a side CUDA stream "
                      "beside its data gradient (split_linear.py)", apply=_split_linear,
                      rtol=1e-7),
@@ -185,6 +208,10 @@ class DLRMWorkload(Workload):
                      "the top MLP's input padded with zeros to multiples of 8 (aligned GEMMs; "
                      "aligned.py)", apply=lambda wl, _: aligned.apply(wl.dense_arch),
                      excludes=("split-linear",), rtol=1e-5),
+        shared(COMPILE, apply=_compile, description="torch.compile the dense part: the bottom "
+               "MLP, and the interaction with the top MLP (=MODE: default, tuned, "
+               "max-autotune-no-cudagraphs)"),
+        shared(CUDA_GRAPH, requires=("fused-lookups",), single_process=True),
         Optimisation("prefetch", "the next batches read, copied to the device and their index "
                      "plans computed there (own stream) by four threads during the step",
                      compare="batches",
@@ -324,7 +351,10 @@ class DLRMWorkload(Workload):
         return _Epoch(self, self.train_sched.ranges(epoch - 1, self.args.seed, self.hp.shuffle))
 
     def capture_policy(self) -> CapturePolicy:
-        return CapturePolicy("never", reason="the all-to-all's split sizes change every step")
+        if "fused-lookups" in self.opts and self.env.world_size == 1:
+            return CapturePolicy("static")   # its one-rank plan: sizes fixed by the batch
+        return CapturePolicy("never", reason="the index plan's sizes (and on several ranks "
+                             "the all-to-all's splits) change every step")
 
     @property
     def rank_batch_size(self) -> int:

@@ -82,9 +82,11 @@ class Loader:
             self._keys.keys = self._keys_from(epoch)
             self._stream = iter(self._train_loader)
         self._next_epoch = None
-        for _ in range(len(self.batches(epoch))):
+        count = len(self.batches(epoch))
+        for i in range(count):
+            if i == count - 1:   # the trainer takes the epoch's count and asks for no more
+                self._next_epoch = epoch + 1
             yield to_device(next(self._stream), self.device)
-        self._next_epoch = epoch + 1
 
     def _keys_from(self, epoch: int):
         """``(epoch, batch)`` for every batch of ``epoch`` and of each epoch after it."""

@@ -33,6 +33,8 @@ class ToyWorkload(Workload):
         p.add_argument("--poison-step", type=int, default=0,
                        help="from this 1-based step on, the inputs are NaN")
         p.add_argument("--step-sleep", type=float, default=0.0, help="seconds per step")
+        p.add_argument("--slow-step", type=int, default=0,
+                       help="this 1-based step sleeps 0.5 s more")
         p.add_argument("--eval-every", type=int, default=1, help="epochs between evaluations")
 
     def build(self):
@@ -75,7 +77,7 @@ class ToyWorkload(Workload):
         self.steps_run += 1
         if self.args.poison_step and self.steps_run >= self.args.poison_step:
             x = x * float("nan")
-        time.sleep(self.args.step_sleep)
+        time.sleep(self.args.step_sleep + 0.5 * (self.steps_run == self.args.slow_step))
         self.opt.zero_grad()
         loss = nn.functional.cross_entropy(self.model(x), y)
         loss.backward()

@@ -1,6 +1,8 @@
-"""Hybrid embeddings over 2 gloo processes == one plain nn.EmbeddingBag per table."""
+"""Hybrid embeddings over 2 gloo processes == one plain nn.EmbeddingBag per table; with
+``fused-lookups``' kernels under Triton's interpreter too (``TRITON_INTERPRET=1``)."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -28,12 +30,15 @@ def _stats():
     return torch.stack([torch.randint(0, n, (40,), generator=g) ** 2 % n for n in SIZES], 1)
 
 
-def _worker(rank, world, port, threshold, out):
+def _worker(rank, world, port, threshold, fused, out):
     _rendezvous(rank, world, port)
     dist.init_distributed("cpu")
     ids, weight = _batch()
     emb = HybridEmbedding(SIZES, DIM, frequent_rows(_stats(), SIZES, threshold), rank, world,
                           SEED, torch.device("cpu"))
+    if fused:
+        from benchmarks.dlrm import lookups_triton
+        lookups_triton.apply(emb)
     bounds = split_bounds(BATCH, world)
     plan = emb.plan(ids, bounds)
     lookups, _ = emb(plan)
@@ -46,12 +51,16 @@ def _worker(rank, world, port, threshold, out):
     dist.shutdown()
 
 
+@pytest.mark.parametrize("fused", [False, pytest.param(True, marks=pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="fused-lookups: TRITON_INTERPRET=1"))],
+    ids=["reference", "fused-lookups"])
 @pytest.mark.parametrize("threshold", [0.0, 2.0, 4.0, math.inf])
-def test_two_gloo_ranks_match_plain_embedding_bag(threshold):
+def test_two_gloo_ranks_match_plain_embedding_bag(threshold, fused):
     world = 2
     with mp.Manager() as manager:
         out = manager.dict()
-        mp.spawn(_worker, args=(world, _free_port(), threshold, out), nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, _free_port(), threshold, fused, out), nprocs=world,
+                 join=True)
         res = dict(out)
     ids, weight = _batch()
     plain = PlainEmbeddings(SIZES, DIM, SEED, torch.device("cpu"), sparse=False)

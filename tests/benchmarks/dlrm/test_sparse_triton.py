@@ -57,3 +57,20 @@ def test_no_lookups_change_nothing():
     triton_sgd_(master, copy, torch.zeros(0, dtype=torch.long, device=DEVICE),
                 torch.zeros(0, 8, device=DEVICE), torch.tensor(0.1, device=DEVICE))
     assert torch.equal(master, before)
+
+
+def test_negative_rows_are_skipped():
+    from benchmarks.dlrm.sparse_triton import sparse_sgd_ as triton_sgd_
+
+    g = torch.Generator().manual_seed(2)
+    rows = torch.randint(0, 40, (300,), generator=g)
+    skip = torch.rand(300, generator=g) < 0.4
+    grads = torch.randn(300, 128, generator=g).to(DEVICE, torch.bfloat16)
+    lr = torch.tensor(0.3, device=DEVICE)
+    want, want_copy = _tables(40, 128, torch.bfloat16)
+    got, got_copy = _tables(40, 128, torch.bfloat16)
+    sparse_sgd_(want, want_copy, rows[~skip].to(DEVICE), grads[~skip.to(DEVICE)], lr)
+    triton_sgd_(got, got_copy, torch.where(skip, -1, rows).to(DEVICE), grads, lr)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    ulp = dict(rtol=2 ** -7, atol=0) if INTERPRETED else dict(rtol=0, atol=0)
+    torch.testing.assert_close(got_copy, got.to(torch.bfloat16), **ulp)

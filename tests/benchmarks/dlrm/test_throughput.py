@@ -31,13 +31,26 @@ def test_unknown_variant_exits_2_with_one_line(monkeypatch, capsys):
 
 def test_variants_come_from_the_registry_and_the_config():
     v = throughput.VARIANTS
-    assert v["plain"] == [] and v["config"] == ["fused-sgd", "hybrid-embeddings"]
-    assert v["config-minus-hybrid-embeddings"] == ["fused-sgd"]
-    assert v["config-minus-fused-sgd"] == []       # hybrid-embeddings requires it
-    assert v["config-plus-model-parallel-embeddings"] == ["fused-sgd",
-                                                          "model-parallel-embeddings"]
-    assert v["config-plus-split-linear"] == ["fused-sgd", "hybrid-embeddings", "split-linear"]
+    assert v["plain"] == [] and v["plain-compiled"] == []
+    assert v["config"] == ["fused-sgd", "triton-sparse-sgd", "hybrid-embeddings",
+                           "fused-lookups", "aligned-dense"]
+    # what requires the dropped one goes with it
+    assert v["config-minus-hybrid-embeddings"] == ["fused-sgd", "triton-sparse-sgd",
+                                                   "aligned-dense"]
+    assert v["config-minus-fused-sgd"] == ["aligned-dense"]
+    assert v["config-plus-model-parallel-embeddings"] == [
+        "fused-sgd", "triton-sparse-sgd", "aligned-dense", "model-parallel-embeddings"]
+    assert v["config-plus-split-linear"] == ["fused-sgd", "triton-sparse-sgd",
+                                             "hybrid-embeddings", "fused-lookups",
+                                             "split-linear"]   # not with aligned-dense
     assert not any(n in v for n in ("config-minus-prefetch", "config-plus-cache-eval"))
+
+
+def test_embedding_bytes_count_lookups_and_distinct_rows():
+    ids = torch.tensor([[0, 1], [0, 2], [0, 1]])   # tables at offsets 0 and 10
+    # 6 lookups x 3 passes x 2 bytes + 3 distinct rows (0, 11, 12) x (8 + 2), of 4 elements
+    assert throughput.embedding_bytes(ids, 4, torch.tensor([0, 10]), 2) == 4 * (36 + 30)
+    assert throughput.embedding_bytes(ids, 4, torch.tensor([0, 10]), 4) == 4 * (72 + 24)
 
 
 def test_power_law_ids_stay_in_their_tables_and_are_skewed():
@@ -98,8 +111,12 @@ def _train_and_keep(rank, world, port, out):
     _rendezvous(rank, world, port)
     env = dist.init_distributed("cpu")
     torch.manual_seed(rank)   # as the driver seeds each rank: rank 1's MLPs differ until broadcast
-    args = throughput.workload_args("config", argparse.Namespace(
+    throughput.VARIANTS["config-on-cpu"] = [   # the config less its CUDA-only optimisations
+        i for i in throughput.VARIANTS["config"]
+        if not DLRMWorkload.optimisations[i.partition("=")[0]].cuda]
+    args = throughput.workload_args("config-on-cpu", argparse.Namespace(
         precision="fp32", batch_size=64, max_ind_range=50))
+    assert {"hybrid-embeddings", "aligned-dense"} <= set(args.optimisations)
     wl = DLRMWorkload(args, env, Precision("fp32", "cpu"))
     wl.setup()
     batch = wl.synthetic_batch(64)

@@ -1,0 +1,209 @@
+"""Hybrid embeddings' lookups and frequent-row gradient in Triton kernels (``fused-lookups``),
+applied to a :class:`benchmarks.dlrm.hybrid.HybridEmbedding`, whose methods stay the reference.
+
+The reference gathers the frequent and the rare vectors apart, then scatters both into a
+zeroed [lookups, d] output (``index_copy``, which clones it twice); backward gathers the output's
+gradient back at both sets of positions and adds the frequent ones into their rows with atomic
+``index_add_``, where a power-law batch sends thousands of lookups to its hottest rows. Here:
+
+- the index plan carries ``code``, one int per lookup position: a frequent row ``r >= 0``, or
+  ``-1 - j``: rare vector ``j`` (on one rank the rare table's row, on several the received
+  vector), so one kernel writes each output row once from wherever it lives;
+- backward keeps the output's gradient as it is. On one rank the rare update
+  (``triton-sparse-sgd``) reads it in place through every lookup's rare row (-1 where
+  frequent); the frequent gradient is summed by a kernel over the frequent lookups sorted by
+  row, cut into chunks of at most ``CHUNK`` of one row, one atomic add a chunk and dimension
+  (a test against the reference; fp32 sums in another order).
+
+On one rank every tensor of the plan has a size fixed by the batch (the chunks padded to
+:func:`chunk_capacity`), and the step has no host sync: it may be one CUDA graph
+(``cuda-graph``). On several ranks the rare vectors still travel by the reference's
+all-to-alls, whose sizes change with the batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+
+import torch
+import torch.distributed as dist
+
+from benchmarks.dlrm.hybrid import HybridEmbedding, Plan
+
+LOOKUPS = 16   # output rows a program
+CHUNK = 32     # sorted frequent lookups a program at most (one row's)
+
+
+@functools.cache
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def lookup_kernel(out_ptr, code_ptr, freq_ptr, rare_ptr, n, dim, LOOKUPS: tl.constexpr,
+                      DIM: tl.constexpr):
+        p = tl.program_id(0).to(tl.int64) * LOOKUPS + tl.arange(0, LOOKUPS)
+        d = tl.arange(0, DIM)
+        inside = (p < n)[:, None] & (d < dim)[None, :]
+        code = tl.load(code_ptr + p, mask=p < n, other=0).to(tl.int64)
+        frequent = (code >= 0)[:, None]
+        f = tl.load(freq_ptr + code[:, None] * dim + d[None, :], mask=inside & frequent)
+        r = tl.load(rare_ptr + (-1 - code)[:, None] * dim + d[None, :],
+                    mask=inside & ~frequent)
+        tl.store(out_ptr + p[:, None] * dim + d[None, :], tl.where(frequent, f, r), mask=inside)
+
+    @triton.jit
+    def chunk_sum_kernel(grad_ptr, out_grad_ptr, order_ptr, starts_ptr, rows_ptr, dim,
+                         CHUNK: tl.constexpr, DIM: tl.constexpr):
+        c = tl.program_id(0)
+        start, stop = tl.load(starts_ptr + c), tl.load(starts_ptr + c + 1)   # empty: padding
+        k = start + tl.arange(0, CHUNK)
+        d = tl.arange(0, DIM)
+        pos = tl.load(order_ptr + k, mask=k < stop, other=0).to(tl.int64)
+        g = tl.load(out_grad_ptr + pos[:, None] * dim + d[None, :],
+                    mask=(k < stop)[:, None] & (d < dim)[None, :], other=0.0)
+        row = tl.load(rows_ptr + c).to(tl.int64)
+        tl.atomic_add(grad_ptr + row * dim + d, tl.sum(g.to(tl.float32), axis=0),
+                      mask=(d < dim) & (d * 0 + start < stop), sem="relaxed")
+
+    return lookup_kernel, chunk_sum_kernel
+
+
+def chunk_capacity(frequent_rows: int, lookups: int) -> int:
+    """The most chunks ``lookups`` frequent lookups over ``frequent_rows`` rows can make: a
+    row's run of L lookups is ceil(L / CHUNK) <= L / CHUNK + 1 chunks."""
+    return min(lookups, frequent_rows + -(-lookups // CHUNK))
+
+
+def _chunks(rows_of: torch.Tensor, frequent_rows: int) -> dict[str, torch.Tensor]:
+    """The chunks of the lookups whose ``rows_of`` (one a lookup position; ``frequent_rows``
+    for a rare lookup) is a frequent row, padded to :func:`chunk_capacity` (empty chunks)."""
+    n = rows_of.numel()
+    rows, order = torch.sort(rows_of, stable=True)   # the rare ones last
+    k = torch.arange(n, device=rows.device)
+    new_row = torch.ones_like(rows, dtype=torch.bool)
+    new_row[1:] = rows[1:] != rows[:-1]
+    run_start = torch.cummax(torch.where(new_row, k, 0), 0).values
+    first = torch.nonzero((new_row | ((k - run_start) % CHUNK == 0))
+                          & (rows < frequent_rows)).squeeze(1)
+    cap = chunk_capacity(frequent_rows, n)
+    starts = (rows < frequent_rows).sum().expand(cap + 1).clone()   # the frequent count
+    starts[:first.numel()] = first
+    chunk_rows = rows.new_zeros(cap)
+    chunk_rows[:first.numel()] = rows[first]
+    return {"freq_order": order, "chunk_starts": starts, "chunk_rows": chunk_rows}
+
+
+def one_rank_plan(emb: HybridEmbedding, ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One rank's plan for ids [B, T] on the tables' device, every tensor's size fixed by B
+    (so a step may be one CUDA graph): ``code`` (see the module doc: a rare lookup's row is its
+    global row), ``rare_rows`` (each lookup's rare row, -1 for a frequent one), and the
+    frequent lookups' chunks: ``freq_order`` (positions sorted by row), ``chunk_starts`` (each
+    chunk's first index into it, then the frequent count) and ``chunk_rows``."""
+    flat = (ids.to(emb.freq_map.device, non_blocking=True) + emb.offsets).reshape(-1)
+    row = emb.freq_map[flat].long()
+    frequent = row >= 0
+    n_frequent = emb.freq_weight.shape[0]
+    return {"code": torch.where(frequent, row, -1 - flat),
+            "rare_rows": torch.where(frequent, -1, flat),
+            **_chunks(torch.where(frequent, row, n_frequent), n_frequent)}
+
+
+def plan_extra(plan: Plan, frequent_rows: int) -> dict[str, torch.Tensor]:
+    """On several ranks, the :class:`Plan`'s additions: ``code`` (a rare lookup's is the
+    received vector's index) and the frequent lookups' chunks (as :func:`one_rank_plan`)."""
+    n = plan.freq_pos.numel() + plan.recv_pos.numel()   # every lookup is one or the other
+    dev = plan.freq_pos.device
+    code = torch.empty(n, dtype=torch.int64, device=dev)
+    code[plan.freq_pos] = plan.freq_rows
+    code[plan.recv_pos] = -1 - torch.arange(plan.recv_pos.numel(), device=dev)
+    rows_of = torch.full((n,), frequent_rows, dtype=torch.int64, device=dev)
+    rows_of[plan.freq_pos] = plan.freq_rows
+    return {"code": code, **_chunks(rows_of, frequent_rows)}
+
+
+class _Lookup(torch.autograd.Function):
+    """The output from ``code``; backward hands the output's gradient to ``owner`` (and on
+    several ranks starts sending the rare vectors' gradients home). ``anchor``, an empty leaf
+    that requires grad, links the output into autograd; it gets no gradient."""
+
+    @staticmethod
+    def forward(ctx, anchor, code, freq_src, rare_src, owner):
+        import triton
+
+        ctx.owner = owner
+        n, dim = code.numel(), freq_src.shape[1]
+        out = freq_src.new_empty(n, dim)
+        if n:
+            _kernels()[0][(triton.cdiv(n, LOOKUPS),)](
+                out, code, freq_src, rare_src, n, dim, LOOKUPS=LOOKUPS,
+                DIM=triton.next_power_of_2(dim))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        owner = ctx.owner
+        owner._out_grad = grad = grad.contiguous()
+        if owner.world > 1:
+            plan = owner._plan
+            home = grad.new_empty(sum(plan.send_counts), grad.shape[1])
+            work = dist.all_to_all_single(home, grad[plan.recv_pos], plan.send_counts,
+                                          plan.recv_counts, async_op=True)
+            owner._returning = home, work
+        return None, None, None, None, None
+
+
+def _plan(self, sparse: torch.Tensor, bounds: list[int]):
+    if self.world == 1:
+        return one_rank_plan(self, sparse)
+    plan = HybridEmbedding.plan(self, sparse, bounds)
+    plan.extra.update(plan_extra(plan, self.freq_weight.shape[0]))
+    return plan
+
+
+def _forward(self, plan, overlap=None):
+    freq_src = self.freq_weight if self.freq_lp is None else self.freq_lp
+    rare_src = self.rare_weight if self.rare_lp is None else self.rare_lp
+    T, work = len(self.sizes), None
+    if self.world > 1:
+        send = rare_src[plan.serve_rows]
+        rare_src = send.new_empty(sum(plan.recv_counts), self.dim)
+        work = dist.all_to_all_single(rare_src, send, plan.recv_counts, plan.send_counts,
+                                      async_op=True)
+    extra = overlap() if overlap is not None else None
+    if work is not None:
+        work.wait()
+    self._plan, self._out_grad, self._returning = plan, None, None
+    code = plan["code"] if self.world == 1 else plan.extra["code"]
+    out = _Lookup.apply(self._anchor, code, freq_src, rare_src.contiguous(), self)
+    return out.view(code.numel() // T, T, self.dim), extra
+
+
+def _frequent_grad(self) -> torch.Tensor:
+    import triton
+
+    grad = torch.zeros_like(self.freq_weight)
+    chunks = self._plan if self.world == 1 else self._plan.extra
+    if chunks["chunk_rows"].numel():
+        _kernels()[1][(chunks["chunk_rows"].numel(),)](
+            grad, self._out_grad, chunks["freq_order"], chunks["chunk_starts"],
+            chunks["chunk_rows"], self.dim, CHUNK=CHUNK, DIM=triton.next_power_of_2(self.dim))
+    return grad
+
+
+def _rare_grad(self):
+    """One rank: every lookup's rare row (-1 where frequent, which ``triton-sparse-sgd``
+    skips) and the output's gradient as it is; several: the reference's."""
+    if self.world == 1:
+        return self._plan["rare_rows"], self._out_grad
+    return self._plan.serve_rows, self.returned()
+
+
+def apply(emb: HybridEmbedding) -> None:
+    """Give ``emb`` the fused plan, lookups and gradients (see the module doc)."""
+    emb._anchor = torch.empty(0, device=emb.freq_weight.device, requires_grad=True)
+    emb._out_grad = None
+    for name, fn in (("plan", _plan), ("forward", _forward), ("frequent_grad", _frequent_grad),
+                     ("rare_grad", _rare_grad)):
+        setattr(emb, name, types.MethodType(fn, emb))
