@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import math
 import os
 import signal
@@ -52,6 +53,47 @@ def shut_down(loader: torch.utils.data.DataLoader) -> None:
     if iterator is not None:
         loader._iterator = None
         iterator._shutdown_workers()
+
+
+class EpochStream:
+    """A run's items ``dataset[key]`` epoch by epoch (``keys_of(epoch)`` the keys of one), from
+    loader processes that serve the whole run (:func:`persistent`: started at the first epoch,
+    stopped by ``close``, started again if read again) in one stream of keys that runs on into
+    the next epoch, so the processes load its first items while this one's last steps run.
+
+    ``epoch(e)`` yields e's items. A trainer takes an epoch's count of items and asks for no
+    more: the next epoch then goes on from the stream. Another epoch asked for, or a pass left
+    unfinished, restarts the stream there, after the processes finish what they had queued."""
+
+    def __init__(self, dataset, keys_of, workers: int, pin: bool, as_is: bool = False):
+        self.dataset, self.keys_of = dataset, keys_of
+        self.workers, self.pin, self.as_is = workers, pin, as_is
+        self._keys, self._loader = Keys(), None
+        self._stream = self._next = None
+
+    def epoch(self, epoch: int):
+        if self._loader is None:
+            self._loader = persistent(self.dataset, self._keys, self.workers, self.pin,
+                                      self.as_is)
+        if epoch != self._next or self._stream is None:
+            self._keys.keys = self._keys_from(epoch)
+            self._stream = iter(self._loader)
+        self._next = None
+        count = len(self.keys_of(epoch))
+        for i in range(count):
+            if i == count - 1:   # the epoch's last item handed out: the stream runs on
+                self._next = epoch + 1
+            yield next(self._stream)
+
+    def _keys_from(self, epoch: int):
+        for e in itertools.count(epoch):
+            yield from self.keys_of(e)
+
+    def close(self) -> None:
+        """Stop the loader processes."""
+        if self._loader is not None:
+            shut_down(self._loader)
+            self._stream = self._next = None
 
 
 class Keys(torch.utils.data.Sampler):

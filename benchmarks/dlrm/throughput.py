@@ -14,7 +14,9 @@ requires it); ``config-plus-<name>`` with one more (in place of what it excludes
 torchrun each rank trains its share of the global batch; rank 0 prints the global samples/s. A
 variant whose tables would not fit the free device memory is skipped with one line.
 ``plain-compiled``: ``plain`` with its forward under ``torch.compile``.
-``--profile`` adds the GPU kernel time by kernel family; MFU (``common.mfu``) counts the MLPs and
+Each hybrid variant also prints its index plan's time, which the step leaves out (the plan is
+built once here; ``prefetch`` computes it during the step before). ``--profile`` adds the GPU
+kernel time by kernel family; MFU (``common.mfu``) counts the MLPs and
 the interaction, over the peak of all the GPUs. Bandwidth: the embeddings' least traffic a step
 (:func:`embedding_bytes`) over the step's time, against the device-to-device copy rate measured
 in the same process (read and write counted).
@@ -30,6 +32,7 @@ import sys
 import torch
 
 from benchmarks.dlrm import data
+from benchmarks.dlrm.hybrid import HybridEmbedding
 from benchmarks.dlrm.workload import DLRMWorkload
 from common import dist
 from common.cli import one_line_errors
@@ -66,6 +69,24 @@ def embedding_bytes(ids: torch.Tensor, dim: int, offsets: torch.Tensor, lp_bytes
     lookups = ids.numel()
     rows = torch.unique(ids.to(offsets.device) + offsets).numel()
     return dim * (3 * lookups * lp_bytes + rows * (8 + (lp_bytes if lp_bytes < 4 else 0)))
+
+
+def plan_time_ms(wl: DLRMWorkload, ids: torch.Tensor, repeats: int = 5) -> float | None:
+    """The median time from the start to the end of the index plan of global batch ``ids`` on
+    the current stream (host syncs included), ms; None where the embeddings take the ids as
+    they are."""
+    if not isinstance(wl.emb, HybridEmbedding):
+        return None
+    ids = ids.to(wl.env.device)
+    times = []
+    for _ in range(repeats + 1):   # the first call warms up
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        wl._index(ids)
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return sorted(times[1:])[repeats // 2]
 
 
 def copy_rate(device, nbytes: int = 2**30, iters: int = 20) -> float:
@@ -185,6 +206,12 @@ def _run(p, a, variants: list[str], env: dist.DistEnv) -> int:
             f"{rate:10.0f} samples/s  {mfu.text(rate)}  embeddings {moved / 1e9:5.0f} GB/s "
             f"({moved / rate_limit:.1%} of copy)  peak "
             f"{m.peak_memory_bytes / 2**30:5.1f} GiB (rank 0)", env.is_main)
+        plan_ms = plan_time_ms(wl, ids)
+        if plan_ms is not None:
+            rows[-1]["plan_ms"] = plan_ms
+            say(f"{'':38s} index plan {plan_ms:.2f} ms a batch (its stream's elapsed time), not "
+                f"in the step: prefetch computes it during the step before, on its own stream",
+                env.is_main)
         if a.profile:
             say(kernel_breakdown(step, batch, top=25), env.is_main)
         step.release()

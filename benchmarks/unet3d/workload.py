@@ -88,7 +88,7 @@ class Unet3DWorkload(Workload):
     targets = (Target("mean_dice", 0.908),)
     full_dataset = (KITS19_TRAIN, KITS19_EVAL)
     hparams = HParams
-    train_loader = None   # the training loader, made at the first epoch
+    train_stream = None   # the training batches' loaders.EpochStream, made at the first epoch
     # fp32 on the CPU, the tiny config's three steps: channels-last equal, fused-norm 6.6e-8 off
     optimisations = Registry(
         Optimisation("spatial-group", "=G: each sample's depth split over G ranks (G divides "
@@ -143,7 +143,6 @@ class Unet3DWorkload(Workload):
         group = self.sg.size if self.sg else 1
         self.replicas, self.replica = env.world_size // group, env.rank // group
         self.train_set = data.TrainSet(self.train_cases, hp.input_shape, hp.oversampling, a.seed)
-        self.train_keys = loaders.Keys()
         if self.train_samples < self.global_batch_size:
             raise UserError(f"{a.data_dir}: {self.train_samples} training cases are fewer "
                             f"than one global batch ({self.global_batch_size})")
@@ -254,16 +253,22 @@ class Unet3DWorkload(Workload):
     # -- steps ----------------------------------------------------------------------------
     def epoch_batches(self, epoch: int):
         self.lr.fill_(lr_at(epoch, self.hp))
-        if self.train_loader is None:
+        if self.train_stream is None:
             # No pinned memory: the pinning thread's CUDA calls would break the step's graph
             # capture.
-            self.train_loader = loaders.persistent(data.TrainBatches(self.train_set),
-                                                   self.train_keys, self.args.workers, pin=False)
+            self.train_stream = loaders.EpochStream(data.TrainBatches(self.train_set),
+                                                    self.epoch_order, self.args.workers,
+                                                    pin=False)
         return _Batches(self, epoch)
 
+    def epoch_order(self, epoch: int) -> list[list[tuple[int, int]]]:
+        """This replica's batches of ``epoch`` (``data.epoch_order``)."""
+        return data.epoch_order(len(self.train_cases), self.args.seed, epoch,
+                                self.global_batch_size, self.replica, self.replicas)
+
     def close(self) -> None:
-        if self.train_loader is not None:
-            loaders.shut_down(self.train_loader)
+        if self.train_stream is not None:
+            self.train_stream.close()
 
     def synthetic_batch(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         image, label = data.synthetic_batch(batch_size, self.hp.input_shape, self.env.device)
@@ -314,17 +319,14 @@ class _Batches:
     """One rank's training batches of an epoch, on the device (its depth slab when split)."""
 
     def __init__(self, wl: Unet3DWorkload, epoch: int):
-        self.wl = wl
-        self.order = data.epoch_order(len(wl.train_cases), wl.args.seed, epoch,
-                                      wl.global_batch_size, wl.replica, wl.replicas)
+        self.wl, self.epoch = wl, epoch
 
     def __len__(self) -> int:
-        return len(self.order)
+        return len(self.wl.epoch_order(self.epoch))
 
     def __iter__(self):
         dev, sg = self.wl.env.device, self.wl.sg
-        self.wl.train_keys.keys = self.order   # what the loader processes serve next
-        for image, label in self.wl.train_loader:
+        for image, label in self.wl.train_stream.epoch(self.epoch):
             if sg:
                 image, label = sg.slab(image), sg.slab(label)
             image = self.wl.layout(image.to(dev, non_blocking=True).contiguous())

@@ -11,7 +11,6 @@ ones each pass (:func:`common.coco.data.batch_loader`).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 
 import torch
@@ -56,8 +55,7 @@ class Loader:
         self.dataset, self.train, self.collate = dataset, train, collate
         self.batch_size, self.rank, self.world_size, self.seed = batch_size, rank, world_size, seed
         self.num_workers, self.device = num_workers, torch.device(device)
-        self._keys, self._train_loader = loaders.Keys(), None
-        self._stream, self._next_epoch = None, None   # the training batches' iterator
+        self._train = None   # the training batches' loaders.EpochStream
 
     def batches(self, epoch: int) -> list[list[int]]:
         raise NotImplementedError
@@ -74,31 +72,18 @@ class Loader:
                                       self.num_workers, self.device):
                 yield to_device(batch, self.device)
             return
-        if self._train_loader is None:
-            self._train_loader = loaders.persistent(
-                EpochBatches(self.dataset, self.collate), self._keys, self.num_workers,
+        if self._train is None:
+            self._train = loaders.EpochStream(
+                EpochBatches(self.dataset, self.collate),
+                lambda e: [(e, batch) for batch in self.batches(e)], self.num_workers,
                 pin=self.device.type == "cuda")
-        if epoch != self._next_epoch:   # the first pass, or the last one not read to its end
-            self._keys.keys = self._keys_from(epoch)
-            self._stream = iter(self._train_loader)
-        self._next_epoch = None
-        count = len(self.batches(epoch))
-        for i in range(count):
-            if i == count - 1:   # the trainer takes the epoch's count and asks for no more
-                self._next_epoch = epoch + 1
-            yield to_device(next(self._stream), self.device)
-
-    def _keys_from(self, epoch: int):
-        """``(epoch, batch)`` for every batch of ``epoch`` and of each epoch after it."""
-        for e in itertools.count(epoch):
-            for batch in self.batches(e):
-                yield e, batch
+        for batch in self._train.epoch(epoch):
+            yield to_device(batch, self.device)
 
     def close(self) -> None:
         """Stop the training loader processes (started again if iterated again)."""
-        if self._train_loader is not None:
-            loaders.shut_down(self._train_loader)
-            self._stream = self._next_epoch = None
+        if self._train is not None:
+            self._train.close()
 
 
 class EpochBatches(torch.utils.data.Dataset):

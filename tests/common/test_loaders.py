@@ -1,6 +1,7 @@
 """common.loaders.shut_down: a DataLoader's persistent workers stop when asked, not at exit."""
 
 import multiprocessing
+import time
 
 import pytest
 import torch
@@ -137,3 +138,47 @@ def test_pinned_slots_are_released_once_the_copies_queued_before_have_run():
     finally:
         shut_down(loader)
         buffers.close()
+
+
+class _Logged(torch.utils.data.Dataset):
+    """Item ``key`` = ``(epoch, i)``: ``i`` and ``epoch``, each load leaving a byte in a file
+    named for the key."""
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    def __len__(self):
+        return 0
+
+    def __getitem__(self, key):
+        with open(self.folder / f"{key[0]}-{key[1]}", "ab") as f:
+            f.write(b".")
+        return torch.tensor(key)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_epoch_stream_runs_on_and_restarts_where_asked(tmp_path, workers):
+    """Each epoch taken to its count (as the trainer takes it) goes on from the stream, its
+    items loaded once and the next epoch's ahead; an unfinished pass or another epoch asked
+    for restarts the stream there; closed, it starts again."""
+    stream = loaders.EpochStream(_Logged(tmp_path), lambda e: [(e, i) for i in range(4)],
+                                 workers, pin=False)
+
+    def take(epoch, count=4):
+        it = stream.epoch(epoch)
+        return [tuple(next(it).tolist()) for _ in range(count)]
+
+    assert take(0) == [(0, i) for i in range(4)]
+    assert take(1) == [(1, i) for i in range(4)]
+    assert take(2, count=1) == [(2, 0)]                 # left unfinished
+    assert take(5) == [(5, i) for i in range(4)]        # restarts at the epoch asked for
+    assert take(6) == [(6, i) for i in range(4)]
+    stream.close()
+    assert take(7) == [(7, i) for i in range(4)]        # new processes
+    deadline = time.monotonic() + 20   # the epoch after the last one taken loads ahead
+    while workers and not (tmp_path / "8-0").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stream.close()
+    loads = {f.name: f.stat().st_size for f in tmp_path.iterdir()}
+    assert all(loads[f"{e}-{i}"] == 1 for e in (0, 1, 5, 6) for i in range(4)), loads
+    assert ("8-0" in loads) == bool(workers)
