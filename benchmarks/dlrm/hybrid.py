@@ -55,7 +55,7 @@ class Plan:
 
 def frequent_rows(sparse: torch.Tensor, sizes: list[int], threshold: float) -> torch.Tensor:
     """Global rows whose id occurs at least ``threshold`` times in ``sparse`` [N, T]."""
-    offsets = _offsets(sizes)
+    offsets = table_offsets(sizes)
     picked = []
     for t, n in enumerate(sizes):
         counts = torch.bincount(sparse[:, t], minlength=n)
@@ -63,7 +63,8 @@ def frequent_rows(sparse: torch.Tensor, sizes: list[int], threshold: float) -> t
     return torch.cat(picked)
 
 
-def _offsets(sizes: list[int]) -> list[int]:
+def table_offsets(sizes: list[int]) -> list[int]:
+    """Each table's first row in the global row space."""
     return [0, *accumulate(sizes[:-1])]
 
 
@@ -123,7 +124,7 @@ class HybridEmbedding(torch.nn.Module):
         super().__init__()
         self.sizes, self.dim, self.rank, self.world = list(sizes), dim, rank, world
         total = sum(sizes)
-        self.offsets = torch.tensor(_offsets(sizes))
+        self.offsets = torch.tensor(table_offsets(sizes))
         self.freq_map = torch.full((total,), -1, dtype=torch.int32)
         self.freq_map[frequent] = torch.arange(frequent.numel(), dtype=torch.int32)
         self.freq_weight = torch.zeros(frequent.numel(), dim, device=device)

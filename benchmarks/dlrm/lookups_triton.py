@@ -76,11 +76,12 @@ def chunk_capacity(frequent_rows: int, lookups: int) -> int:
     return min(lookups, frequent_rows + -(-lookups // CHUNK))
 
 
-def _chunks(rows_of: torch.Tensor, frequent_rows: int) -> dict[str, torch.Tensor]:
-    """The chunks of the lookups whose ``rows_of`` (one a lookup position; ``frequent_rows``
-    for a rare lookup) is a frequent row, padded to :func:`chunk_capacity` (empty chunks)."""
-    n = rows_of.numel()
-    rows, order = torch.sort(rows_of, stable=True)   # the rare ones last
+def _chunks(code: torch.Tensor, frequent_rows: int) -> dict[str, torch.Tensor]:
+    """The chunks of ``code``'s frequent lookups, padded to :func:`chunk_capacity` (empty
+    chunks): ``freq_order`` (positions sorted by row, the rare ones last), ``chunk_starts``
+    (each chunk's first index into it, then the frequent count) and ``chunk_rows``."""
+    n = code.numel()
+    rows, order = torch.sort(torch.where(code >= 0, code, frequent_rows), stable=True)
     k = torch.arange(n, device=rows.device)
     new_row = torch.ones_like(rows, dtype=torch.bool)
     new_row[1:] = rows[1:] != rows[:-1]
@@ -98,29 +99,25 @@ def _chunks(rows_of: torch.Tensor, frequent_rows: int) -> dict[str, torch.Tensor
 def one_rank_plan(emb: HybridEmbedding, ids: torch.Tensor) -> dict[str, torch.Tensor]:
     """One rank's plan for ids [B, T] on the tables' device, every tensor's size fixed by B
     (so a step may be one CUDA graph): ``code`` (see the module doc: a rare lookup's row is its
-    global row), ``rare_rows`` (each lookup's rare row, -1 for a frequent one), and the
-    frequent lookups' chunks: ``freq_order`` (positions sorted by row), ``chunk_starts`` (each
-    chunk's first index into it, then the frequent count) and ``chunk_rows``."""
+    global row), ``rare_rows`` (each lookup's rare row, -1 for a frequent one) and the
+    frequent lookups' chunks (:func:`_chunks`)."""
     flat = (ids.to(emb.freq_map.device, non_blocking=True) + emb.offsets).reshape(-1)
     row = emb.freq_map[flat].long()
     frequent = row >= 0
-    n_frequent = emb.freq_weight.shape[0]
-    return {"code": torch.where(frequent, row, -1 - flat),
-            "rare_rows": torch.where(frequent, -1, flat),
-            **_chunks(torch.where(frequent, row, n_frequent), n_frequent)}
+    code = torch.where(frequent, row, -1 - flat)
+    return {"code": code, "rare_rows": torch.where(frequent, -1, flat),
+            **_chunks(code, emb.freq_weight.shape[0])}
 
 
 def plan_extra(plan: Plan, frequent_rows: int) -> dict[str, torch.Tensor]:
     """On several ranks, the :class:`Plan`'s additions: ``code`` (a rare lookup's is the
-    received vector's index) and the frequent lookups' chunks (as :func:`one_rank_plan`)."""
+    received vector's index) and the frequent lookups' chunks (:func:`_chunks`)."""
     n = plan.freq_pos.numel() + plan.recv_pos.numel()   # every lookup is one or the other
     dev = plan.freq_pos.device
     code = torch.empty(n, dtype=torch.int64, device=dev)
     code[plan.freq_pos] = plan.freq_rows
     code[plan.recv_pos] = -1 - torch.arange(plan.recv_pos.numel(), device=dev)
-    rows_of = torch.full((n,), frequent_rows, dtype=torch.int64, device=dev)
-    rows_of[plan.freq_pos] = plan.freq_rows
-    return {"code": code, **_chunks(rows_of, frequent_rows)}
+    return {"code": code, **_chunks(code, frequent_rows)}
 
 
 class _Lookup(torch.autograd.Function):

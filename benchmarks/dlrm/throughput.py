@@ -32,7 +32,7 @@ import sys
 import torch
 
 from benchmarks.dlrm import data
-from benchmarks.dlrm.hybrid import HybridEmbedding
+from benchmarks.dlrm.hybrid import HybridEmbedding, table_offsets
 from benchmarks.dlrm.workload import DLRMWorkload
 from common import dist
 from common.cli import one_line_errors
@@ -71,22 +71,25 @@ def embedding_bytes(ids: torch.Tensor, dim: int, offsets: torch.Tensor, lp_bytes
     return dim * (3 * lookups * lp_bytes + rows * (8 + (lp_bytes if lp_bytes < 4 else 0)))
 
 
+def _event_ms(fn) -> float:
+    """Milliseconds from the start to the end of ``fn()``'s work on the current stream (host
+    syncs inside included)."""
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop)
+
+
 def plan_time_ms(wl: DLRMWorkload, ids: torch.Tensor, repeats: int = 5) -> float | None:
-    """The median time from the start to the end of the index plan of global batch ``ids`` on
-    the current stream (host syncs included), ms; None where the embeddings take the ids as
-    they are."""
+    """The median time of the index plan of global batch ``ids`` (:func:`_event_ms`), ms;
+    None where the embeddings take the ids as they are."""
     if not isinstance(wl.emb, HybridEmbedding):
         return None
     ids = ids.to(wl.env.device)
-    times = []
-    for _ in range(repeats + 1):   # the first call warms up
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        wl._index(ids)
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return sorted(times[1:])[repeats // 2]
+    times = [_event_ms(lambda: wl._index(ids)) for _ in range(repeats + 1)]
+    return sorted(times[1:])[repeats // 2]   # the first call warms up
 
 
 def copy_rate(device, nbytes: int = 2**30, iters: int = 20) -> float:
@@ -94,13 +97,8 @@ def copy_rate(device, nbytes: int = 2**30, iters: int = 20) -> float:
     a = torch.empty(nbytes, dtype=torch.uint8, device=device)
     b = torch.empty_like(a)
     b.copy_(a)
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        b.copy_(a)
-    stop.record()
-    stop.synchronize()
-    return 2 * nbytes * iters / (start.elapsed_time(stop) / 1e3)
+    ms = _event_ms(lambda: [b.copy_(a) for _ in range(iters)])
+    return 2 * nbytes * iters / (ms / 1e3)
 
 
 VARIANTS = variants()
@@ -194,8 +192,8 @@ def _run(p, a, variants: list[str], env: dist.DistEnv) -> int:
         capture = step.warmup_steps + 1 if step.enabled else 0   # eager steps, then the capture
         m = time_steps(v, step, batch, env.device, a.warmup + capture, a.iters)
         rate = a.batch_size * m.iters / m.seconds
-        sizes = torch.tensor(wl.sizes, device=env.device)
-        moved = embedding_bytes(ids, args.embedding_dim, sizes.cumsum(0) - sizes,
+        moved = embedding_bytes(ids, args.embedding_dim,
+                                torch.tensor(table_offsets(wl.sizes), device=env.device),
                                 lp.itemsize if lp else 4) * m.iters / m.seconds / env.world_size
         rows.append({"variant": v, "samples_per_second": rate, **mfu.row(rate),
                      "embedding_gb_per_second": moved / 1e9,
