@@ -57,10 +57,8 @@ def variants() -> dict[str, list[str]]:
     config = [o for o in config_optimisations("dlrm", "1xH100")
               if o.partition("=")[0] not in NOT_A_STEPS]
     ablation = ablation_variants(registry, config)
-    both = plus_variants(registry, [*config, "compile"], NOT_A_STEPS).get("config-plus-cuda-graph")
     return {"plain": ablation.pop("plain"), "plain-compiled": [], **ablation,
-            **plus_variants(registry, config, NOT_A_STEPS),
-            **({"config-plus-compile-plus-cuda-graph": both} if both else {})}
+            **plus_variants(registry, config, NOT_A_STEPS)}
 
 
 def embedding_bytes(ids: torch.Tensor, dim: int, offsets: torch.Tensor, lp_bytes: int) -> int:

@@ -33,16 +33,18 @@ def test_variants_come_from_the_registry_and_the_config():
     v = throughput.VARIANTS
     assert v["plain"] == [] and v["plain-compiled"] == []
     assert v["config"] == ["fused-sgd", "triton-sparse-sgd", "hybrid-embeddings",
-                           "fused-lookups", "aligned-dense"]
+                           "fused-lookups", "aligned-dense", "compile"]
     # what requires the dropped one goes with it
     assert v["config-minus-hybrid-embeddings"] == ["fused-sgd", "triton-sparse-sgd",
-                                                   "aligned-dense"]
-    assert v["config-minus-fused-sgd"] == ["aligned-dense"]
+                                                   "aligned-dense", "compile"]
+    assert v["config-minus-fused-sgd"] == ["aligned-dense", "compile"]
     assert v["config-plus-model-parallel-embeddings"] == [
-        "fused-sgd", "triton-sparse-sgd", "aligned-dense", "model-parallel-embeddings"]
+        "fused-sgd", "triton-sparse-sgd", "aligned-dense", "compile",
+        "model-parallel-embeddings"]
     assert v["config-plus-split-linear"] == ["fused-sgd", "triton-sparse-sgd",
-                                             "hybrid-embeddings", "fused-lookups",
+                                             "hybrid-embeddings", "fused-lookups", "compile",
                                              "split-linear"]   # not with aligned-dense
+    assert v["config-plus-cuda-graph"] == [*v["config"], "cuda-graph"]
     assert not any(n in v for n in ("config-minus-prefetch", "config-plus-cache-eval"))
 
 
