@@ -118,6 +118,11 @@ def test_the_one_rank_step_as_a_cuda_graph_trains_as_eager():
         return wl
 
     eager, again, graphed = workload(), workload(), workload()
+    for other in (again, graphed):   # each draws its own initial weights: start from eager's
+        assert torch.equal(other.emb.freq_map, eager.emb.freq_map)
+        with torch.no_grad():
+            for dst, src in zip(other.training_state(), eager.training_state(), strict=True):
+                dst.copy_(src)
     step = GraphedStep(graphed.train_step, warmup_steps=2)
     batches = [eager.synthetic_batch(512) for _ in range(6)]
     losses = []   # (eager, a second eager workload, graphed) a step
