@@ -4,5 +4,5 @@
 NPROC=1
 PRECISION=${PRECISION:-amp-bf16}
 OPTIMISATIONS=(fused-sgd triton-sparse-sgd hybrid-embeddings fused-lookups aligned-dense compile
-               prefetch cache-eval)
+               cuda-graph prefetch cache-eval)
 TRAIN_ARGS=(--precision "$PRECISION" --max-ind-range 10000000 --log-every 500)
