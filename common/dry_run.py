@@ -28,9 +28,10 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def slow(step_s: list[float]) -> bool:
-    """Whether the last of ``step_s`` took over ``SLOW_FACTOR`` times the median of the steps
-    before it."""
-    return len(step_s) > 1 and step_s[-1] > SLOW_FACTOR * statistics.median(step_s[:-1])
+    """Whether the last of ``step_s`` gets a line: the first step (where one-off costs land:
+    the loader's first batches, the real data's first compilations) and any that took over
+    ``SLOW_FACTOR`` times the median of the steps before it."""
+    return len(step_s) == 1 or step_s[-1] > SLOW_FACTOR * statistics.median(step_s[:-1])
 
 
 def slow_step_line(n: int, step_s: float, wait_s: float, compiles, spawned) -> str:

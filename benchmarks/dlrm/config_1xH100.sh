@@ -3,6 +3,6 @@
 # rows, ~28 GB fp32 + ~14 GB bf16). Closed results need config_8xH200.
 NPROC=1
 PRECISION=${PRECISION:-amp-bf16}
-OPTIMISATIONS=(fused-sgd triton-sparse-sgd hybrid-embeddings fused-lookups aligned-dense prefetch
-               cache-eval)
+OPTIMISATIONS=(fused-sgd triton-sparse-sgd hybrid-embeddings fused-lookups aligned-dense compile
+               cuda-graph prefetch cache-eval)
 TRAIN_ARGS=(--precision "$PRECISION" --max-ind-range 10000000 --log-every 500)

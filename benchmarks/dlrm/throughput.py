@@ -9,7 +9,8 @@ variants.
 Every variant is the workload's real ``train_step`` on one global batch of ``--batch-size`` with
 power-law category ids (``data.power_law_ids``) and its index plan, built once: no input
 pipeline (``prefetch``), no evaluation. ``plain``: no optimisation (one process only);
-``config``: the 1xH100 config's optimisations; ``config-minus-<name>`` without one (and what
+``config``: the 1xH100 config's optimisations (under torchrun less those of one process
+only); ``config-minus-<name>`` without one (and what
 requires it); ``config-plus-<name>`` with one more (in place of what it excludes). Under
 torchrun each rank trains its share of the global batch; rank 0 prints the global samples/s. A
 variant whose tables would not fit the free device memory is skipped with one line.
@@ -57,10 +58,8 @@ def variants() -> dict[str, list[str]]:
     config = [o for o in config_optimisations("dlrm", "1xH100")
               if o.partition("=")[0] not in NOT_A_STEPS]
     ablation = ablation_variants(registry, config)
-    both = plus_variants(registry, [*config, "compile"], NOT_A_STEPS).get("config-plus-cuda-graph")
     return {"plain": ablation.pop("plain"), "plain-compiled": [], **ablation,
-            **plus_variants(registry, config, NOT_A_STEPS),
-            **({"config-plus-compile-plus-cuda-graph": both} if both else {})}
+            **plus_variants(registry, config, NOT_A_STEPS)}
 
 
 def embedding_bytes(ids: torch.Tensor, dim: int, offsets: torch.Tensor, lp_bytes: int) -> int:
@@ -106,8 +105,12 @@ def copy_rate(device, nbytes: int = 2**30, iters: int = 20) -> float:
 VARIANTS = variants()
 
 
-def workload_args(variant: str, a):
-    items = VARIANTS[variant]
+def workload_args(variant: str, a, world: int = 1):
+    """The workload's flags for ``variant``; on several ranks without its one-process
+    optimisations (``cuda-graph``)."""
+    registry = DLRMWorkload.optimisations
+    items = [i for i in VARIANTS[variant]
+             if world == 1 or not registry[i.partition("=")[0]].single_process]
     return build_parser(DLRMWorkload).parse_args(
         ["--synthetic-data", "--precision", a.precision, "--seed", "0",
          "--batch-size", str(a.batch_size), "--max-ind-range", str(a.max_ind_range),
@@ -168,14 +171,15 @@ def _run(p, a, variants: list[str], env: dist.DistEnv) -> int:
     precision.apply_backend_flags()
     lp = precision.autocast_dtype
     # the formula reads only the flags: the workload is not built (no tables)
-    mfu = MFU.measure(lambda: (DLRMWorkload(workload_args(variants[0], a), env, precision),
+    mfu = MFU.measure(lambda: (DLRMWorkload(workload_args(variants[0], a, env.world_size),
+                                            env, precision),
                                None), env.device, env.world_size)
     say(str(mfu), env.is_main)
     rate_limit = copy_rate(env.device)
     say(f"device-to-device copy: {rate_limit / 1e9:.0f} GB/s (read + write)", env.is_main)
     rows = []
     for v in variants:
-        args = workload_args(v, a)
+        args = workload_args(v, a, env.world_size)
         need = table_bytes(args, env.world_size, lp.itemsize if lp else 0)
         if not fits(v, need, env):
             rows.append({"variant": v, "skipped": "embedding tables exceed free GPU memory",

@@ -9,7 +9,7 @@ PRECISION=${PRECISION:-amp-bf16}
 OPTIMISATIONS=(
     fold-frozen-bn channels-last nms-triton compile compile-losses loss-streams
     backbone-graphs head-graphs box-head-before-sync fused-sgd aligned-outputs
-    roi-align-triton fused-conv-relu space-to-depth
+    roi-align-triton fused-conv-relu space-to-depth device-rle
     box-roi-multiple=512 mask-roi-multiple=128
 )
 # --size-buckets 4: batches padded to 7 shapes, so the compiled backbone has 7 graphs, each

@@ -103,6 +103,7 @@ class Detector(nn.Module):
         self.streams = SideStreams(next(net.parameters()).device, 0)
         self._backbone = self._levels_and_rpn
         self._heads = (self._box_head, self._mask_head)
+        self._training_heads: tuple | None = None   # head-graphs': in training only
         self._losses = (self.rpn.loss, box_loss, _mask_loss)
 
     def _levels_and_rpn(self, images: torch.Tensor):
@@ -145,8 +146,8 @@ class Detector(nn.Module):
         pad = _round_up(n, multiple) - n
         if pad:
             rois = torch.cat([rois, rois[-1:].expand(pad, -1)])
-        out = self._heads[index]([self._dynamic(x, 2, 3) for x in levels],
-                                 self._dynamic(rois, 0))
+        heads = self._training_heads if self.training and self._training_heads else self._heads
+        out = heads[index]([self._dynamic(x, 2, 3) for x in levels], self._dynamic(rois, 0))
         if not pad:
             return out
         return out[:n] if index else tuple(x[:n] for x in out)

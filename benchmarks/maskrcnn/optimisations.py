@@ -96,8 +96,9 @@ REGISTRY = Registry(
     Optimisation("backbone-graphs", "replay the compiled backbone region's forward and backward "
                  "as CUDA graphs, one per padded size (compiled.py)",
                  apply=compiled.apply_backbone_graphs, requires=("compile",), cuda=True),
-    Optimisation("head-graphs", "replay the compiled box and mask heads as CUDA graphs, one per "
-                 "RoI count and padded size (compiled.py)", apply=compiled.apply_head_graphs,
+    Optimisation("head-graphs", "replay the compiled box and mask heads as CUDA graphs in "
+                 "training, one per RoI count and padded size (compiled.py)",
+                 apply=compiled.apply_head_graphs,
                  requires=("box-roi-multiple", "mask-roi-multiple", "compile"), cuda=True),
     Optimisation("box-head-before-sync", "run the box head and its loss on a bound of the "
                  "sampled RoIs before the host reads the sampler's counts (before_sync.py)",

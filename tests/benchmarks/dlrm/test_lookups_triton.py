@@ -117,13 +117,24 @@ def test_the_one_rank_step_as_a_cuda_graph_trains_as_eager():
         assert wl.capture_policy().mode == "static"
         return wl
 
-    eager, graphed = workload(), workload()
+    eager, again, graphed = workload(), workload(), workload()
+    for other in (again, graphed):   # each draws its own initial weights: start from eager's
+        assert torch.equal(other.emb.freq_map, eager.emb.freq_map)
+        with torch.no_grad():
+            for dst, src in zip(other.training_state(), eager.training_state(), strict=True):
+                dst.copy_(src)
     step = GraphedStep(graphed.train_step, warmup_steps=2)
     batches = [eager.synthetic_batch(512) for _ in range(6)]
+    losses = []   # (eager, a second eager workload, graphed) a step
     for dense, labels, plan in batches:
-        want = eager.train_step(dense, labels, plan)
-        got = step(dense.clone(), labels.clone(), {k: v.clone() for k, v in plan.items()})
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        copies = [(dense.clone(), labels.clone(), {k: v.clone() for k, v in plan.items()})
+                  for _ in range(2)]
+        losses.append((float(eager.train_step(dense, labels, plan)),
+                       float(again.train_step(*copies[0])), float(step(*copies[1]))))
     assert step.captured
+    # steps 1-2 eager on a side stream, 3 captured and replayed, 4-6 replays
+    for i, (want, repeat, got) in enumerate(losses, 1):
+        assert repeat == pytest.approx(want, rel=1e-4, abs=1e-5), f"eager, step {i}: {losses}"
+        assert got == pytest.approx(want, rel=1e-4, abs=1e-5), f"graphed, step {i}: {losses}"
     for w, g in zip(eager.training_state(), graphed.training_state()):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)

@@ -33,16 +33,18 @@ def test_variants_come_from_the_registry_and_the_config():
     v = throughput.VARIANTS
     assert v["plain"] == [] and v["plain-compiled"] == []
     assert v["config"] == ["fused-sgd", "triton-sparse-sgd", "hybrid-embeddings",
-                           "fused-lookups", "aligned-dense"]
+                           "fused-lookups", "aligned-dense", "compile", "cuda-graph"]
     # what requires the dropped one goes with it
     assert v["config-minus-hybrid-embeddings"] == ["fused-sgd", "triton-sparse-sgd",
-                                                   "aligned-dense"]
-    assert v["config-minus-fused-sgd"] == ["aligned-dense"]
+                                                   "aligned-dense", "compile"]
+    assert v["config-minus-fused-sgd"] == ["aligned-dense", "compile"]
+    assert v["config-minus-cuda-graph"] == v["config"][:-1]
     assert v["config-plus-model-parallel-embeddings"] == [
-        "fused-sgd", "triton-sparse-sgd", "aligned-dense", "model-parallel-embeddings"]
+        "fused-sgd", "triton-sparse-sgd", "aligned-dense", "compile",
+        "model-parallel-embeddings"]
     assert v["config-plus-split-linear"] == ["fused-sgd", "triton-sparse-sgd",
-                                             "hybrid-embeddings", "fused-lookups",
-                                             "split-linear"]   # not with aligned-dense
+                                             "hybrid-embeddings", "fused-lookups", "compile",
+                                             "cuda-graph", "split-linear"]   # not aligned-dense
     assert not any(n in v for n in ("config-minus-prefetch", "config-plus-cache-eval"))
 
 
@@ -72,6 +74,13 @@ def test_power_law_ids_stay_in_their_tables_and_are_skewed():
 def _tool_args(variant: str):
     return throughput.workload_args(variant, argparse.Namespace(
         precision="amp-bf16", batch_size=64, max_ind_range=50))
+
+
+def test_several_ranks_leave_out_the_one_process_optimisations():
+    a = argparse.Namespace(precision="amp-bf16", batch_size=64, max_ind_range=50)
+    assert "cuda-graph" in throughput.workload_args("config", a).optimisations
+    on_two = throughput.workload_args("config", a, world=2).optimisations
+    assert "cuda-graph" not in on_two and "fused-lookups" in on_two
 
 
 # the variants without a CUDA-only optimisation
