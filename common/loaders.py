@@ -96,6 +96,20 @@ class EpochStream:
             self._stream = self._next = None
 
 
+class Batches(torch.utils.data.Dataset):
+    """``dataset``'s items a batch at a time, for :class:`EpochStream`: key ``indices`` ->
+    ``collate`` of those items (in the loader process that serves it)."""
+
+    def __init__(self, dataset, collate):
+        self.dataset, self.collate = dataset, collate
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, indices: list[int]):
+        return self.collate([self.dataset[i] for i in indices])
+
+
 class Keys(torch.utils.data.Sampler):
     """A sampler of item keys (e.g. ``(epoch, indices)``), set before each pass (a list, or
     an iterator that runs on into the passes that follow); it is read in the main process, so
