@@ -6,6 +6,10 @@ and carries the measurements (key ``dry_run_report``) from which ``python -m
 compliance.projection`` projects a time-to-train. FlagPerf's throughputs, over the dry run's
 samples: ``p_whole`` over initialization, training and the evaluation; ``p_train`` over the
 training steps with their waits for input; ``p_core`` over the steps less those waits.
+
+On a GPU the steps are timed on the device's timeline (:class:`StepClock`), the host kept one
+step ahead as in a run, so a batch's host-side loading overlaps the step before as it does
+there; a step's wait for input is the GPU's idle time (or input work) before it began.
 """
 
 from __future__ import annotations
@@ -13,7 +17,10 @@ from __future__ import annotations
 import math
 import resource
 import statistics
+import time
 from dataclasses import asdict, dataclass
+
+import torch
 
 DRY_RUN_KEY = "dry_run"          # value: the steps asked for
 REPORT_KEY = "dry_run_report"    # value: a Report as a dict
@@ -47,6 +54,54 @@ def slow_step_line(n: int, step_s: float, wait_s: float, compiles, spawned) -> s
     started = sum(1 for step, *_ in spawned if step == n)
     return (f"dry run: step {n} took {step_s * 1e3:,.1f} ms (input wait {wait_s * 1e3:,.1f} "
             f"ms; compiled or recorded: {made or 'nothing'}; processes started: {started})")
+
+
+class StepClock:
+    """Each step's time and wait for input. On a GPU, from CUDA events: a step ends at its
+    last kernel; its wait is the device's time from the step before's end to the start of its
+    own work (idle, or running the input's own kernels and copies), so host work that
+    overlaps the step before is not counted. The host runs one step ahead (it waits for step
+    n - 1 to end once step n is queued): a step's times are read then. On the CPU, host
+    times, each step ending before the next is loaded."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self._pending: list = []   # (input ready, step end) marks of steps not yet read
+        self._start = None
+        self._prev = self._mark()  # the last read step's end
+
+    def _mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def input_ready(self) -> None:
+        """The step's batch is in hand: its own work begins."""
+        self._start = self._mark()
+
+    def step_queued(self) -> list[tuple[float, float]]:
+        """(step_s, wait_s) of the steps that ended: on a GPU the one before this."""
+        self._pending.append((self._start, self._mark()))
+        return self._read(1 if self.cuda else 0)
+
+    def finish(self) -> list[tuple[float, float]]:
+        """(step_s, wait_s) of the steps not yet read (waits for them to end)."""
+        return self._read(0)
+
+    def _read(self, keep: int) -> list[tuple[float, float]]:
+        done = []
+        while len(self._pending) > keep:
+            start, end = self._pending.pop(0)
+            if self.cuda:
+                end.synchronize()
+                done.append((self._prev.elapsed_time(end) / 1e3,
+                             self._prev.elapsed_time(start) / 1e3))
+            else:
+                done.append((end - self._prev, start - self._prev))
+            self._prev = end
+        return done
 
 
 def short_epoch_note(train_samples: int, full_dataset: tuple[int, int] | None) -> str | None:

@@ -65,16 +65,17 @@ class EpochStream:
     more: the next epoch then goes on from the stream. Another epoch asked for, or a pass left
     unfinished, restarts the stream there, after the processes finish what they had queued."""
 
-    def __init__(self, dataset, keys_of, workers: int, pin: bool, as_is: bool = False):
+    def __init__(self, dataset, keys_of, workers: int, pin: bool, as_is: bool = False,
+                 prefetch: int = PREFETCH):
         self.dataset, self.keys_of = dataset, keys_of
-        self.workers, self.pin, self.as_is = workers, pin, as_is
+        self.workers, self.pin, self.as_is, self.prefetch = workers, pin, as_is, prefetch
         self._keys, self._loader = Keys(), None
         self._stream = self._next = None
 
     def epoch(self, epoch: int):
         if self._loader is None:
             self._loader = persistent(self.dataset, self._keys, self.workers, self.pin,
-                                      self.as_is)
+                                      self.as_is, self.prefetch)
         if epoch != self._next or self._stream is None:
             self._keys.keys = self._keys_from(epoch)
             self._stream = iter(self._loader)
@@ -96,6 +97,20 @@ class EpochStream:
             self._stream = self._next = None
 
 
+class Batches(torch.utils.data.Dataset):
+    """``dataset``'s items a batch at a time, for :class:`EpochStream`: key ``indices`` ->
+    ``collate`` of those items (in the loader process that serves it)."""
+
+    def __init__(self, dataset, collate):
+        self.dataset, self.collate = dataset, collate
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, indices: list[int]):
+        return self.collate([self.dataset[i] for i in indices])
+
+
 class Keys(torch.utils.data.Sampler):
     """A sampler of item keys (e.g. ``(epoch, indices)``), set before each pass (a list, or
     an iterator that runs on into the passes that follow); it is read in the main process, so
@@ -111,15 +126,16 @@ class Keys(torch.utils.data.Sampler):
         return len(self.keys)
 
 
-def persistent(dataset, keys: Keys, workers: int, pin: bool,
-               as_is: bool = False) -> torch.utils.data.DataLoader:
+def persistent(dataset, keys: Keys, workers: int, pin: bool, as_is: bool = False,
+               prefetch: int = PREFETCH) -> torch.utils.data.DataLoader:
     """The DataLoader of ``dataset[key]`` for each key of ``keys`` (items already batched;
-    pinned when ``pin``), its worker processes kept from one pass to the next. With
-    ``as_is`` the items cross unchanged (numpy arrays stay arrays, pickled with the item,
-    instead of tensors that each cross through shared memory)."""
+    pinned when ``pin``), its worker processes kept from one pass to the next, each with up
+    to ``prefetch`` items queued (every queued item is held in host memory). With ``as_is``
+    the items cross unchanged (numpy arrays stay arrays, pickled with the item, instead of
+    tensors that each cross through shared memory)."""
     return torch.utils.data.DataLoader(
         dataset, batch_size=None, sampler=keys, num_workers=workers, pin_memory=pin,
-        prefetch_factor=PREFETCH if workers else None, persistent_workers=workers > 0,
+        prefetch_factor=prefetch if workers else None, persistent_workers=workers > 0,
         collate_fn=_as_is if as_is else None, worker_init_fn=quiet_on_stop)
 
 

@@ -281,6 +281,14 @@ note_stop() {
     fi
 }
 
+# A run ended by a signal this script did not pass on (exit 128+N): killed from outside or
+# crashed. Its log ends without run_stop; say so and why it may have happened.
+note_killed() {
+    if [[ -z $stop_name ]] && ((child_rc > 128 && child_rc < 160)); then
+        echo "run_and_time.sh ($BENCHMARK): run $1 ended by SIG$(kill -l $((child_rc - 128))) (exit $child_rc) before it could log run_stop: KILL is most often the kernel's out-of-memory killer (see dmesg or the container's memory limit); SEGV, BUS or ABRT is a crash, its stack printed above" >&2
+    fi
+}
+
 if [[ -z ${DATADIR:-} ]]; then
     DATADIR=${FIXTURE_DIR:-$REPO/.fixtures/$BENCHMARK}
     run_child python -m "benchmarks.$BENCHMARK.fixture" "$DATADIR" "${FIXTURE_ARGS[@]}"
@@ -322,6 +330,7 @@ for ((i = 0; i < NEXP; i++)); do
         --seed "$seed" --log-file "$log" "${OPTIMISE[@]}" "${TRAIN_ARGS[@]}" "${extra[@]}" \
         "${dry[@]}"
     note_stop
+    note_killed $((i + 1))
     # 2: bad input, already reported in one line; no run to check (a stop signal wins).
     [[ -z $stop_name ]] && ((child_rc == 2)) && exit 2
     if [[ ${NODE_RANK:-0} != 0 ]]; then   # global rank 0, on node 0, writes the log

@@ -519,34 +519,41 @@ def program(workload_cls: type[Workload]) -> NoReturn:
 
 
 def _dry_run(wl: Workload, step, log: MLLog, args, env, init_s: float) -> None:
-    """``--dry-run``: the steps asked for, each timed to its end on the device, then one full
+    """``--dry-run``: the steps asked for, each timed (``dry_run.StepClock``), then one full
     evaluation pass; the report goes to the log and the console."""
     stream, window = _Stream(wl, log), _LossWindow(args.dry_run, env.device)
-    sync = torch.cuda.synchronize if env.device.type == "cuda" else lambda: None
+    cuda = env.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else lambda: None
     step_s, wait_s = [], []
     note = dry_run.short_epoch_note(wl.train_samples, wl.full_dataset)
     if note:
         say(note, env.is_main)
     progress = Progress(args.dry_run, "dry run", enabled=env.is_main)
     slow_lines = 0
-    with StallWatch() as watch:   # what compiled or started a process in each step
-        for n in range(1, args.dry_run + 1):
-            watch.begin(n, None)
-            t0 = time.perf_counter()
-            batch = stream.next()
-            t1 = time.perf_counter()
-            window.add(step(*batch), n, stream.epoch)
-            stream.stepped()
-            sync()
-            watch.end()
-            step_s.append(time.perf_counter() - t0)
-            wait_s.append(t1 - t0)
-            raise_if_stopped()
+
+    def record(times):
+        nonlocal slow_lines
+        for step, wait in times:
+            step_s.append(step)
+            wait_s.append(wait)
             if dry_run.slow(step_s) and slow_lines < dry_run.SLOW_LINES:
                 slow_lines += 1
-                say(dry_run.slow_step_line(n, step_s[-1], wait_s[-1], watch.compiles,
+                say(dry_run.slow_step_line(len(step_s), step, wait, watch.compiles,
                                            watch.spawned), env.is_main)
-            progress.update(1, step_ms=f"{step_s[-1] * 1e3:.1f}")
+            progress.update(1, step_ms=f"{step * 1e3:.1f}")
+
+    with StallWatch() as watch:   # what compiled or started a process in each step
+        clock = dry_run.StepClock(cuda)
+        for n in range(1, args.dry_run + 1):
+            watch.begin(n, None)
+            batch = stream.next()
+            clock.input_ready()
+            window.add(step(*batch), n, stream.epoch)
+            stream.stepped()
+            watch.end()
+            record(clock.step_queued())
+            raise_if_stopped()
+        record(clock.finish())
     progress.close()
     window.read_back()
     # the steps' figures before the evaluation, which a stop may cut short

@@ -219,9 +219,9 @@ class RNNTWorkload(Workload):
             evals = data.read_manifest(a.data_dir, data.manifest_path(a.data_dir, a.eval_split))
             self.train_set = data.SpeechDataset(train, self.tokenizer)
             self.eval_set = data.SpeechDataset(evals, self.tokenizer)
-            self.train_loader = data.train_loader(self.train_set, self.global_batch_size,
-                                                  env.rank, env.world_size, a.seed,
-                                                  hp.num_buckets, a.workers)
+            self.train_loader = data.TrainLoader(self.train_set, self.global_batch_size,
+                                                 env.rank, env.world_size, a.seed,
+                                                 hp.num_buckets, a.workers)
             self.eval_loader = data.eval_loader(self.eval_set, hp.eval_batch_size, env.rank,
                                                 env.world_size, a.workers)
         model = RNNT(vocab_size=hp.vocab_size, enc_hidden=hp.enc_hidden,
@@ -303,8 +303,7 @@ class RNNTWorkload(Workload):
         return epoch_points(epochs, self.steps_per_epoch)
 
     def epoch_batches(self, epoch: int):
-        self.train_loader.batch_sampler.set_epoch(epoch)
-        for batch in self.train_loader:
+        for batch in self.train_loader.epoch(epoch):
             yield tuple(t.to(self.env.device, non_blocking=True) for t in batch)
 
     def capture_policy(self) -> CapturePolicy:
@@ -385,6 +384,7 @@ class RNNTWorkload(Workload):
         return {"wer": errors / words if words else math.inf}
 
     def close(self) -> None:
-        for loader in (getattr(self, "train_loader", None), getattr(self, "eval_loader", None)):
-            if loader is not None:
-                loaders.shut_down(loader)
+        if getattr(self, "train_loader", None) is not None:
+            self.train_loader.close()
+        if getattr(self, "eval_loader", None) is not None:
+            loaders.shut_down(self.eval_loader)

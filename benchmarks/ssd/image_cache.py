@@ -21,8 +21,11 @@ pixels; 2 epochs, 64 samples) the mean absolute difference from the CPU path is 
 Every rank caches every image (its batches come from the whole shuffled epoch): COCO's
 117266 images take 117266 x 3 x S^2 bytes per device, 51.9 GB at S = 384. Where that does
 not fit beside the step (one H100 at batch 1024), ``storage="host"`` (``image-cache=host``)
-keeps the cache in host memory: each batch's images are gathered there and copied to the
-device, where the same crop, flip, resize and jitter run.
+keeps the cache in host memory, page-locked and mapped into the GPU's address space once
+filled (``cudaHostRegister``): the GPU gathers a batch's images straight from host memory
+over PCIe, then runs the same crop, flip, resize and jitter. Gathering on the host and
+copying from pageable memory instead held the host about 20x longer, the GPU idle for the
+copy (figures in docs/performance.md#ssd).
 """
 
 from __future__ import annotations
@@ -120,7 +123,7 @@ class ImageCache:
         original = torch.tensor([(r.width, r.height) for r in records],
                                 dtype=torch.float64).view(-1, 2)
         self.scales = self.sizes.flip(1) / original   # (x, y): cached pixels per original one
-        self._images = None
+        self._images = self._host = None
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -156,7 +159,16 @@ class ImageCache:
         for chunk in loader:
             images[start:start + len(chunk)].copy_(chunk, non_blocking=True)
             start += len(chunk)
+        if self.holder != self.device and self.device.type == "cuda":
+            self._host, images = images, _mapped(images, self.device)
         self._images = images
+
+    def close(self) -> None:
+        """Unmap and unlock a host cache (the cache is filled again if used again)."""
+        if self._host is not None:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.cudart().cudaHostUnregister(self._host.data_ptr())
+        self._images = self._host = None
 
     def augment(self, index: torch.Tensor, windows: torch.Tensor, flips: torch.Tensor,
                 factors: torch.Tensor, order: torch.Tensor, size: int = data.IMAGE_SIZE
@@ -164,10 +176,30 @@ class ImageCache:
         """Normalised training images [B, 3, size, size] on the device from cached images
         ``index`` [B]: windows [B, 4] in original pixels, flips, jitter factors and order
         (all on the CPU; ``data.Augmentation``)."""
-        images = self.images.index_select(0, index.to(self.holder, non_blocking=True))
-        images = images.to(self.device, non_blocking=True)
+        images = self.images.index_select(0, index.to(self.images.device, non_blocking=True))
         x = crop_flip_resize(images, windows * self.scales[index].repeat(1, 2), flips, size)
         return data.normalize(self.jitter(x, factors, order))
+
+
+class _CudaArray:
+    """``__cuda_array_interface__`` of uint8 memory at a device address (for ``as_tensor``)."""
+
+    def __init__(self, pointer: int, shape: tuple):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": "|u1", "version": 3,
+                                         "data": (pointer, False), "strides": None}
+
+
+def _mapped(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A tensor on ``device`` over ``host``'s memory (uint8, contiguous), page-locked and
+    mapped for the GPU (unified addressing: the same address); kernels that read it read host
+    memory over PCIe. The caller keeps ``host`` alive and unregisters it."""
+    rc = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), host.nbytes, 0)
+    if rc != 0:
+        raise UserError(f"page-locking the host image cache ({host.nbytes / 1e9:.1f} GB) failed "
+                        f"(CUDA error {rc}): free host memory (or raise the locked-memory limit, "
+                        "ulimit -l), lower --cache-side or drop image-cache")
+    with torch.cuda.device(device):
+        return torch.as_tensor(_CudaArray(host.data_ptr(), tuple(host.shape)), device=device)
 
 
 class PlanDataset(data.TrainDataset):
@@ -204,6 +236,7 @@ class CachedLoader:
 
     def close(self) -> None:
         self.plans.close()
+        self.cache.close()
 
     def iterate(self, epoch: int):
         size = self.plans.dataset.size

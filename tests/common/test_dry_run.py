@@ -2,8 +2,10 @@
 result, and the projected time-to-train computed from it (``compliance.projection``)."""
 
 import json
+import time
 
 import pytest
+import torch
 
 from common import dry_run
 from common.dry_run import DRY_RUN_KEY, REPORT_KEY, Report, percentile, short_epoch_note
@@ -176,3 +178,41 @@ def test_a_report_edited_by_hand_is_one_line(monkeypatch):
         {"key": "submission_benchmark", "value": "resnet"}])
     with pytest.raises(ValueError, match="is not one this suite writes"):
         projection.project("log")
+
+
+def _clocked(clock: dry_run.StepClock, load_s: float, step, steps: int = 4):
+    times = []
+    for _ in range(steps):
+        time.sleep(load_s)   # the host loading the next batch
+        clock.input_ready()
+        step()
+        times += clock.step_queued()
+    return times + clock.finish()
+
+
+def test_on_the_cpu_a_step_counts_its_loading_as_its_wait():
+    times = _clocked(dry_run.StepClock(cuda=False), 0.03, lambda: time.sleep(0.02))
+    assert len(times) == 4
+    for step, wait in times:
+        assert 0.03 <= wait < 0.045 and 0.05 <= step < 0.08, times
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_a_gpu_loading_under_the_step_before_is_no_wait():
+    """Host loading (30 ms) shorter than the GPU's step (about 60 ms) overlaps the step before:
+    the steps after the first wait for nothing and take the GPU's time; loading longer than
+    the step (90 ms) leaves the GPU idle for the difference, counted as the wait."""
+    torch.cuda._sleep(1000)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10**7)
+    end.record()
+    end.synchronize()
+    cycles = int(10**7 * 60 / start.elapsed_time(end))   # about 60 ms of GPU time
+
+    times = _clocked(dry_run.StepClock(cuda=True), 0.03, lambda: torch.cuda._sleep(cycles))
+    for step, wait in times[1:]:
+        assert wait < 0.005 and 0.05 < step < 0.075, times
+    times = _clocked(dry_run.StepClock(cuda=True), 0.09, lambda: torch.cuda._sleep(cycles))
+    for step, wait in times[1:]:
+        assert 0.02 < wait < 0.04 and 0.08 < step < 0.1, times

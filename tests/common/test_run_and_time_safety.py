@@ -147,6 +147,36 @@ def test_a_stopped_run_that_does_not_end_is_killed_after_the_grace(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+# Loaded by every Python process of the script: the training program crashes in native code
+# once it has run a few seconds.
+CRASHES = """import os, signal, sys, threading
+if "common.entry" in sys.orig_argv:
+    threading.Timer(4, os.kill, (os.getpid(), signal.SIGSEGV)).start()
+"""
+
+
+def test_a_run_that_crashes_says_where_and_by_which_signal(tmp_path):
+    """A run killed by a signal this script did not send (a crash; the out-of-memory killer's
+    KILL) ends without run_stop: its Python stack is printed and the script names the
+    signal, instead of ending with status 1 and no word."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(CRASHES)
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    proc = start(tmp_path, {"CONFIG": "cpu_tiny", "SEED": "7", "LOGDIR": str(tmp_path / "logs"),
+                            "PYTHONPATH": path,
+                            "EXTRA_ARGS": "--epochs 40 --eval-period 40 --eval-offset 39"})
+    try:
+        rc, out, err = finished(proc, tmp_path)
+        assert rc == 1, err[-3000:]
+        assert "Fatal Python error: Segmentation fault" in err, err[-3000:]
+        assert "run 1 ended by SIGSEGV (exit 139) before it could log run_stop" in err, \
+            err[-3000:]
+    finally:
+        if group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("name, value", [("NEXP", "0"), ("NEXP", "abc"), ("NEXP", "-1"),
                                          ("NEXP", "2x"), ("GPUS", "0"), ("GPUS", "two"),
                                          ("GPUS", "-2")])

@@ -150,14 +150,34 @@ def test_eval_sampler_covers_every_utterance_once():
     assert sorted(seen) == list(range(103))
 
 
+def test_the_training_loader_runs_on_from_one_epoch_into_the_next(speech_fixture):
+    """Epochs taken as the trainer takes them (their count of batches, no more) from loader
+    processes that serve the run: each batch is the sampler's batch of that epoch."""
+    utts = data.read_manifest(speech_fixture, data.manifest_path(speech_fixture, TRAIN_SPLIT),
+                              data.MAX_TRAIN_DURATION)
+    dataset = data.SpeechDataset(utts, _tokenizer(speech_fixture))
+    loader = data.TrainLoader(dataset, global_batch=8, seed=5, workers=2)
+    try:
+        for epoch in (1, 2, 3):
+            expected = loader.sampler.batches(epoch)
+            got = list(loader.epoch(epoch))
+            assert len(got) == len(expected) == len(loader)
+            for (_, audio_lens, _, token_lens), indices in zip(got, expected, strict=True):
+                assert audio_lens.tolist() == [len(data.load_audio(utts[i].path))
+                                               for i in indices]
+                assert token_lens.tolist() == [len(dataset.tokens[i]) for i in indices]
+    finally:
+        loader.close()
+
+
 def test_loaders_yield_padded_audio_and_tokens(speech_fixture):
     tok = _tokenizer(speech_fixture)
     utts = data.read_manifest(speech_fixture, data.manifest_path(speech_fixture, TRAIN_SPLIT),
                               data.MAX_TRAIN_DURATION)
     dataset = data.SpeechDataset(utts, tok)
-    loader = data.train_loader(dataset, global_batch=8, rank=1, world=2, seed=0)
-    loader.batch_sampler.set_epoch(0)
-    batches = list(loader)
+    loader = data.TrainLoader(dataset, global_batch=8, rank=1, world=2, seed=0)
+    batches = list(loader.epoch(0))
+    loader.close()
     assert len(batches) == len(loader) == SMALL["train"] // 8
     audio, audio_lens, tokens, token_lens = batches[0]
     assert audio.dtype == torch.float32 and audio.shape == (4, audio_lens.max())

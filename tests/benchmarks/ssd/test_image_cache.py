@@ -197,3 +197,18 @@ def test_fused_jitter_without_an_image_cache_is_one_line(capsys):
         build_parser(SSDWorkload).parse_args(["--synthetic-data", "--opt", "fused-jitter"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "fused-jitter requires image-cache" in err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_host_cache_is_read_by_the_gpu_in_place(train):
+    """``image-cache=host`` on a GPU: the cache stays in host memory, page-locked and mapped,
+    and the GPU's batches equal those of a cache held on the device; closing unmaps it."""
+    host, device = (_cached(train, 144, storage, device="cuda") for storage in ("host", "device"))
+    for (x, *targets), (y, *other) in zip(host.epoch(0), device.epoch(0), strict=True):
+        assert x.device.type == "cuda" and torch.equal(x, y)
+        assert all(torch.equal(a, b) for a, b in zip(targets, other, strict=True))
+    assert host.cache.images.device.type == "cuda" and host.cache._host.device.type == "cpu"
+    assert host.cache.images.data_ptr() == host.cache._host.data_ptr()
+    for loader in (host, device):
+        loader.close()
+    assert not host.cache.filled and host.cache._host is None
