@@ -12,7 +12,8 @@ them (detection targets); other leaves (None, numbers) are passed as they are
 and are part of the graph's key. Inputs whose shapes change from batch to batch
 (BERT's unpadded token count, rounded to a bucket) get one graph per distinct
 set of input shapes, up to ``max_graphs``: a new shape runs once eagerly, then
-is captured; one more shape is an error. All graphs share one memory pool,
+is captured; one more shape is an error, or with ``eager_beyond`` runs eagerly
+(DLRM's exchange capacities: a rare one must not end a run). All graphs share one memory pool,
 which is safe because steps never overlap and each step's output is consumed
 (queued on the stream) before the next replay.
 
@@ -81,8 +82,9 @@ def _key(leaves: list, spec) -> tuple:
 
 class GraphedStep:
     def __init__(self, step: Callable[..., torch.Tensor], enabled: bool = True,
-                 warmup_steps: int = DEFAULT_WARMUP_STEPS, max_graphs: int = 1):
-        self.step = step
+                 warmup_steps: int = DEFAULT_WARMUP_STEPS, max_graphs: int = 1,
+                 eager_beyond: bool = False):
+        self.step, self.eager_beyond = step, eager_beyond
         self.enabled = bool(enabled) and torch.cuda.is_available()
         self.warmup_steps = warmup_steps
         self.max_graphs = max_graphs
@@ -111,6 +113,8 @@ class GraphedStep:
         captured = self.graphs.get(key)
         if captured is None:
             if len(self.graphs) >= self.max_graphs:
+                if self.eager_beyond:
+                    return self._run_on_side_stream(inputs)
                 shapes = [tuple(x.shape) for x in leaves if isinstance(x, torch.Tensor)]
                 raise UserError(f"the training step got input shapes {shapes} beyond its "
                                 f"{self.max_graphs} CUDA graph(s): the workload's capture "
@@ -174,4 +178,5 @@ def graphed_step(step: Callable[..., torch.Tensor], policy, requested: bool,
     if on and precision == "amp-fp16" and not policy.fp16:
         raise UserError(f"{name}'s amp-fp16 loss scaling reads overflow flags on the host and "
                         f"cannot run inside a CUDA graph: add --no-cuda-graph or use amp-bf16")
-    return GraphedStep(step, enabled=on, max_graphs=policy.max_graphs)
+    return GraphedStep(step, enabled=on, max_graphs=policy.max_graphs,
+                       eager_beyond=policy.eager_beyond)

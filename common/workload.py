@@ -148,13 +148,15 @@ class CapturePolicy:
     ``never``: the step reads data-dependent values or sizes (all-to-all splits,
     proposals), so it runs eagerly; ``static``: every batch has one shape, one
     graph; ``bucketed``: batches come in at most ``max_graphs`` shapes, one graph
-    each. ``fp16``: an amp-fp16 step keeps its loss-scaling checks on the device
-    and can be captured.
+    each (``eager_beyond``: further shapes run eagerly, else they are an error).
+    ``fp16``: an amp-fp16 step keeps its loss-scaling checks on the device and can
+    be captured.
     """
 
     mode: str = "static"
     max_graphs: int = 1
     fp16: bool = False
+    eager_beyond: bool = False
     reason: str = ""    # why a step is never captured, for people
 
     def __post_init__(self):

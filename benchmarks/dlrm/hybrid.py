@@ -14,7 +14,7 @@ their owner from every rank; frequent-row gradients must be all-reduced.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
@@ -34,7 +34,6 @@ class Plan:
     recv_counts: list[int]     # rare vectors received from each rank
     serve_rows: torch.Tensor   # rows of this rank's shard to send, grouped by destination rank
     send_counts: list[int]     # vectors sent to each rank
-    extra: dict[str, torch.Tensor] = field(default_factory=dict)   # an optimisation's own
 
     def to(self, device, non_blocking: bool = False) -> Plan:
         move = dict(device=device, non_blocking=non_blocking)
@@ -44,13 +43,12 @@ class Plan:
         return self._map(torch.Tensor.pin_memory)
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.freq_pos, self.freq_rows, self.recv_pos, self.serve_rows,
-                *self.extra.values()]
+        return [self.freq_pos, self.freq_rows, self.recv_pos, self.serve_rows]
 
     def _map(self, fn) -> Plan:
-        freq_pos, freq_rows, recv_pos, serve_rows, *extra = map(fn, self.tensors())
+        freq_pos, freq_rows, recv_pos, serve_rows = map(fn, self.tensors())
         return Plan(self.local_batch, freq_pos, freq_rows, recv_pos, self.recv_counts,
-                    serve_rows, self.send_counts, dict(zip(self.extra, extra)))
+                    serve_rows, self.send_counts)
 
 
 def frequent_rows(sparse: torch.Tensor, sizes: list[int], threshold: float) -> torch.Tensor:

@@ -15,24 +15,31 @@ gradient back at both sets of positions and adds the frequent ones into their ro
   row, cut into chunks of at most ``CHUNK`` of one row, one atomic add a chunk and dimension
   (a test against the reference; fp32 sums in another order).
 
-On one rank every tensor of the plan has a size fixed by the batch (the chunks padded to
+Every tensor of the plan has a size fixed by the batch (the chunks padded to
 :func:`chunk_capacity`), and the step has no host sync: it may be one CUDA graph
-(``cuda-graph``). On several ranks the rare vectors still travel by the reference's
-all-to-alls, whose sizes change with the batch.
+(``cuda-graph``). On several ranks the rare vectors travel by all-to-alls of equal splits:
+each pair of ranks exchanges :func:`exchange_capacity` rows, the batch's largest pair count
+rounded up a ladder of 8 sizes a doubling (at most 9% padding), the same on every rank (each
+plans the whole global batch); a padded row is served from row -1 (the last; never read
+back) and its gradient, sent home with the rest, is skipped by ``triton-sparse-sgd``. A run
+meets a few capacities, one graph each; the reference's all-to-alls send only what is
+looked up, in sizes that change with every batch.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import types
 
 import torch
 import torch.distributed as dist
 
-from benchmarks.dlrm.hybrid import HybridEmbedding, Plan
+from benchmarks.dlrm.hybrid import HybridEmbedding
 
 LOOKUPS = 16   # output rows a program
 CHUNK = 32     # sorted frequent lookups a program at most (one row's)
+LADDER = 8     # exchange capacities a doubling
 
 
 @functools.cache
@@ -109,15 +116,47 @@ def one_rank_plan(emb: HybridEmbedding, ids: torch.Tensor) -> dict[str, torch.Te
             **_chunks(code, emb.freq_weight.shape[0])}
 
 
-def plan_extra(plan: Plan, frequent_rows: int) -> dict[str, torch.Tensor]:
-    """On several ranks, the :class:`Plan`'s additions: ``code`` (a rare lookup's is the
-    received vector's index) and the frequent lookups' chunks (:func:`_chunks`)."""
-    n = plan.freq_pos.numel() + plan.recv_pos.numel()   # every lookup is one or the other
-    dev = plan.freq_pos.device
-    code = torch.empty(n, dtype=torch.int64, device=dev)
-    code[plan.freq_pos] = plan.freq_rows
-    code[plan.recv_pos] = -1 - torch.arange(plan.recv_pos.numel(), device=dev)
-    return {"code": code, **_chunks(code, frequent_rows)}
+def exchange_capacity(count: int) -> int:
+    """The rows each pair of ranks exchanges for a batch whose largest pair sends ``count``:
+    the next size of the ladder 8 * ceil(2^(k / LADDER) / 8)."""
+    if count <= 8:
+        return 8
+    size = 2 ** (math.ceil(LADDER * math.log2(count) - 1e-9) / LADDER)
+    return 8 * math.ceil(size / 8)
+
+
+def several_rank_plan(emb: HybridEmbedding, ids: torch.Tensor, bounds: list[int]
+                      ) -> dict[str, torch.Tensor]:
+    """On several ranks, this rank's plan for the global batch ids [B, T], every size fixed by
+    its slice and the exchange's capacity C (:func:`exchange_capacity`): ``code`` (a rare
+    lookup's is its slot in the received [world * C] vectors: owner * C + its order among the
+    owner's lookups for this rank), ``slot_pos`` (each slot's lookup position, 0 where
+    padding), ``serve_rows`` (the shard row each slot sent to rank slot // C asks for, -1
+    where padding) and the frequent lookups' chunks. The capacity comes to the host (the
+    plan is computed ahead of the step)."""
+    dev, world, rank, T = emb.freq_map.device, emb.world, emb.rank, len(emb.sizes)
+    flat = (ids.to(dev, non_blocking=True) + emb.offsets).reshape(-1)   # global rows
+    row = emb.freq_map[flat].long()
+    rare = torch.nonzero(row < 0).squeeze(1)                            # positions, ascending
+    dest = torch.searchsorted(torch.tensor(bounds[1:], device=dev) * T, rare, right=True)
+    pair = (flat[rare] % world) * world + dest                          # owner * world + dest
+    counts = torch.bincount(pair, minlength=world * world)
+    cap = exchange_capacity(int(counts.max()))
+    order = torch.argsort(pair, stable=True)
+    pos, pair = rare[order], pair[order]
+    nth = torch.arange(pos.numel(), device=dev) - (torch.cumsum(counts, 0) - counts)[pair]
+    start, stop = bounds[rank] * T, bounds[rank + 1] * T
+    code = row[start:stop].clone()
+    mine = pair % world == rank
+    slot, local = (pair[mine] // world) * cap + nth[mine], pos[mine] - start
+    code[local] = -1 - slot
+    slot_pos = torch.zeros(world * cap, dtype=torch.int64, device=dev)
+    slot_pos[slot] = local
+    served = pair // world == rank
+    serve_rows = torch.full((world * cap,), -1, dtype=torch.int64, device=dev)
+    serve_rows[(pair[served] % world) * cap + nth[served]] = flat[pos[served]] // world
+    return {"code": code, "slot_pos": slot_pos, "serve_rows": serve_rows,
+            **_chunks(code, emb.freq_weight.shape[0])}
 
 
 class _Lookup(torch.autograd.Function):
@@ -142,21 +181,17 @@ class _Lookup(torch.autograd.Function):
     def backward(ctx, grad):
         owner = ctx.owner
         owner._out_grad = grad = grad.contiguous()
-        if owner.world > 1:
-            plan = owner._plan
-            home = grad.new_empty(sum(plan.send_counts), grad.shape[1])
-            work = dist.all_to_all_single(home, grad[plan.recv_pos], plan.send_counts,
-                                          plan.recv_counts, async_op=True)
-            owner._returning = home, work
+        if owner.world > 1:   # the received vectors' gradients, home to their owners
+            sent = grad[owner._plan["slot_pos"]]
+            home = torch.empty_like(sent)
+            owner._returning = home, dist.all_to_all_single(home, sent, async_op=True)
         return None, None, None, None, None
 
 
 def _plan(self, sparse: torch.Tensor, bounds: list[int]):
     if self.world == 1:
         return one_rank_plan(self, sparse)
-    plan = HybridEmbedding.plan(self, sparse, bounds)
-    plan.extra.update(plan_extra(plan, self.freq_weight.shape[0]))
-    return plan
+    return several_rank_plan(self, sparse, bounds)
 
 
 def _forward(self, plan, overlap=None):
@@ -164,16 +199,15 @@ def _forward(self, plan, overlap=None):
     rare_src = self.rare_weight if self.rare_lp is None else self.rare_lp
     T, work = len(self.sizes), None
     if self.world > 1:
-        send = rare_src[plan.serve_rows]
-        rare_src = send.new_empty(sum(plan.recv_counts), self.dim)
-        work = dist.all_to_all_single(rare_src, send, plan.recv_counts, plan.send_counts,
-                                      async_op=True)
+        send = rare_src[plan["serve_rows"]]   # padding: row -1, the last
+        rare_src = torch.empty_like(send)
+        work = dist.all_to_all_single(rare_src, send, async_op=True)
     extra = overlap() if overlap is not None else None
     if work is not None:
         work.wait()
     self._plan, self._out_grad, self._returning = plan, None, None
-    code = plan["code"] if self.world == 1 else plan.extra["code"]
-    out = _Lookup.apply(self._anchor, code, freq_src, rare_src.contiguous(), self)
+    code = plan["code"]
+    out = _Lookup.apply(self._anchor, code, freq_src, rare_src, self)
     return out.view(code.numel() // T, T, self.dim), extra
 
 
@@ -181,7 +215,7 @@ def _frequent_grad(self) -> torch.Tensor:
     import triton
 
     grad = torch.zeros_like(self.freq_weight)
-    chunks = self._plan if self.world == 1 else self._plan.extra
+    chunks = self._plan
     if chunks["chunk_rows"].numel():
         _kernels()[1][(chunks["chunk_rows"].numel(),)](
             grad, self._out_grad, chunks["freq_order"], chunks["chunk_starts"],
@@ -191,10 +225,11 @@ def _frequent_grad(self) -> torch.Tensor:
 
 def _rare_grad(self):
     """One rank: every lookup's rare row (-1 where frequent, which ``triton-sparse-sgd``
-    skips) and the output's gradient as it is; several: the reference's."""
+    skips) and the output's gradient as it is; several: each served slot's row (-1 where
+    padding) and the gradient sent home for it."""
     if self.world == 1:
         return self._plan["rare_rows"], self._out_grad
-    return self._plan.serve_rows, self.returned()
+    return self._plan["serve_rows"], self.returned()
 
 
 def apply(emb: HybridEmbedding) -> None:

@@ -9,8 +9,7 @@ variants.
 Every variant is the workload's real ``train_step`` on one global batch of ``--batch-size`` with
 power-law category ids (``data.power_law_ids``) and its index plan, built once: no input
 pipeline (``prefetch``), no evaluation. ``plain``: no optimisation (one process only);
-``config``: the 1xH100 config's optimisations (under torchrun less those of one process
-only); ``config-minus-<name>`` without one (and what
+``config``: the 1xH100 config's optimisations; ``config-minus-<name>`` without one (and what
 requires it); ``config-plus-<name>`` with one more (in place of what it excludes). Under
 torchrun each rank trains its share of the global batch; rank 0 prints the global samples/s. A
 variant whose tables would not fit the free device memory is skipped with one line.
@@ -105,12 +104,9 @@ def copy_rate(device, nbytes: int = 2**30, iters: int = 20) -> float:
 VARIANTS = variants()
 
 
-def workload_args(variant: str, a, world: int = 1):
-    """The workload's flags for ``variant``; on several ranks without its one-process
-    optimisations (``cuda-graph``)."""
-    registry = DLRMWorkload.optimisations
-    items = [i for i in VARIANTS[variant]
-             if world == 1 or not registry[i.partition("=")[0]].single_process]
+def workload_args(variant: str, a):
+    """The workload's flags for ``variant``."""
+    items = VARIANTS[variant]
     return build_parser(DLRMWorkload).parse_args(
         ["--synthetic-data", "--precision", a.precision, "--seed", "0",
          "--batch-size", str(a.batch_size), "--max-ind-range", str(a.max_ind_range),
@@ -171,7 +167,7 @@ def _run(p, a, variants: list[str], env: dist.DistEnv) -> int:
     precision.apply_backend_flags()
     lp = precision.autocast_dtype
     # the formula reads only the flags: the workload is not built (no tables)
-    mfu = MFU.measure(lambda: (DLRMWorkload(workload_args(variants[0], a, env.world_size),
+    mfu = MFU.measure(lambda: (DLRMWorkload(workload_args(variants[0], a),
                                             env, precision),
                                None), env.device, env.world_size)
     say(str(mfu), env.is_main)
@@ -179,7 +175,7 @@ def _run(p, a, variants: list[str], env: dist.DistEnv) -> int:
     say(f"device-to-device copy: {rate_limit / 1e9:.0f} GB/s (read + write)", env.is_main)
     rows = []
     for v in variants:
-        args = workload_args(v, a, env.world_size)
+        args = workload_args(v, a)
         need = table_bytes(args, env.world_size, lp.itemsize if lp else 0)
         if not fits(v, need, env):
             rows.append({"variant": v, "skipped": "embedding tables exceed free GPU memory",

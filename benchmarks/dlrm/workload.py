@@ -75,6 +75,7 @@ def lr_at(step: torch.Tensor, base: float, warmup: int, decay_start: int, decay_
 # (8.8 MB; numpy releases the GIL) took 25 ms on one core of a 2-core CPU machine, longer than
 # the config's step on an H200 (13 ms)
 LOADER_THREADS = 4
+EXCHANGE_GRAPHS = 4   # on several ranks, CUDA graphs kept: one an exchange capacity
 
 
 class _Epoch:
@@ -211,7 +212,7 @@ class DLRMWorkload(Workload):
         shared(COMPILE, apply=_compile, description="torch.compile the dense part: the bottom "
                "MLP, and the interaction with the top MLP (=MODE: default, tuned, "
                "max-autotune-no-cudagraphs)"),
-        shared(CUDA_GRAPH, requires=("fused-lookups",), single_process=True),
+        shared(CUDA_GRAPH, requires=("fused-lookups",)),
         Optimisation("prefetch", "the next batches read, copied to the device and their index "
                      "plans computed there (own stream) by four threads during the step",
                      compare="batches",
@@ -351,10 +352,14 @@ class DLRMWorkload(Workload):
         return _Epoch(self, self.train_sched.ranges(epoch - 1, self.args.seed, self.hp.shuffle))
 
     def capture_policy(self) -> CapturePolicy:
-        if "fused-lookups" in self.opts and self.env.world_size == 1:
+        if "fused-lookups" not in self.opts:
+            return CapturePolicy("never", reason="the index plan's sizes (and on several ranks "
+                                 "the all-to-all's splits) change every step")
+        if self.env.world_size == 1:
             return CapturePolicy("static")   # its one-rank plan: sizes fixed by the batch
-        return CapturePolicy("never", reason="the index plan's sizes (and on several ranks "
-                             "the all-to-all's splits) change every step")
+        # one graph an exchange capacity (lookups_triton.exchange_capacity); a rare capacity
+        # beyond them runs eagerly
+        return CapturePolicy("bucketed", max_graphs=EXCHANGE_GRAPHS, eager_beyond=True)
 
     @property
     def rank_batch_size(self) -> int:

@@ -31,12 +31,13 @@ def models(device):
     return a.to(device), copy.deepcopy(a).to(device)
 
 
-def plain_and_graphed(device, warmup_steps, max_graphs=1):
+def plain_and_graphed(device, warmup_steps, max_graphs=1, eager_beyond=False):
     """The same SGD step twice from the same weights: plain, and through GraphedStep."""
     a, b = models(device)
     plain = make_step(a, torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9))
     graphed = GraphedStep(make_step(b, torch.optim.SGD(b.parameters(), lr=0.1, momentum=0.9)),
-                          warmup_steps=warmup_steps, max_graphs=max_graphs)
+                          warmup_steps=warmup_steps, max_graphs=max_graphs,
+                          eager_beyond=eager_beyond)
     return plain, graphed
 
 
@@ -80,6 +81,17 @@ def test_one_graph_per_input_shape_on_gpu():
     torch.testing.assert_close(got, want)
     with pytest.raises(UserError, match="beyond its 3 CUDA graph"):
         graphed(torch.randn(5, 8).cuda(), torch.randn(5, 1).cuda())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_shapes_beyond_the_graphs_run_eagerly_where_the_policy_says_so():
+    plain, graphed = plain_and_graphed("cuda", 2, max_graphs=2, eager_beyond=True)
+    g = torch.Generator().manual_seed(3)
+    data = [(torch.randn(n, 8, generator=g).cuda(), torch.randn(n, 1, generator=g).cuda())
+            for n in (4, 4, 4, 6, 6, 2, 4, 2, 6, 5)]
+    torch.testing.assert_close(run(graphed, data), run(plain, data))
+    assert sorted(shapes[0][0] for _, shapes in graphed.graphs) == [4, 6]
 
 
 @pytest.mark.gpu

@@ -76,8 +76,9 @@ def test_two_gloo_ranks_match_plain_embedding_bag(threshold, fused):
     frequent = torch.nonzero(fmap >= 0).squeeze(1)
     grad[frequent] += res[0]["freq_grad"][fmap[frequent]]
     torch.testing.assert_close(res[0]["freq_grad"], res[1]["freq_grad"])
-    for r in range(world):
-        grad.index_add_(0, res[r]["rows"] * world + r, res[r]["grads"])
+    for r in range(world):   # fused-lookups' padded exchange serves row -1: skipped
+        rows, keep = res[r]["rows"], res[r]["rows"] >= 0
+        grad.index_add_(0, rows[keep] * world + r, res[r]["grads"][keep])
     want = torch.cat([bag.weight.grad for bag in plain.tables])
     torch.testing.assert_close(grad, want)
     n_freq = res[0]["n_frequent"]
@@ -158,3 +159,58 @@ def test_init_is_the_same_whatever_the_split():
     torch.testing.assert_close(emb.rare_weight[own // 3], whole[own - 10])
     torch.testing.assert_close(emb.freq_weight[0], whole[10])
     assert whole.abs().max() <= 1 / math.sqrt(50)
+
+
+def test_the_exchange_capacity_climbs_a_ladder():
+    from benchmarks.dlrm.lookups_triton import LADDER, exchange_capacity
+
+    assert exchange_capacity(0) == exchange_capacity(8) == 8
+    sizes = [exchange_capacity(n) for n in range(1, 5000)]
+    assert all(c >= n and c % 8 == 0 for n, c in zip(range(1, 5000), sizes))
+    assert sizes == sorted(sizes)
+    assert all(c <= n * 2 ** (1 / LADDER) + 8 for n, c in zip(range(1, 5000), sizes))
+    assert len(set(sizes[1000:2000])) <= LADDER + 1   # a doubling: at most the ladder's steps
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_padded_exchange_plan_serves_every_rare_lookup_once(world):
+    """``fused-lookups``' plan on several ranks: each rank's rare lookup names a slot of the
+    received vectors whose sender serves exactly that lookup's shard row; every served slot
+    is named by one lookup; padding serves row -1 and is named by none."""
+    from benchmarks.dlrm.lookups_triton import exchange_capacity, several_rank_plan
+
+    g = torch.Generator().manual_seed(world)
+    batch = 23
+    ids = torch.stack([torch.randint(0, n, (batch,), generator=g) for n in SIZES], 1)
+    frequent = frequent_rows(_stats(), SIZES, 2.0)
+    embs = [HybridEmbedding(SIZES, DIM, frequent, r, world, SEED, "cpu") for r in range(world)]
+    bounds, T = split_bounds(batch, world), len(SIZES)
+    plans = [several_rank_plan(e, ids, bounds) for e in embs]
+    flat = (ids + embs[0].offsets).reshape(-1)
+    fmap = embs[0].freq_map.long()
+    cap = plans[0]["serve_rows"].numel() // world
+    pairs = torch.zeros(world, world, dtype=torch.int64)   # [owner, dest] rare lookups
+    for dest in range(world):
+        for g in flat[bounds[dest] * T:bounds[dest + 1] * T].tolist():
+            if fmap[g] < 0:
+                pairs[g % world, dest] += 1
+    assert cap == exchange_capacity(int(pairs.max()))
+    named = [torch.zeros(world * cap, dtype=torch.int64) for _ in range(world)]
+    for r, plan in enumerate(plans):
+        assert plan["slot_pos"].numel() == plan["serve_rows"].numel() == world * cap
+        mine = flat[bounds[r] * T:bounds[r + 1] * T]
+        code = plan["code"]
+        assert code.numel() == mine.numel()
+        freq = code >= 0
+        assert torch.equal(code[freq], fmap[mine[freq]]) and (fmap[mine[~freq]] < 0).all()
+        for p in torch.nonzero(~freq).squeeze(1).tolist():
+            slot = -1 - int(code[p])
+            owner, k = divmod(slot, cap)
+            assert int(mine[p]) % world == owner
+            assert int(plans[owner]["serve_rows"][r * cap + k]) == int(mine[p]) // world
+            assert int(plan["slot_pos"][slot]) == p
+            named[owner][r * cap + k] += 1
+    for owner, plan in enumerate(plans):
+        served = plan["serve_rows"] >= 0
+        assert torch.equal(named[owner][served], torch.ones(int(served.sum()), dtype=torch.int64))
+        assert not named[owner][~served].any()

@@ -138,3 +138,63 @@ def test_the_one_rank_step_as_a_cuda_graph_trains_as_eager():
         assert got == pytest.approx(want, rel=1e-4, abs=1e-5), f"graphed, step {i}: {losses}"
     for w, g in zip(eager.training_state(), graphed.training_state()):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+def _two_rank_worker(rank, world, port, out):
+    from benchmarks.dlrm.workload import DLRMWorkload
+    from common import dist
+    from common.cuda_graph import GraphedStep
+    from common.precision import Precision
+    from common.training import build_parser
+    from tests.common.test_dist import _rendezvous
+
+    _rendezvous(rank, world, port)
+    env = dist.init_distributed("cuda")
+
+    def workload():
+        args = build_parser(DLRMWorkload).parse_args(
+            ["--synthetic-data", "--precision", "amp-bf16", "--seed", "0", "--batch-size", "1024",
+             "--max-ind-range", "2000", "--opt", "fused-sgd,triton-sparse-sgd,"
+             "hybrid-embeddings=2,fused-lookups,aligned-dense,cuda-graph"])
+        wl = DLRMWorkload(args, env, Precision("amp-bf16", "cuda"))
+        wl.setup()
+        return wl
+
+    eager, graphed = workload(), workload()
+    with torch.no_grad():   # the same initial weights (each workload draws its own)
+        for dst, src in zip(graphed.training_state(), eager.training_state(), strict=True):
+            dst.copy_(src)
+    policy = graphed.capture_policy()
+    step = GraphedStep(graphed.train_step, warmup_steps=2, max_graphs=policy.max_graphs,
+                       eager_beyond=policy.eager_beyond)
+    losses = []
+    for _ in range(6):
+        dense, labels, plan = eager.synthetic_batch(1024)
+        copy = (dense.clone(), labels.clone(), {k: v.clone() for k, v in plan.items()})
+        losses.append((float(eager.train_step(dense, labels, plan)), float(step(*copy))))
+    out[rank] = dict(losses=losses, captured=len(step.graphs), policy=policy.mode,
+                     state=[(w.cpu(), g.cpu()) for w, g in zip(eager.training_state(),
+                                                               graphed.training_state())])
+    step.release()
+    dist.shutdown()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_two_ranks_step_as_cuda_graphs_trains_as_eager():
+    """On several ranks the padded exchange makes the step capturable: two NCCL ranks'
+    graphed steps (all-to-alls and the all-reduce inside the graphs) give the eager steps'
+    losses and weights."""
+    import torch.multiprocessing as mp
+
+    from tests.common.test_dist import _free_port
+
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_two_rank_worker, args=(2, _free_port(), out), nprocs=2, join=True)
+        res = dict(out)
+    for rank in range(2):
+        assert res[rank]["policy"] == "bucketed" and res[rank]["captured"] >= 1
+        for i, (want, got) in enumerate(res[rank]["losses"], 1):
+            assert got == pytest.approx(want, rel=1e-4, abs=1e-5), f"rank {rank}, step {i}"
+        for w, g in res[rank]["state"]:
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)

@@ -76,13 +76,6 @@ def _tool_args(variant: str):
         precision="amp-bf16", batch_size=64, max_ind_range=50))
 
 
-def test_several_ranks_leave_out_the_one_process_optimisations():
-    a = argparse.Namespace(precision="amp-bf16", batch_size=64, max_ind_range=50)
-    assert "cuda-graph" in throughput.workload_args("config", a).optimisations
-    on_two = throughput.workload_args("config", a, world=2).optimisations
-    assert "cuda-graph" not in on_two and "fused-lookups" in on_two
-
-
 # the variants without a CUDA-only optimisation
 CPU_VARIANTS = [v for v, items in throughput.VARIANTS.items()
                 if not any(DLRMWorkload.optimisations[i.partition("=")[0]].cuda for i in items)]
