@@ -76,7 +76,7 @@ class Batch:
     """One global batch as the reference transforms it (CPU tensors)."""
 
     dense: torch.Tensor    # [B, 13] float32, log(x + 1)
-    sparse: torch.Tensor   # [B, 26] int64 category ids (mod max_ind_range)
+    sparse: torch.Tensor   # [B, 26] int32 category ids (mod max_ind_range); int64 on the device
     labels: torch.Tensor   # [B] float32 in {0, 1}
 
 
@@ -99,15 +99,20 @@ class BinaryClickLog:
         self.records = np.memmap(self.path, dtype="<i4", mode="r",
                                  shape=(self.num_records, RECORD_INTS))
         self.sizes = np.asarray(sizes, dtype=np.int64)
+        self._limits = self.sizes.astype(np.uint32)   # ids viewed unsigned: one comparison
         self.max_ind_range = max_ind_range
 
     def read(self, start: int, stop: int) -> Batch:
-        """Records ``[start, stop)`` (one contiguous read), checked and transformed."""
+        """Records ``[start, stop)`` (one contiguous read), checked and transformed. The ids
+        stay int32 (the file's type; half the bytes to check and copy to the device, where
+        they are widened)."""
         raw = np.array(self.records[start:stop])   # the one sequential read
         labels, dense, sparse = raw[:, 0], raw[:, 1:1 + NUM_DENSE], raw[:, 1 + NUM_DENSE:]
-        ids = sparse.astype(np.int64)
-        if self.max_ind_range > 0:
-            ids %= self.max_ind_range
+        ids = np.ascontiguousarray(sparse)
+        if self.max_ind_range > 0:   # the modulo where it changes an id (negatives wrap high)
+            fold = ids.view(np.uint32) >= self.max_ind_range
+            if fold.any():
+                np.remainder(ids, self.max_ind_range, out=ids, where=fold)
         self._check(start, labels, dense, sparse, ids)
         return Batch(dense=torch.from_numpy(np.log1p(dense.astype(np.float32))),
                      sparse=torch.from_numpy(ids),
@@ -121,11 +126,12 @@ class BinaryClickLog:
         bad = np.flatnonzero((labels != 0) & (labels != 1))
         if bad.size:
             fail(int(bad[0]), f"label {labels[bad[0]]} is not 0 or 1")
-        bad_rows, _ = np.nonzero(dense < 0)
-        if bad_rows.size:
-            fail(int(bad_rows[0]), "negative dense feature")
-        rows, cols = np.nonzero((ids < 0) | (ids >= self.sizes))
-        if rows.size:
+        negative = dense < 0
+        if negative.any():
+            fail(int(np.nonzero(negative)[0][0]), "negative dense feature")
+        outside = ids.view(np.uint32) >= self._limits   # negatives wrap high
+        if outside.any():
+            rows, cols = np.nonzero(outside)
             r, c = int(rows[0]), int(cols[0])
             fail(r, f"category id {int(sparse[r, c])} of feature {c} is beyond its table "
                     f"size {int(self.sizes[c])} (from {COUNTS_FILE})")

@@ -48,7 +48,7 @@ def test_reader_matches_hand_written_records(tmp_path):
     assert b.labels.tolist() == [1.0, 0.0]
     torch.testing.assert_close(b.dense[0], torch.log1p(torch.arange(13.0)))
     assert b.dense[1, 12].item() == pytest.approx(np.log(100.0))
-    assert b.sparse[0].tolist() == [i % 10 for i in range(26)] and b.sparse.dtype == torch.int64
+    assert b.sparse[0].tolist() == [i % 10 for i in range(26)] and b.sparse.dtype == torch.int32
     assert b.sparse[1].tolist() == [9] * 26
 
 
@@ -56,6 +56,21 @@ def test_max_ind_range_is_applied(tmp_path):
     _write(tmp_path / "x.bin", [_record(0, [1] * 13, [13] * 26)])
     log = data.BinaryClickLog(tmp_path / "x.bin", [5] * 26, max_ind_range=5)
     assert log.read(0, 1).sparse[0].tolist() == [3] * 26
+
+
+def test_the_modulo_of_any_int32_id_is_the_reference_s(tmp_path):
+    """Ids are folded only where the modulo changes them: every int32 (negatives, ids past the
+    cap, ids under it) comes out as numpy's (and the reference's) ``id % max_ind_range``."""
+    g = np.random.default_rng(0)
+    ids = g.integers(-2**31, 2**31, size=(300, 26), dtype=np.int64)
+    ids[:100] %= 1000            # some already under the cap
+    ids[0, :3] = [0, 999, -1]
+    _write(tmp_path / "x.bin",
+           [_record(i % 2, [1] * 13, row.tolist()) for i, row in enumerate(ids)])
+    log = data.BinaryClickLog(tmp_path / "x.bin", [1000] * 26, max_ind_range=1000)
+    got = log.read(0, 300).sparse
+    assert got.dtype == torch.int32
+    assert got.tolist() == np.remainder(ids, 1000).tolist()
 
 
 def test_ids_beyond_a_capped_table_fold_into_it_as_in_the_reference(tmp_path):
