@@ -98,8 +98,9 @@ class EpochStream:
 
 
 class Batches(torch.utils.data.Dataset):
-    """``dataset``'s items a batch at a time, for :class:`EpochStream`: key ``indices`` ->
-    ``collate`` of those items (in the loader process that serves it)."""
+    """``dataset``'s items a batch at a time, for :class:`EpochStream`: key, a list of the
+    dataset's keys (indices, or whatever it takes) -> ``collate`` of those items (in the
+    loader process that serves it)."""
 
     def __init__(self, dataset, collate):
         self.dataset, self.collate = dataset, collate
@@ -107,8 +108,8 @@ class Batches(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, indices: list[int]):
-        return self.collate([self.dataset[i] for i in indices])
+    def __getitem__(self, keys: list):
+        return self.collate([self.dataset[k] for k in keys])
 
 
 class Keys(torch.utils.data.Sampler):

@@ -229,22 +229,6 @@ class TrainSet(torch.utils.data.Dataset):
         return torch.from_numpy(image), torch.from_numpy(label)
 
 
-class TrainBatches(torch.utils.data.Dataset):
-    """A ``TrainSet``'s samples a batch at a time: keys [(epoch, case index), ...] -> (images,
-    labels), each stacked (into shared memory in a loader process), for
-    ``common.loaders.persistent``: the same loader processes serve every epoch, so each meets
-    (reads whole, checks and searches) a case once a run, not once an epoch."""
-
-    def __init__(self, samples: TrainSet):
-        self.samples = samples
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, keys: list[tuple[int, int]]):
-        return torch.utils.data.default_collate([self.samples[k] for k in keys])
-
-
 def epoch_order(num_cases: int, seed: int, epoch: int, global_batch: int, replica: int,
                 replicas: int) -> list[list[tuple[int, int]]]:
     """This data-parallel replica's batches of an epoch: a seeded shuffle, whole steps only."""

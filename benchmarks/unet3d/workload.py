@@ -254,11 +254,13 @@ class Unet3DWorkload(Workload):
     def epoch_batches(self, epoch: int):
         self.lr.fill_(lr_at(epoch, self.hp))
         if self.train_stream is None:
-            # No pinned memory: the pinning thread's CUDA calls would break the step's graph
-            # capture.
-            self.train_stream = loaders.EpochStream(data.TrainBatches(self.train_set),
-                                                    self.epoch_order, self.args.workers,
-                                                    pin=False)
+            # A batch's samples (keys (epoch, case)) are stacked in the loader process that
+            # serves it; the same processes serve every epoch, so each meets (reads whole,
+            # checks and searches) a case once a run. No pinned memory: the pinning thread's
+            # CUDA calls would break the step's graph capture.
+            batches = loaders.Batches(self.train_set, torch.utils.data.default_collate)
+            self.train_stream = loaders.EpochStream(batches, self.epoch_order,
+                                                    self.args.workers, pin=False)
         return _Batches(self, epoch)
 
     def epoch_order(self, epoch: int) -> list[list[tuple[int, int]]]:
