@@ -1,7 +1,8 @@
 # DLRM on 8 H200s with the hyper-parameters' defaults (the reference convergence point of global
-# batch 55296): 6912 samples per GPU, rare embedding rows sharded over the 8 GPUs.
+# batch 55296): 6912 samples per GPU, rare embedding rows sharded over the 8 GPUs. The step is
+# captured (cuda-graph: the all-to-alls padded to a few capacities, a graph each).
 NPROC=8
 PRECISION=${PRECISION:-amp-bf16}
-OPTIMISATIONS=(fused-sgd triton-sparse-sgd hybrid-embeddings fused-lookups aligned-dense prefetch
-               cache-eval)
+OPTIMISATIONS=(fused-sgd triton-sparse-sgd hybrid-embeddings fused-lookups aligned-dense compile
+               cuda-graph prefetch cache-eval)
 TRAIN_ARGS=(--precision "$PRECISION" --log-every 500)

@@ -173,7 +173,8 @@ def _two_rank_worker(rank, world, port, out):
         copy = (dense.clone(), labels.clone(), {k: v.clone() for k, v in plan.items()})
         losses.append((float(eager.train_step(dense, labels, plan)), float(step(*copy))))
     out[rank] = dict(losses=losses, captured=len(step.graphs), policy=policy.mode,
-                     state=[(w.cpu(), g.cpu()) for w, g in zip(eager.training_state(),
+                     state=[(w.detach().cpu(), g.detach().cpu()) for w, g in zip(
+                         eager.training_state(),
                                                                graphed.training_state())])
     step.release()
     dist.shutdown()
