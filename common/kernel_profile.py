@@ -195,15 +195,20 @@ def profile_overlap(step: Callable[..., torch.Tensor], batches, steps: int,
 
 def kernel_breakdown(step: Callable[..., torch.Tensor], batch: tuple[torch.Tensor, ...],
                      steps: int = 5, top: int = 15) -> str:
-    """Profile ``steps`` calls of an already warmed-up ``step``; a printable per-step table:
-    kernel time by family and by kernel, the timeline (how long the GPU was busy and idle
-    within the steps' span) and each region's host and kernel time and the GPU idle time that
-    began in it. The profiler slows the host, so host times and idle time read high."""
+    """:func:`profiled` of ``steps`` calls of an already warmed-up ``step`` on ``batch``."""
+    return profiled(lambda: [step(*batch) for _ in range(steps)], steps, top)
+
+
+def profiled(run: Callable[[], object], steps: int, top: int = 15) -> str:
+    """Profile ``run()``, ``steps`` warmed-up steps; a printable per-step table: kernel time
+    by family and by kernel, the timeline (how long the GPU was busy and idle within the
+    steps' span) and each region's host and kernel time and the GPU idle time that began in
+    it, then the host operations running as the GPU went idle. The profiler slows the host,
+    so host times and idle time read high."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step(*batch)
+        run()
         torch.cuda.synchronize()
     events = prof.events()
     kernels = kernel_times(events, steps)
@@ -230,8 +235,7 @@ def kernel_breakdown(step: Callable[..., torch.Tensor], batch: tuple[torch.Tenso
                   for name, us in regions.items()]
         if "(no region)" in idle:
             lines.append(f"    {'(no region)':22s} idle {idle['(no region)']:6.2f} ms")
-        ops = collections.Counter(idle_by_host_op(events, steps)).most_common(top)
-        lines.append("  GPU idle time by the host operation running as it began (top "
-                     f"{len(ops)}):")
-        lines += [f"    {ms:6.2f} ms  {name[:100]}" for name, ms in ops]
+    ops = collections.Counter(idle_by_host_op(events, steps)).most_common(top)
+    lines.append(f"  GPU idle time by the host operation running as it began (top {len(ops)}):")
+    lines += [f"    {ms:6.2f} ms  {name[:100]}" for name, ms in ops]
     return "\n".join(lines)

@@ -24,7 +24,7 @@ from typing import NoReturn
 
 import torch
 
-from common import dist, dry_run, gc_pauses, hparams, optimisations, process_exit
+from common import dist, dry_run, gc_pauses, hparams, kernel_profile, optimisations, process_exit
 from common.cli import OneLineParser
 from common.cuda_graph import GraphedStep, graphed_step
 from common.errors import UserError, one_line
@@ -179,6 +179,12 @@ def build_parser(workload_cls: type[Workload]) -> argparse.ArgumentParser:
                         "report initialization, step p50/p99, p_whole/p_train/p_core and peak "
                         "memory instead of training to the target; the log is marked as a dry "
                         "run and never passes for a result (common/dry_run.py)")
+    g.add_argument("--dry-run-profile", type=hparams.checked(int, hparams.positive), default=None,
+                   metavar="STEPS",
+                   help="with --dry-run on a GPU, STEPS more steps under the profiler after the "
+                        "timed ones: GPU kernel time by family, the device timeline's busy and "
+                        "idle time per step and the host operations the GPU waited on "
+                        "(common/kernel_profile.py)")
     g.add_argument("--gc-freeze", action="store_true",
                    help="before run_start, freeze every object setup made out of the garbage "
                         "collector's reach, so its full collections stay short "
@@ -461,6 +467,9 @@ def _parse_args(workload_cls: type[Workload], argv: list[str] | None, rank: int)
                              "time-to-train run needs --data-dir")
             if getattr(args, "data_dir", True) is None:
                 parser.error("--data-dir is required: the dataset's folder (docs/data.md)")
+            if args.dry_run_profile and not args.dry_run:
+                parser.error("--dry-run-profile profiles steps after a dry run's: add "
+                             "--dry-run STEPS (DRY_RUN=STEPS)")
     except SystemExit as exc:
         if quiet and exc.code == EXIT_USER_ERROR:
             _report_user_error(captured.getvalue().strip(), rank)
@@ -506,6 +515,8 @@ def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
             dist.follow_launcher()
             args = _parse_args(workload_cls, argv, rank)
             env = dist.init_distributed(args.device, bind_cpus=args.bind_cpus)
+            if args.dry_run_profile and env.device.type != "cuda":
+                raise UserError("--dry-run-profile profiles GPU kernels: drop it on the CPU")
         except (UserError, Stopped) as exc:
             return _ended_by(exc, rank, logged=False)
         with work_stream(env.device):
@@ -516,6 +527,14 @@ def program(workload_cls: type[Workload]) -> NoReturn:
     """``python -m benchmarks.<name>``: :func:`main` on the command line's flags, then the
     process ended at once, its helper processes with it (``common.process_exit``)."""
     process_exit.end(main(workload_cls))
+
+
+def _steps(stream: _Stream, step, count: int) -> None:
+    """``count`` training steps on the stream's next batches (their losses unread)."""
+    for _ in range(count):
+        step(*stream.next())
+        stream.stepped()
+        raise_if_stopped()
 
 
 def _dry_run(wl: Workload, step, log: MLLog, args, env, init_s: float) -> None:
@@ -555,6 +574,11 @@ def _dry_run(wl: Workload, step, log: MLLog, args, env, init_s: float) -> None:
             raise_if_stopped()
         record(clock.finish())
     progress.close()
+    if args.dry_run_profile:
+        say(f"dry run: {args.dry_run_profile} more steps profiled, not timed above (the "
+            "profiler slows the host: its idle times read high)", env.is_main)
+        say(kernel_profile.profiled(lambda: _steps(stream, step, args.dry_run_profile),
+                                    args.dry_run_profile), env.is_main)
     window.read_back()
     # the steps' figures before the evaluation, which a stop may cut short
     say(f"dry run: {len(step_s)} steps, step p50 {dry_run.percentile(step_s, 50) * 1e3:.2f} ms, "

@@ -216,3 +216,36 @@ def test_on_a_gpu_loading_under_the_step_before_is_no_wait():
     times = _clocked(dry_run.StepClock(cuda=True), 0.09, lambda: torch.cuda._sleep(cycles))
     for step, wait in times[1:]:
         assert 0.02 < wait < 0.04 and 0.08 < step < 0.1, times
+
+
+def test_profiled_steps_need_a_dry_run_and_a_gpu(tmp_path, capsys):
+    from common.training import EXIT_USER_ERROR, main
+    from tests.common.toy_workload import ToyWorkload
+
+    base = ["--device", "cpu", "--precision", "fp32", "--seed", "3",
+            "--log-file", str(tmp_path / "log.txt"), "--dry-run-profile", "2"]
+    with pytest.raises(SystemExit) as exc:
+        main(ToyWorkload, base)
+    assert exc.value.code == EXIT_USER_ERROR
+    assert "--dry-run-profile profiles steps after a dry run's: add --dry-run STEPS" \
+        in capsys.readouterr().err
+    assert main(ToyWorkload, [*base, "--dry-run", "3"]) == EXIT_USER_ERROR
+    assert "--dry-run-profile profiles GPU kernels: drop it on the CPU" \
+        in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_dry_run_profiles_steps_after_the_timed_ones(tmp_path, capsys):
+    """The profiled steps come after the timed ones (not in their figures) and say where the
+    GPU time went and what the host ran while the GPU waited (here the step's sleep)."""
+    from common.training import main
+    from tests.common.toy_workload import ToyWorkload
+
+    code = main(ToyWorkload, ["--device", "cuda", "--precision", "fp32", "--seed", "3",
+                              "--log-file", str(tmp_path / "log.txt"), "--dry-run", "3",
+                              "--dry-run-profile", "2", "--step-sleep", "0.02"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "dry run: 3 steps, step p50" in out and "2 more steps profiled" in out
+    assert "GPU kernel time per step:" in out and "timeline per step (profiled): span" in out
+    assert "GPU idle time by the host operation running as it began" in out
