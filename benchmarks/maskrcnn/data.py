@@ -13,30 +13,32 @@ labels are the reader's 1..C. Training drops the images left without a target: t
 drops those whose every box is at most 1 pixel wide or high and cannot train on an image
 without targets (its matcher raises), so wherever the reference trains the two rules agree.
 
-Training transform (``build_transforms``): resize so that the shorter side is ``min_size``
-(800) unless the longer would then pass ``max_size`` (1333) (``Resize.get_size``, rounding
-included; PIL's bilinear resize of the uint8 image, which is what torchvision's ``F.resize``
-does to the reference's PIL images), horizontal flip with probability ``FLIP_P``, to float in
-0..1, normalisation. Boxes are scaled by the new-to-old size ratio of each axis, inclusive
-ends like any coordinate (``BoxList.resize``), and flipped to ``(W - 1 - x2, y1, W - 1 - x1,
-y2)`` (``BoxList.transpose``). Polygons are scaled alike, flipped as the reference flips them,
-``x -> W - 1 - x`` (one pixel left of the mirrored image, as there), and rasterised by
-pycocotools at the resized size into full-image masks; an RLE segmentation (COCO uses them
+Training transform (``build_transforms``): resize so that the shorter side is ``min_size`` (800)
+unless the longer would then pass ``max_size`` (1333) (``Resize.get_size``, rounding included;
+PIL's bilinear resize of the uint8 image, which is what torchvision's ``F.resize`` does to the
+reference's PIL images), horizontal flip with probability ``FLIP_P``; the image stays uint8 on
+its way to the GPU, where :func:`normalize` makes it float in 0..1 and normalises it (a quarter
+of the bytes to collate, pin and copy). Boxes are scaled by the new-to-old size ratio of each
+axis, inclusive ends like any coordinate (``BoxList.resize``), and flipped to ``(W - 1 - x2, y1,
+W - 1 - x1, y2)`` (``BoxList.transpose``). Polygons are scaled alike, flipped as the reference
+flips them, ``x -> W - 1 - x`` (one pixel left of the mirrored image, as there), and rasterised
+by pycocotools at the resized size into full-image masks; an RLE segmentation (COCO uses them
 for crowds only) is decoded, resized (nearest) and flipped with the same one-pixel shift.
-Evaluation transform: the same resize, no flip; the image id and original size travel with
-the image, for pasting masks and scoring.
+Evaluation transform: the same resize, no flip; the image id and original size travel with the
+image, for pasting masks and scoring.
 
 Normalisation: the backbone starts from torchvision's ``resnet50`` ImageNet weights, trained
 on RGB in 0..1 normalised by ImageNet's ``MEAN`` and ``STD``; the reference's ``TO_BGR255``
 with Caffe2 pixel means (BGR 102.98, 115.95, 122.77, std 1) belongs to its MSRA weights.
 
-Batches (``BatchCollator``, ``to_image_list``): the images, zero-padded at the bottom and
-right to the batch's largest height and width, each rounded up to a multiple of
-``SIZE_DIVISIBILITY``; each image's own (height, width) is kept. With size buckets
-(:func:`size_buckets`, ``--size-buckets``) each padded side is rounded up further, to the next
-of a few sizes, so batches come in a few shapes instead of one per size. Boxes and labels are
-padded to the batch's largest count (label 0 marks padding), and the masks of all images are
-one tensor padded like the images, so the whole batch is a few tensors (:class:`TrainBatch`).
+Batches (``BatchCollator``, ``to_image_list``): the images, zero-padded at the bottom and right
+(zero after :func:`normalize` too, as the reference pads its normalised images) to the batch's
+largest height and width, each rounded up to a multiple of ``SIZE_DIVISIBILITY``; each image's
+own (height, width) is kept. With size buckets (:func:`size_buckets`, ``--size-buckets``) each
+padded side is rounded up further, to the next of a few sizes, so batches come in a few shapes
+instead of one per size. Boxes and labels are padded to the batch's largest count (label 0 marks
+padding), and the masks of all images are one tensor padded like the images, so the whole batch
+is a few tensors (:class:`TrainBatch`).
 
 Sampling: an epoch's order is a permutation seeded by (seed, epoch), the same on every rank;
 rank ``r`` takes the ``r``-th of ``world_size`` contiguous equal slices (the reference's
@@ -174,15 +176,29 @@ def resize_image(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     return np.array(Image.fromarray(image).resize(size[::-1], Image.BILINEAR))
 
 
-def to_normalized_tensor(image: np.ndarray, flip: bool = False) -> torch.Tensor:
-    """uint8 [H, W, 3] RGB -> float32 [3, H, W] in 0..1 (mirrored when ``flip``),
-    normalised with ImageNet's ``MEAN`` and ``STD``."""
+def to_tensor(image: np.ndarray, flip: bool = False) -> torch.Tensor:
+    """uint8 [H, W, 3] RGB -> uint8 [3, H, W] (mirrored when ``flip``)."""
     if flip:
         image = image[:, ::-1]
-    x = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).float().div_(255)
-    mean = torch.tensor(MEAN).view(3, 1, 1)
-    std = torch.tensor(STD).view(3, 1, 1)
-    return x.sub_(mean).div_(std)
+    return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).contiguous()
+
+
+@functools.cache
+def _mean_std(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``MEAN`` and ``STD`` as [3, 1, 1] tensors on ``device`` (made once: no copy a step)."""
+    return (torch.tensor(MEAN, device=device).view(3, 1, 1),
+            torch.tensor(STD, device=device).view(3, 1, 1))
+
+
+def normalize(images: torch.Tensor, image_sizes: torch.Tensor) -> torch.Tensor:
+    """uint8 [B, 3, H, W] padded images -> float32 in 0..1 normalised with ImageNet's
+    ``MEAN`` and ``STD``, each image's padding (outside its ``image_sizes`` (height, width))
+    zero; the memory format is kept."""
+    mean, std = _mean_std(images.device)
+    x = images.float().div_(255).sub_(mean).div_(std)
+    rows = torch.arange(x.shape[-2], device=x.device) < image_sizes[:, :1]
+    cols = torch.arange(x.shape[-1], device=x.device) < image_sizes[:, 1:]
+    return x.mul_((rows[:, :, None] & cols[:, None, :]).unsqueeze(1))
 
 
 # -- samples ---------------------------------------------------------------------------------
@@ -204,18 +220,18 @@ def train_targets(record: ImageRecord, flip: bool, min_size: int = MIN_SIZE,
 def train_sample(record: ImageRecord, flip: bool, min_size: int = MIN_SIZE,
                  max_size: int = MAX_SIZE
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The training transform: (image float32 [3, h, w], boxes, labels, masks)."""
+    """The training transform: (image uint8 [3, h, w], boxes, labels, masks)."""
     size, boxes, labels, masks = train_targets(record, flip, min_size, max_size)
     image = resize_image(coco.decode_image(record.path, (record.width, record.height)), size)
-    return to_normalized_tensor(image, flip), boxes, labels, masks
+    return to_tensor(image, flip), boxes, labels, masks
 
 
 def eval_image(record: ImageRecord, min_size: int = MIN_SIZE,
                max_size: int = MAX_SIZE) -> torch.Tensor:
-    """The evaluation transform: the image resized and normalised, float32 [3, h, w]."""
+    """The evaluation transform: the image resized, uint8 [3, h, w]."""
     size = resized_size(record.width, record.height, min_size, max_size)
     image = resize_image(coco.decode_image(record.path, (record.width, record.height)), size)
-    return to_normalized_tensor(image)
+    return to_tensor(image)
 
 
 def load_split(root, split: str) -> CocoSplit:
@@ -269,7 +285,8 @@ class EvalDataset(torch.utils.data.Dataset):
 # -- batches ---------------------------------------------------------------------------------
 class TrainBatch(NamedTuple):
     """A training batch of B images holding K objects in all (M at most per image)."""
-    images: torch.Tensor        # float32 [B, 3, H, W], H and W multiples of size_divisibility
+    images: torch.Tensor        # uint8 [B, 3, H, W], H and W multiples of size_divisibility
+                                # (``normalize`` on the device)
     image_sizes: torch.Tensor   # int64 [B, 2]: each resized image's (height, width)
     boxes: torch.Tensor         # float32 [B, M, 4] inclusive-pixel x1, y1, x2, y2 in the
                                 # resized image; zeros as padding
@@ -283,7 +300,7 @@ class TrainBatch(NamedTuple):
 
 class EvalBatch(NamedTuple):
     """An evaluation batch of B images."""
-    images: torch.Tensor          # float32 [B, 3, H, W], padded as in training
+    images: torch.Tensor          # uint8 [B, 3, H, W], padded as in training
     image_sizes: torch.Tensor     # int64 [B, 2]: each resized image's (height, width)
     image_ids: torch.Tensor       # int64 [B]: COCO image ids
     original_sizes: torch.Tensor  # int64 [B, 2]: each original image's (height, width)
@@ -496,5 +513,6 @@ def synthetic_batch(batch_size: int, num_classes: int, min_size: int = MIN_SIZE,
         for m, (x1, y1, x2, y2) in zip(masks, boxes.long().tolist()):
             m[y1:y2 + 1, x1:x2 + 1] = 1
         labels = torch.randint(1, num_classes, (objects,), generator=g)
-        samples.append((torch.randn(3, height, width, generator=g), boxes, labels, masks))
+        image = torch.randint(0, 256, (3, height, width), generator=g, dtype=torch.uint8)
+        samples.append((image, boxes, labels, masks))
     return collate_train(samples).to(device)

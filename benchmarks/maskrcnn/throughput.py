@@ -71,14 +71,14 @@ def ours(optimisations: list[str], batch_size: int, precision: Precision, device
 
 
 def torchvision_inputs(batch: data.TrainBatch) -> tuple[list[torch.Tensor], list[dict]]:
-    """The batch as torchvision's detection models take it: each image at its own size, with
-    its boxes (ends exclusive, torchvision's convention: x2 and y2 one further), labels and
-    masks at that size."""
+    """The batch as torchvision's detection models take it: each image at its own size, in
+    0..1 (the model normalises it), with its boxes (ends exclusive, torchvision's convention:
+    x2 and y2 one further), labels and masks at that size."""
     boxes, labels, masks = ground_truth(batch.boxes, batch.labels, batch.masks)
     images, targets = [], []
     for image, (h, w), b, lab, m in zip(batch.images, batch.image_sizes.tolist(), boxes,
                                         labels, masks):
-        images.append(image[:, :h, :w].contiguous())
+        images.append(image[:, :h, :w].float().div(255))
         targets.append({"boxes": b + b.new_tensor([0, 0, TO_REMOVE, TO_REMOVE]),
                         "labels": lab, "masks": m[:, :h, :w].contiguous()})
     return images, targets

@@ -264,7 +264,7 @@ class MaskRCNNWorkload(Workload):
                             h.lr_decay_steps))
         self.bias_lr.copy_(self.lr * h.bias_lr_factor)
         self.optimizer.zero_grad(set_to_none=True)
-        images = images.contiguous(memory_format=self.memory_format)
+        images = self.normalized(images, image_sizes)
         with self.precision.autocast():
             losses = self.model(images, image_sizes, boxes, labels, masks)
         loss = sum(losses.values())
@@ -275,6 +275,11 @@ class MaskRCNNWorkload(Workload):
             self.scaler.update()
         self.step_count += 1
         return loss.detach()
+
+    def normalized(self, images: torch.Tensor, image_sizes: torch.Tensor) -> torch.Tensor:
+        """A batch's uint8 images as the model takes them (``data.normalize``), in the
+        model's memory format."""
+        return data.normalize(images.contiguous(memory_format=self.memory_format), image_sizes)
 
     def backward(self, losses: dict[str, torch.Tensor], loss: torch.Tensor) -> None:
         """The step's backward of the losses (dict) and their sum ``loss``, scaled."""
@@ -313,7 +318,7 @@ class MaskRCNNWorkload(Workload):
             rois = rois_from_boxes(ground_truth(batch.boxes, batch.labels, batch.masks)[0])
             with self.precision.autocast():
                 levels, objectness, deltas = self.detector.levels_and_rpn(
-                    batch.images.contiguous(memory_format=self.memory_format))
+                    self.normalized(batch.images, batch.image_sizes))
                 self.detector.rpn.proposals(objectness, deltas, self.detector.anchors(levels),
                                             batch.image_sizes)
                 self.detector.box_head(levels, rois)
@@ -336,7 +341,7 @@ class MaskRCNNWorkload(Workload):
         if "compile" in self.opts:
             batch = batch.filled(self.args.eval_batch_size)
         with self.precision.autocast():
-            found = self.detector(batch.images.contiguous(memory_format=self.memory_format),
+            found = self.detector(self.normalized(batch.images, batch.image_sizes),
                                   batch.image_sizes, batch.original_sizes)
         return found[:count]
 

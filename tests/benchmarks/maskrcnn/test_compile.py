@@ -67,7 +67,8 @@ def test_the_warm_up_builds_the_training_and_evaluation_graphs(aot_eager):
     wl.detector.eval()
     with torch.no_grad():
         batch = data.synthetic_batch(3, wl.num_classes, 96, 128)
-        wl.detector(batch.images, batch.image_sizes, batch.image_sizes)
+        wl.detector(wl.normalized(batch.images, batch.image_sizes), batch.image_sizes,
+                    batch.image_sizes)
     assert counters["stats"]["unique_graphs"] == 8, dict(counters["stats"])
 
 

@@ -202,7 +202,7 @@ def test_train_loader_on_the_fixture(root):
     flips = []
     for indices, b in zip(loader.batches(1), batches):
         assert isinstance(b, data.TrainBatch)
-        assert b.images.dtype == torch.float32 and b.images.shape[:2] == (4, 3)
+        assert b.images.dtype == torch.uint8 and b.images.shape[:2] == (4, 3)
         assert b.images.shape[2] % 32 == 0 and b.images.shape[3] % 32 == 0
         records = [dataset.records[i] for i in indices]
         assert b.image_sizes.tolist() == [list(data.resized_size(r.width, r.height, MIN, MAX))
@@ -238,13 +238,27 @@ def test_image_transform_flips_and_normalises(root):
     moved = torch.zeros_like(masks)
     moved[:, :, :-1] = masks.flip(-1)[:, :, 1:]
     assert (flipped_masks != moved).sum() <= 0.01 * masks.sum()
-    mean, std = torch.tensor(data.MEAN).view(3, 1, 1), torch.tensor(data.STD).view(3, 1, 1)
-    pixels = image * std + mean
-    assert pixels.min() >= -1e-6 and pixels.max() <= 1 + 1e-6
+    assert image.dtype == torch.uint8
+    pixels = image.float() / 255
     # the objects are saturated colours on grey: each mask's mean colour is far from grey
     for m in masks.bool():
         colour = pixels[:, m].mean(1)
         assert colour.max() - colour.min() > 0.2
+
+
+def test_normalize_scales_to_0_1_normalises_and_keeps_the_padding_zero():
+    """On the device, the reference's ``ToTensor`` and ``Normalize`` of each image, in the
+    batch's memory format; the padding stays zero, as the reference pads normalised images."""
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(0, 256, (3, 40, 70), generator=g, dtype=torch.uint8)
+    b = torch.randint(0, 256, (3, 64, 33), generator=g, dtype=torch.uint8)
+    batch, sizes = data.pad_images([a, b])
+    mean, std = torch.tensor(data.MEAN).view(3, 1, 1), torch.tensor(data.STD).view(3, 1, 1)
+    out = data.normalize(batch.contiguous(memory_format=torch.channels_last), sizes)
+    assert out.dtype == torch.float32 and out.is_contiguous(memory_format=torch.channels_last)
+    for x, (h, w), image in zip(out, sizes.tolist(), (a, b)):
+        assert torch.equal(x[:, :h, :w], (image.float() / 255 - mean) / std)
+        assert x[:, h:].eq(0).all() and x[:, :, w:].eq(0).all()
 
 
 def test_eval_loader_keeps_every_image_with_its_id_and_size(root):

@@ -35,7 +35,8 @@ def test_ground_truth_splits_a_padded_batch_per_image():
 def test_training_returns_the_five_losses_and_trains_every_weight():
     detector = tiny_detector()
     batch = data.synthetic_batch(2, 4, SIZE, SIZE)
-    losses = detector(batch.images, batch.image_sizes, batch.boxes, batch.labels, batch.masks)
+    losses = detector(data.normalize(batch.images, batch.image_sizes), batch.image_sizes,
+                      batch.boxes, batch.labels, batch.masks)
     assert tuple(losses) == LOSSES
     assert all(v.dim() == 0 and torch.isfinite(v) for v in losses.values())
     sum(losses.values()).backward()
@@ -48,7 +49,8 @@ def test_evaluation_pastes_masks_at_the_original_size():
     batch = data.synthetic_batch(2, 4, SIZE, SIZE)
     original = torch.tensor([[96, 120], [48, 64]])
     with torch.no_grad():
-        found = detector(batch.images, batch.image_sizes, original)
+        found = detector(data.normalize(batch.images, batch.image_sizes), batch.image_sizes,
+                         original)
     assert len(found) == 2
     for d, (height, width) in zip(found, original.tolist()):
         assert d.masks.shape == (len(d.boxes), height, width) and d.masks.dtype == torch.uint8

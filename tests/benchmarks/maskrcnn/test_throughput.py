@@ -106,14 +106,14 @@ def test_torchvision_inputs_are_each_image_at_its_size_with_its_own_targets():
         corner = torch.randint(0, 20, (n, 2), generator=g).float()
         boxes = torch.cat((corner, corner + torch.randint(3, 15, (n, 2), generator=g)), 1)
         masks = torch.randint(0, 2, (n, h, w), generator=g, dtype=torch.uint8)
-        samples.append((torch.randn(3, h, w, generator=g), boxes,
+        samples.append((torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8), boxes,
                         torch.randint(1, 81, (n,), generator=g), masks))
     batch = data.collate_train(samples)
     assert batch.images.shape[-2:] == (64, 64)          # padded: the conversion must crop
     images, targets = throughput.torchvision_inputs(batch)
     assert len(images) == len(targets) == 2
     for image, t, (x, boxes, labels, masks) in zip(images, targets, samples):
-        assert torch.equal(image, x)
+        assert torch.equal(image, x.float() / 255)
         assert torch.equal(t["boxes"], boxes + torch.tensor([0.0, 0.0, 1.0, 1.0]))
         assert torch.equal(t["labels"], labels) and t["labels"].dtype == torch.int64
         assert torch.equal(t["masks"], masks) and t["masks"].dtype == torch.uint8

@@ -378,7 +378,7 @@ def test_graphs_take_the_compiled_steps(graph_opts):
             outputs = []
             for wl in (plain, graphs):
                 levels = wl.detector.levels_and_rpn(
-                    batch.images.contiguous(memory_format=torch.channels_last))[0]
+                    wl.normalized(batch.images, batch.image_sizes))[0]
                 # copied before the next graphed call frees them (in inference)
                 boxes = [x.clone() for x in wl.detector.box_head(levels, rois)]
                 outputs.append([*boxes, wl.detector.mask_head(levels, rois).clone()])
@@ -470,7 +470,7 @@ def test_fused_conv_relu_and_space_to_depth_take_the_graphed_steps_losses():
             for wl in (plain, s2d):
                 wl.detector.eval()
                 levels, objectness, deltas = wl.detector.levels_and_rpn(
-                    batch.images.contiguous(memory_format=torch.channels_last))
+                    wl.normalized(batch.images, batch.image_sizes))
                 outputs.append([x.clone() for x in (*levels, *objectness, *deltas)])
             for got, expected in zip(*outputs[::-1]):
                 torch.testing.assert_close(got, expected, rtol=0,
