@@ -471,6 +471,20 @@ class DLRMWorkload(Workload):
             dist.all_reduce_sum(labels)
         return {"auc": roc_auc(scores.cpu(), labels.cpu())}
 
+    def warm_up_eval(self) -> None:
+        """With ``compile``, the evaluation forward compiled before the clock, on synthetic
+        batches of two sizes: the global evaluation batch's and half of it (the test file's
+        last batch is shorter; the second size builds the graph that takes any size)."""
+        if "compile" not in self.opts:
+            return
+        self.dense_arch.eval()
+        for n in (self.hp.eval_batch_size, max(self.hp.eval_batch_size // 2,
+                                                self.env.world_size)):
+            dense, _, idx = self.to_device(self._host_slice(
+                data.synthetic_batch(n, self.sizes, self.synthetic_rng)))
+            self._forward(dense, idx)
+        self.dense_arch.train()
+
     # -- throughput harness ---------------------------------------------------------------
     @property
     def flops_per_sample(self) -> float:

@@ -1,0 +1,33 @@
+"""DLRM's initialization before the clock: with ``compile``, the evaluation forward compiled
+on synthetic batches (``DLRMWorkload.warm_up_eval``), for every evaluation batch size."""
+
+import torch
+from torch._dynamo.utils import counters
+
+from benchmarks.dlrm.workload import DLRMWorkload
+from common.dist import DistEnv
+from common.precision import Precision
+from common.training import build_parser
+
+
+def test_the_evaluation_forward_compiles_before_the_clock_for_any_batch_size(monkeypatch):
+    compile_ = torch.compile   # Dynamo's graphs on aot_eager: what compiles, not how fast
+    monkeypatch.setattr(torch, "compile", lambda fn, dynamic=None, **_: compile_(
+        fn, dynamic=dynamic, backend="aot_eager"))
+    torch._dynamo.reset()
+    args = build_parser(DLRMWorkload).parse_args(
+        ["--synthetic-data", "--precision", "fp32", "--seed", "0", "--batch-size", "64",
+         "--eval-batch-size", "96", "--max-ind-range", "500", "--embedding-dim", "16",
+         "--arch-mlp-bot", "13-32-16", "--arch-mlp-top", "64-16-1",
+         "--opt", "fused-sgd,hybrid-embeddings,compile"])
+    wl = DLRMWorkload(args, DistEnv(device=torch.device("cpu")), Precision("fp32", "cpu"))
+    wl.setup()
+    counters.clear()
+    with torch.no_grad():
+        wl.warm_up_eval()
+        built = counters["stats"]["unique_graphs"]
+        assert built >= 2 and wl.dense_arch.training
+        wl.dense_arch.eval()
+        dense, _, idx = wl.synthetic_batch(64)      # a third size: no new graph
+        assert wl._forward(dense, idx).shape == (64,)
+    assert counters["stats"]["unique_graphs"] == built, dict(counters["stats"])
