@@ -6,4 +6,6 @@ OPTIMISATIONS=(unpad fused-gelu fused-layernorm flat-params sharded-optimizer fu
                bf16-weights cuda-graph)
 TRAIN_ARGS=(
     --precision "$PRECISION" --init-checkpoint "${INIT_CHECKPOINT:?INIT_CHECKPOINT: the phase-1 checkpoint}"
+    # before the clock: Triton's kernels and, after the graphs' 11 eager steps, a captured step
+    --init-steps 12
 )
