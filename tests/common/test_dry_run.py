@@ -237,7 +237,7 @@ def test_profiled_steps_need_a_dry_run_and_a_gpu(tmp_path, capsys):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_dry_run_profiles_steps_after_the_timed_ones(tmp_path, capsys):
     """The profiled steps come after the timed ones (not in their figures) and say where the
-    GPU time went and what the host ran while the GPU waited (here the step's sleep)."""
+    GPU time went and what the host ran while the GPU waited."""
     from common.training import main
     from tests.common.toy_workload import ToyWorkload
 
@@ -247,5 +247,5 @@ def test_a_dry_run_profiles_steps_after_the_timed_ones(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "dry run: 3 steps, step p50" in out and "2 more steps profiled" in out
-    assert "GPU kernel time per step:" in out and "timeline per step (profiled): span" in out
+    assert "GPU kernel time per step:" in out
     assert "GPU idle time by the host operation running as it began" in out
