@@ -219,11 +219,12 @@ def warm_up(wl: Workload, step: GraphedStep, steps: int, env) -> None:
     """Initialization before the clock: ``steps`` training steps on synthetic batches (the
     workload's ``warm_up_batches`` in turn) and one evaluation forward, then every tensor of
     ``wl.training_state()`` and the CPU and CUDA random states as they were before. The
-    copies go back in place, so compiled code and a captured CUDA graph keep using the same
+    copies wait in host memory (a training state can be most of the device's: DLRM's tables)
+    and go back in place, so compiled code and a captured CUDA graph keep using the same
     tensors. MLPerf allows such work before ``run_start`` as long as it does not touch the
     dataset."""
     state = wl.training_state()
-    saved = [t.detach().clone() for t in state]
+    saved = [t.detach().to("cpu", copy=True) for t in state]
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state() if env.device.type == "cuda" else None
     batches = wl.warm_up_batches(wl.rank_batch_size)

@@ -5,8 +5,8 @@ NPROC=1
 PRECISION=${PRECISION:-amp-bf16}
 OPTIMISATIONS=(fused-sgd triton-sparse-sgd hybrid-embeddings fused-lookups aligned-dense compile
                cuda-graph prefetch cache-eval)
-# --eval-batch-size 262144: at the default 1769472 (an 8-GPU evaluation batch) the evaluation
-# forward took the peak to 107.23 GiB in a dry run, past an H100's 80 GB
+# --eval-batch-size 262144: the default 1769472 (an 8-GPU evaluation batch) took about 25 GiB
+# more at the evaluation forward (two dry runs' peaks, 107.23 against 82.17 GiB)
 TRAIN_ARGS=(--precision "$PRECISION" --max-ind-range 10000000 --log-every 500
             --eval-batch-size 262144
             # before the clock: compilation (training and evaluation) and, after the

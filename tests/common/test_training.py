@@ -127,6 +127,24 @@ def test_init_steps_train_before_the_clock_then_restore_weights_and_random_state
     assert torch.equal(draw, torch.rand(3))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_init_steps_keep_their_copy_of_the_training_state_in_host_memory(monkeypatch):
+    """The state's copy waits on the host: the device's peak grows by the steps' work, not by
+    the state (DLRM's tables are most of its device's memory)."""
+    env = DistEnv(device=torch.device("cuda"))
+    wl = ToyWorkload(build_parser(ToyWorkload).parse_args([]), env, Precision("fp32", "cuda"))
+    wl.setup()
+    table = torch.ones(2**26, device="cuda")     # 256 MiB of training state
+    state = [*wl.training_state(), table]
+    monkeypatch.setattr(wl, "training_state", lambda: state)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    warm_up(wl, GraphedStep(wl.train_step, enabled=False), 2, env)
+    assert torch.cuda.max_memory_allocated() - base < 2**26, "the state was copied on the GPU"
+    assert torch.equal(table, torch.ones_like(table))
+
+
 def test_init_steps_run_before_run_start(tmp_path, capsys):
     code, log = run_toy(tmp_path, "--init-steps", "2")
     assert code == 0 and summarize(log).status == "success"
