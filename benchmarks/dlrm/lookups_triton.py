@@ -83,6 +83,17 @@ def chunk_capacity(frequent_rows: int, lookups: int) -> int:
     return min(lookups, frequent_rows + -(-lookups // CHUNK))
 
 
+def run_starts(new_row: torch.Tensor) -> torch.Tensor:
+    """For each position of a sorted sequence (``new_row``: where a run of equal values
+    begins, True at 0), the position its run begins at: ``cummax`` of the starts, as a
+    cumulative sum and a scatter (ATen's cummax over int64 is a slow single-pass scan:
+    1.31 ms for a batch's 1.4M lookups on an H200)."""
+    k = torch.arange(new_row.numel(), device=new_row.device)
+    run = torch.cumsum(new_row, 0) - 1
+    first = torch.zeros_like(k).scatter_reduce_(0, run, torch.where(new_row, k, 0), "amax")
+    return first[run]
+
+
 def _chunks(code: torch.Tensor, frequent_rows: int) -> dict[str, torch.Tensor]:
     """The chunks of ``code``'s frequent lookups, padded to :func:`chunk_capacity` (empty
     chunks): ``freq_order`` (positions sorted by row, the rare ones last), ``chunk_starts``
@@ -92,7 +103,7 @@ def _chunks(code: torch.Tensor, frequent_rows: int) -> dict[str, torch.Tensor]:
     k = torch.arange(n, device=rows.device)
     new_row = torch.ones_like(rows, dtype=torch.bool)
     new_row[1:] = rows[1:] != rows[:-1]
-    run_start = torch.cummax(torch.where(new_row, k, 0), 0).values
+    run_start = run_starts(new_row)
     first = torch.nonzero((new_row | ((k - run_start) % CHUNK == 0))
                           & (rows < frequent_rows)).squeeze(1)
     cap = chunk_capacity(frequent_rows, n)

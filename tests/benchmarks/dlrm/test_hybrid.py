@@ -214,3 +214,15 @@ def test_the_padded_exchange_plan_serves_every_rare_lookup_once(world):
         served = plan["serve_rows"] >= 0
         assert torch.equal(named[owner][served], torch.ones(int(served.sum()), dtype=torch.int64))
         assert not named[owner][~served].any()
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 1000, 100_000])
+def test_each_position_gets_the_start_of_its_run_as_cummax_gives_it(n):
+    from benchmarks.dlrm.lookups_triton import run_starts
+
+    g = torch.Generator().manual_seed(n)
+    rows = torch.sort(torch.randint(0, max(1, n // 7), (n,), generator=g)).values
+    new_row = torch.ones(n, dtype=torch.bool)
+    new_row[1:] = rows[1:] != rows[:-1]
+    k = torch.arange(n)
+    assert torch.equal(run_starts(new_row), torch.cummax(torch.where(new_row, k, 0), 0).values)
