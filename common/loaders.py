@@ -55,6 +55,20 @@ def shut_down(loader: torch.utils.data.DataLoader) -> None:
         iterator._shutdown_workers()
 
 
+def page_lock(host: torch.Tensor, what: str, fix: str) -> None:
+    """Page-lock ``host``'s memory (``cudaHostRegister``: asynchronous copies, and reads by the
+    GPU itself); a one-line error naming ``what`` and the ``fix`` where CUDA refuses."""
+    rc = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), host.nbytes, 0)
+    if rc != 0:
+        raise UserError(f"page-locking {what} ({host.nbytes / 2**30:.1f} GiB) failed (CUDA "
+                        f"error {rc}); {fix}")
+
+
+def unlock(host: torch.Tensor) -> None:
+    """Undo :func:`page_lock` (once the GPU's last use of the memory has run)."""
+    torch.cuda.cudart().cudaHostUnregister(host.data_ptr())
+
+
 class EpochStream:
     """A run's items ``dataset[key]`` epoch by epoch (``keys_of(epoch)`` the keys of one), from
     loader processes that serve the whole run (:func:`persistent`: started at the first epoch,
@@ -216,12 +230,8 @@ class SharedBuffers:
         """Page-lock the pool for asynchronous copies to the GPU (once). Called after the
         loader processes have started: they share the pool's pages, not this mapping."""
         if not self._pinned:
-            rc = torch.cuda.cudart().cudaHostRegister(self.pool.data_ptr(),
-                                                      self.pool.nbytes, 0)
-            if rc != 0:
-                raise UserError(f"{SHM}: page-locking the loader processes' pool of "
-                                f"{self.pool.nbytes / 2**30:.1f} GiB failed (CUDA error {rc}); "
-                                "free host memory or lower --workers or the batch size")
+            page_lock(self.pool, f"the loader processes' pool in {SHM}",
+                      "free host memory or lower --workers or the batch size")
             self._pinned = True
 
     def release(self, sent, stream: torch.cuda.Stream | None = None) -> None:
@@ -247,7 +257,7 @@ class SharedBuffers:
         """Un-page-lock the pool (after the last copy from it has run)."""
         self.drop_all()
         if self._pinned:
-            torch.cuda.cudart().cudaHostUnregister(self.pool.data_ptr())
+            unlock(self.pool)
             self._pinned = False
 
     def _free(self, slots) -> None:

@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.ssd import data
+from common import loaders
 from common.coco.data import Epoch, ImageRecord, decode_image_chw
 from common.errors import UserError
-from common.loaders import quiet_on_stop
 
 MAX_SIDE = 384     # --cache-side default
 STORAGES = ("device", "host")
@@ -154,7 +154,7 @@ class ImageCache:
                             ) from None
         loader = torch.utils.data.DataLoader(
             _Decoded(self.records, side), batch_size=FILL_CHUNK, num_workers=self.num_workers,
-            pin_memory=self.holder.type == "cuda", worker_init_fn=quiet_on_stop)
+            pin_memory=self.holder.type == "cuda", worker_init_fn=loaders.quiet_on_stop)
         start = 0
         for chunk in loader:
             images[start:start + len(chunk)].copy_(chunk, non_blocking=True)
@@ -167,7 +167,7 @@ class ImageCache:
         """Unmap and unlock a host cache (the cache is filled again if used again)."""
         if self._host is not None:
             torch.cuda.synchronize(self.device)
-            torch.cuda.cudart().cudaHostUnregister(self._host.data_ptr())
+            loaders.unlock(self._host)
         self._images = self._host = None
 
     def augment(self, index: torch.Tensor, windows: torch.Tensor, flips: torch.Tensor,
@@ -193,11 +193,8 @@ def _mapped(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A tensor on ``device`` over ``host``'s memory (uint8, contiguous), page-locked and
     mapped for the GPU (unified addressing: the same address); kernels that read it read host
     memory over PCIe. The caller keeps ``host`` alive and unregisters it."""
-    rc = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), host.nbytes, 0)
-    if rc != 0:
-        raise UserError(f"page-locking the host image cache ({host.nbytes / 1e9:.1f} GB) failed "
-                        f"(CUDA error {rc}): free host memory (or raise the locked-memory limit, "
-                        "ulimit -l), lower --cache-side or drop image-cache")
+    loaders.page_lock(host, "the host image cache", "free host memory (or raise the "
+                      "locked-memory limit, ulimit -l), lower --cache-side or drop image-cache")
     with torch.cuda.device(device):
         return torch.as_tensor(_CudaArray(host.data_ptr(), tuple(host.shape)), device=device)
 

@@ -86,17 +86,11 @@ class Loader:
             self._train.close()
 
 
-class EpochBatches(torch.utils.data.Dataset):
+class EpochBatches(loaders.Batches):
     """``dataset``'s samples a batch at a time, for ``loaders.persistent``: key ``(epoch,
     indices)`` -> ``collate`` of those samples with the dataset's ``epoch`` set (in the loader
     process that serves it)."""
 
-    def __init__(self, dataset, collate: Callable):
-        self.dataset, self.collate = dataset, collate
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
     def __getitem__(self, key: tuple[int, list[int]]):
         self.dataset.epoch, indices = key
-        return self.collate([self.dataset[i] for i in indices])
+        return super().__getitem__(indices)
