@@ -513,6 +513,7 @@ def synthetic_batch(batch_size: int, num_classes: int, min_size: int = MIN_SIZE,
         for m, (x1, y1, x2, y2) in zip(masks, boxes.long().tolist()):
             m[y1:y2 + 1, x1:x2 + 1] = 1
         labels = torch.randint(1, num_classes, (objects,), generator=g)
-        image = torch.randint(0, 256, (3, height, width), generator=g, dtype=torch.uint8)
+        # mid-grey noise: normalised, about unit variance
+        image = (128 + 58 * torch.randn(3, height, width, generator=g)).clamp_(0, 255).byte()
         samples.append((image, boxes, labels, masks))
     return collate_train(samples).to(device)
