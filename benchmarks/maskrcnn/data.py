@@ -28,8 +28,9 @@ Evaluation transform: the same resize, no flip; the image id and original size t
 image, for pasting masks and scoring.
 
 Normalisation: the backbone starts from torchvision's ``resnet50`` ImageNet weights, trained
-on RGB in 0..1 normalised by ImageNet's ``MEAN`` and ``STD``; the reference's ``TO_BGR255``
-with Caffe2 pixel means (BGR 102.98, 115.95, 122.77, std 1) belongs to its MSRA weights.
+on RGB in 0..1 normalised by ImageNet's ``MEAN`` and ``STD`` (``common.coco.data``); the
+reference's ``TO_BGR255`` with Caffe2 pixel means (BGR 102.98, 115.95, 122.77, std 1) belongs
+to its MSRA weights.
 
 Batches (``BatchCollator``, ``to_image_list``): the images, zero-padded at the bottom and right
 (zero after :func:`normalize` too, as the reference pads its normalised images) to the batch's
@@ -65,7 +66,7 @@ from pycocotools import mask as mask_utils
 from benchmarks.maskrcnn.boxes import TO_REMOVE
 from common.coco import data as coco
 from common.coco import pipeline
-from common.coco.data import CocoSplit, ImageRecord
+from common.coco.data import CocoSplit, ImageRecord, imagenet_stats
 from common.coco.pipeline import epoch_order, sample_generator
 from common.errors import UserError
 
@@ -73,8 +74,6 @@ MIN_SIZE = 800              # INPUT.MIN_SIZE_TRAIN (800,) and MIN_SIZE_TEST
 MAX_SIZE = 1333             # INPUT.MAX_SIZE_TRAIN and MAX_SIZE_TEST
 SIZE_DIVISIBILITY = 32      # DATALOADER.SIZE_DIVISIBILITY
 FLIP_P = 0.5
-MEAN = (0.485, 0.456, 0.406)    # torchvision's ImageNet statistics, RGB in 0..1
-STD = (0.229, 0.224, 0.225)
 ASPECT_BINS = (1.0,)        # DATALOADER.ASPECT_RATIO_GROUPING: height / width below 1 or not
 
 
@@ -183,18 +182,11 @@ def to_tensor(image: np.ndarray, flip: bool = False) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1).contiguous()
 
 
-@functools.cache
-def _mean_std(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``MEAN`` and ``STD`` as [3, 1, 1] tensors on ``device`` (made once: no copy a step)."""
-    return (torch.tensor(MEAN, device=device).view(3, 1, 1),
-            torch.tensor(STD, device=device).view(3, 1, 1))
-
-
 def normalize(images: torch.Tensor, image_sizes: torch.Tensor) -> torch.Tensor:
     """uint8 [B, 3, H, W] padded images -> float32 in 0..1 normalised with ImageNet's
     ``MEAN`` and ``STD``, each image's padding (outside its ``image_sizes`` (height, width))
     zero; the memory format is kept."""
-    mean, std = _mean_std(images.device)
+    mean, std = imagenet_stats(images.device)
     x = images.float().div_(255).sub_(mean).div_(std)
     rows = torch.arange(x.shape[-2], device=x.device) < image_sizes[:, :1]
     cols = torch.arange(x.shape[-1], device=x.device) < image_sizes[:, 1:]

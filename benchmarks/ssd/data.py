@@ -36,13 +36,11 @@ import torch
 import torch.nn.functional as F
 
 from common.coco import pipeline
-from common.coco.data import CocoSplit, decode_image_chw
+from common.coco.data import CocoSplit, decode_image_chw, imagenet_stats
 from common.coco.pipeline import sample_generator
 from common.errors import UserError
 
 IMAGE_SIZE = 300
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
 # SSDCropping.sample_options: None keeps the image; otherwise (min IoU, max IoU) that every
 # ground truth must satisfy against the crop, (None, None) being a crop without constraint
 CROP_OPTIONS = (None, (0.1, None), (0.3, None), (0.5, None), (0.7, None), (0.9, None),
@@ -264,8 +262,7 @@ def apply_color_jitter(x: torch.Tensor, factors: torch.Tensor, order: torch.Tens
 
 def normalize(x: torch.Tensor) -> torch.Tensor:
     """Float 0..1 [..., 3, H, W] -> ImageNet-normalised."""
-    mean = torch.tensor(MEAN, dtype=x.dtype, device=x.device).view(3, 1, 1)
-    std = torch.tensor(STD, dtype=x.dtype, device=x.device).view(3, 1, 1)
+    mean, std = imagenet_stats(x.device, x.dtype)
     return (x - mean) / std
 
 

@@ -39,6 +39,7 @@ read. As in the references, EXIF orientation is ignored.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -57,6 +58,17 @@ SPLITS = ("train", "val")
 BOX_TOLERANCE = 1.0  # pixels; polygon-derived boxes may overshoot their image by rounding
 COCO_TRAIN_IMAGES, COCO_EVAL_IMAGES = 117_266, 5_000   # train2017 with a target; val2017
 STANDIN_KIND = "coco-standin"   # the marker of common.coco.standin's folders
+MEAN = (0.485, 0.456, 0.406)    # torchvision's ImageNet statistics, RGB in 0..1 (both
+STD = (0.229, 0.224, 0.225)     # workloads' backbones start from torchvision's weights)
+
+
+@functools.cache
+def imagenet_stats(device: torch.device, dtype: torch.dtype = torch.float32
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``MEAN`` and ``STD`` as [3, 1, 1] tensors of ``dtype`` on ``device``, made once (not a
+    host-to-device copy each batch)."""
+    return (torch.tensor(MEAN, dtype=dtype, device=device).view(3, 1, 1),
+            torch.tensor(STD, dtype=dtype, device=device).view(3, 1, 1))
 
 
 def describe(root, n_train: int, n_val: int) -> str:

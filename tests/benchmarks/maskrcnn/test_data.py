@@ -10,7 +10,7 @@ from pycocotools import mask as mask_utils
 
 from benchmarks.maskrcnn import data
 from common.coco import fixture
-from common.coco.data import Categories, CocoSplit, ImageRecord
+from common.coco.data import MEAN, STD, Categories, CocoSplit, ImageRecord
 from common.errors import UserError
 
 # pycocotools 2.0.11 decodes masks with numpy 1 semantics; harmless under numpy 2
@@ -253,7 +253,7 @@ def test_normalize_scales_to_0_1_normalises_and_keeps_the_padding_zero():
     a = torch.randint(0, 256, (3, 40, 70), generator=g, dtype=torch.uint8)
     b = torch.randint(0, 256, (3, 64, 33), generator=g, dtype=torch.uint8)
     batch, sizes = data.pad_images([a, b])
-    mean, std = torch.tensor(data.MEAN).view(3, 1, 1), torch.tensor(data.STD).view(3, 1, 1)
+    mean, std = torch.tensor(MEAN).view(3, 1, 1), torch.tensor(STD).view(3, 1, 1)
     out = data.normalize(batch.contiguous(memory_format=torch.channels_last), sizes)
     assert out.dtype == torch.float32 and out.is_contiguous(memory_format=torch.channels_last)
     for x, (h, w), image in zip(out, sizes.tolist(), (a, b)):

@@ -7,7 +7,7 @@ from PIL import Image
 
 from benchmarks.ssd import data
 from benchmarks.ssd.boxes import box_iou, dboxes300_coco, match
-from common.coco.data import load_split
+from common.coco.data import MEAN, STD, load_split
 from common.coco.fixture import write_fixture
 from common.coco.pipeline import epoch_order
 from common.errors import UserError
@@ -94,8 +94,8 @@ def test_train_transform_shapes_and_ranges():
     labels = torch.tensor([1, 2])
     image, b, lab = data.train_transform(_image(60, 90), boxes, labels, g)
     assert image.shape == (3, 300, 300) and image.dtype == torch.float32
-    lo = (0 - torch.tensor(data.MEAN)) / torch.tensor(data.STD)
-    hi = (1 - torch.tensor(data.MEAN)) / torch.tensor(data.STD)
+    lo = (0 - torch.tensor(MEAN)) / torch.tensor(STD)
+    hi = (1 - torch.tensor(MEAN)) / torch.tensor(STD)
     assert (image >= lo.view(3, 1, 1) - 1e-5).all() and (image <= hi.view(3, 1, 1) + 1e-5).all()
     assert b.dtype == torch.float32 and (b >= 0).all() and (b <= 1).all()
     assert lab.dtype == torch.int64 and len(lab) == len(b)
