@@ -107,8 +107,7 @@ class UnpaddedSelfAttention(SelfAttention):
 
     def forward(self, x, packing: Packing):
         t, h = x.shape
-        q, k, v = (y.view(t, self.heads, self.head_dim)
-                   for y in (self.query(x), self.key(x), self.value(x)))
+        q, k, v = (y.view(t, self.heads, self.head_dim) for y in self.project(x))
         p = self.dropout_p if self.training else 0.0
         if x.is_cuda:
             return FlashVarlen.apply(q, k, v, packing.offsets, packing.max_len, p).reshape(t, h)

@@ -85,9 +85,13 @@ class SelfAttention(nn.Module):
     def forward(self, x, mask):
         b, s, h = x.shape
         q, k, v = (t.view(b, s, self.heads, self.head_dim).transpose(1, 2)
-                   for t in (self.query(x), self.key(x), self.value(x)))
+                   for t in self.project(x))
         out = self.attend(q, k, v, mask, self.dropout_p if self.training else 0.0)
         return out.transpose(1, 2).reshape(b, s, h)
+
+    def project(self, x):
+        """The query, key and value projections of ``x``."""
+        return self.query(x), self.key(x), self.value(x)
 
     def attend(self, q, k, v, mask, p: float):
         """Softmax attention of ``q, k, v`` [batch, heads, seq, dim] over the real tokens of

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bert import attention, data, flat_lamb, fusions
+from benchmarks.bert import attention, data, flat_lamb, fusions, qkv
 from benchmarks.bert.checkpoint import load_checkpoint
 from benchmarks.bert.model import BertConfig, BertForPreTraining
 from benchmarks.bert.schedule import bert_lr, eval_interval_samples, eval_steps
@@ -106,7 +106,8 @@ class BertWorkload(Workload):
     # flat-params 2.2e-7 off; unpad 9.4e-4 and fused-layernorm 1.1e-3 (other dropout masks);
     # compile (GPU, every dropout Inductor's) not measured yet
     optimisations = Registry(
-        attention.SDPA, attention.UNPAD, fusions.FUSED_GELU, fusions.FUSED_LAYERNORM,
+        attention.SDPA, attention.UNPAD, qkv.FUSED_QKV, fusions.FUSED_GELU,
+        fusions.FUSED_LAYERNORM,
         flat_lamb.FLAT_PARAMS, flat_lamb.SHARDED_OPTIMIZER, flat_lamb.FUSED_LAMB,
         flat_lamb.BF16_WEIGHTS,
         shared(COMPILE, description="torch.compile the whole model (=MODE: default, tuned, "
