@@ -51,7 +51,7 @@ def time_steps(name: str, step: Callable[..., torch.Tensor], batch: tuple[torch.
 
 
 def measure_variant(name: str, step: Callable[..., torch.Tensor], batch: tuple, device,
-                    warmup: int, iters: int, unit: str, mfu: MFU, profile: bool = False,
+                    warmup: int, iters: int, unit: str, mfu: MFU, profile: int = 0,
                     **row) -> dict:
     """One variant's row for a comparison tool: ``row`` plus samples/s, ``mfu``'s fields and
     peak GiB, printed; or, where the variant fails (out of memory, a kernel's size limit, a
@@ -70,14 +70,15 @@ def measure_variant(name: str, step: Callable[..., torch.Tensor], batch: tuple, 
     print(f"{name:22s} batch {m.batch_size}: {m.samples_per_second:8.1f} {unit}, "
           f"{mfu.text(m.samples_per_second)}, peak {gib:.1f} GiB", flush=True)
     if profile:
-        print(kernel_breakdown(step, batch), flush=True)
+        print(kernel_breakdown(step, batch, top=profile), flush=True)
     return {"variant": name, **row, "samples_per_second": m.samples_per_second,
             **mfu.row(m.samples_per_second), "peak_memory_gib": gib}
 
 
 def report_variants(rows: list[dict], references, json_path: str | None) -> int:
     """Print each measured variant's ratio to each reference variant measured, write the
-    rows (with the device and torch version) to ``json_path``; 1 if a variant failed."""
+    rows (with the device and torch version) to ``json_path``; 1 if a variant failed (a
+    variant may be named twice, e.g. to see the drift between its two runs)."""
     speed = {r["variant"]: r["samples_per_second"] for r in rows if "error" not in r}
     for ref in references:
         if ref in speed:
@@ -87,7 +88,7 @@ def report_variants(rows: list[dict], references, json_path: str | None) -> int:
         with open(json_path, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                        "results": rows}, f, indent=1)
-    return int(len(speed) < len(rows))
+    return int(any("error" in r for r in rows))
 
 
 def meta_train_flops(build_model: Callable[[], torch.nn.Module], sample_shape: tuple[int, ...],
@@ -117,9 +118,12 @@ def gpu_variants(parser: argparse.ArgumentParser, text: str, known) -> list[str]
 
 
 def tool_parser(prog: str, doc: str, variants: str | None, warmup: int, iters: int,
-                precision: bool = True, variants_help: str | None = None) -> OneLineParser:
+                precision: bool = True, variants_help: str | None = None,
+                profile_kernels: int = 15) -> OneLineParser:
     """The flags every workload's GPU comparison tool shares: ``--precision`` (unless the
-    variants fix it), ``--variants``, ``--warmup``, ``--iters``, ``--json``, ``--profile``."""
+    variants fix it), ``--variants``, ``--warmup``, ``--iters``, ``--json``, ``--profile [N]``
+    (``args.profile``: how many kernels to list, ``profile_kernels`` when N is left out; 0:
+    no profile)."""
     p = OneLineParser(prog=prog, description=doc)
     if precision:
         p.add_argument("--precision", default="amp-bf16", choices=PRECISIONS)
@@ -127,6 +131,8 @@ def tool_parser(prog: str, doc: str, variants: str | None, warmup: int, iters: i
     p.add_argument("--warmup", type=int, default=warmup)
     p.add_argument("--iters", type=int, default=iters)
     p.add_argument("--json", default=None, help="write the results here too")
-    p.add_argument("--profile", action="store_true",
-                   help="print each variant's GPU kernel time per step by kernel family")
+    p.add_argument("--profile", type=int, nargs="?", const=profile_kernels, default=0,
+                   metavar="KERNELS",
+                   help="print each variant's GPU kernel time per step by kernel family and "
+                        f"its KERNELS (default {profile_kernels}) longest kernels")
     return p

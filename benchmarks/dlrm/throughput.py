@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     p = tool_parser("python -m benchmarks.dlrm.throughput", __doc__, None, warmup=10, iters=30,
                     variants_help=f"comma-separated, of {', '.join(VARIANTS)} (default: "
                                   f"{DEFAULT_VARIANTS[False]}; under torchrun "
-                                  f"{DEFAULT_VARIANTS[True]})")
+                                  f"{DEFAULT_VARIANTS[True]})", profile_kernels=25)
     p.add_argument("--batch-size", type=int, default=55296, help="global batch")
     p.add_argument("--max-ind-range", type=int, default=10_000_000,
                    help="cap on every table's rows (40000000: the reference's full tables)")
@@ -213,7 +213,7 @@ def _run(p, a, variants: list[str], env: dist.DistEnv) -> int:
                 f"in the step: prefetch computes it during the step before, on its own stream",
                 env.is_main)
         if a.profile:
-            say(kernel_breakdown(step, batch, top=25), env.is_main)
+            say(kernel_breakdown(step, batch, top=a.profile), env.is_main)
         step.release()
         del wl, batch, step
         gc.collect()

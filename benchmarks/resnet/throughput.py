@@ -153,7 +153,7 @@ def main(argv=None) -> int:
               f"{m.samples_per_second:9.1f} img/s  {mfu.text(m.samples_per_second)}  "
               f"peak {m.peak_memory_bytes / 2**30:5.1f} GiB", flush=True)
         if args.profile:
-            print(kernel_breakdown(step, batch), flush=True)
+            print(kernel_breakdown(step, batch, top=args.profile), flush=True)
         del wl, step, batch
         # ours' workload sits in reference cycles: unless collected, its ~0.3 GiB of weights
         # and optimizer state would count in the next variant's peak memory

@@ -47,15 +47,15 @@ def stubs(monkeypatch):
 
 
 def test_variants_are_the_registry_s():
-    config = ["unpad", "fused-gelu", "fused-layernorm", "flat-params", "sharded-optimizer",
-              "fused-lamb", "bf16-weights", "cuda-graph"]
+    config = ["unpad", "fused-qkv", "fused-gelu", "fused-layernorm", "flat-params",
+              "sharded-optimizer", "fused-lamb", "bf16-weights", "cuda-graph"]
     assert throughput.OURS["plain"] == [] and throughput.OURS["config"] == config
-    assert throughput.OURS["config-minus-flat-params"] == [
-        "unpad", "fused-gelu", "fused-layernorm", "cuda-graph"]   # and what requires it
+    assert throughput.OURS["config-minus-flat-params"] == [   # and what requires it
+        "unpad", "fused-qkv", "fused-gelu", "fused-layernorm", "cuda-graph"]
     assert throughput.OURS["config-plus-compile"] == [*config, "compile"]
     assert throughput.OURS["config-plus-sdpa"] == [   # unpad excludes it
-        "fused-gelu", "fused-layernorm", "flat-params", "sharded-optimizer", "fused-lamb",
-        "bf16-weights", "cuda-graph", "sdpa"]
+        "fused-qkv", "fused-gelu", "fused-layernorm", "flat-params", "sharded-optimizer",
+        "fused-lamb", "bf16-weights", "cuda-graph", "sdpa"]
     assert set(throughput.VARIANTS) == {
         "plain", "config", "hf-sdpa", "hf-sdpa-compiled",
         *(f"config-minus-{n}" for n in config),
