@@ -7,8 +7,10 @@ variants against HuggingFace.
 Every synthetic sequence has ``fill`` of its positions real (0.6: about the reference data's
 mean), the rest padding. ``plain``, ``config`` (the 1xH100 config's) and ``config-minus-<name>``:
 the workload's real step with those optimisations; ``config-plus-<name>``: with one more.
-``hf-sdpa``: ``transformers.BertForPreTraining`` (SDPA attention) with ``torch.optim.AdamW`` on
-the same padded batch; ``hf-sdpa-compiled``: that model under ``torch.compile``. ``--profile``
+``hf-sdpa``: ``transformers.BertForPreTraining`` (SDPA attention) on the same padded batch
+with the config's LAMB (its parameters on one fp32 flat buffer, ``fused-lamb``'s kernels on
+CUDA; no weight decay for LayerNorm and bias tensors, as ours); ``hf-sdpa-compiled``: that
+model under ``torch.compile``. ``--profile``
 adds the GPU kernel time by kernel family. MFU counts the FLOPs of the real tokens only
 (``common.mfu``).
 """
@@ -22,9 +24,12 @@ import torch.nn.functional as F
 
 from benchmarks.bert import data
 from benchmarks.bert.model import BertConfig
-from benchmarks.bert.workload import BertWorkload, HParams
+from benchmarks.bert.workload import BertWorkload, HParams, no_weight_decay
 from common.cuda_graph import GraphedStep
 from common.dist import DistEnv
+from common.flat_params import FlatParameters
+from common.fused_lamb import FusedLamb
+from common.lamb import LambHyper, ShardedLamb
 from common.mfu import MFU
 from common.optimisations import ablation_variants, config_optimisations, plus_variants
 from common.precision import Precision
@@ -56,7 +61,10 @@ def hf(a, precision: Precision, device, compiled: bool):
     net = transformers.BertForPreTraining(transformers.BertConfig(
         vocab_size=30528, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
         intermediate_size=4096, attn_implementation="sdpa")).to(device)
-    opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    decay = [not no_weight_decay(n) for n, _ in net.named_parameters()]
+    lamb = FusedLamb if device.type == "cuda" else ShardedLamb
+    opt = lamb(FlatParameters(net), decay, LambHyper())
+    lr = torch.tensor(1e-4, device=device)
     model = torch.compile(net) if compiled else net
     batch = data.synthetic_batch(a.batch_size, a.seq_len, HParams.max_predictions,
                                  BertConfig().vocab_size, a.fill, device)   # ours, padded
@@ -64,14 +72,14 @@ def hf(a, precision: Precision, device, compiled: bool):
     mlm_labels = torch.full_like(ids, -100).scatter_(1, pos, labels)
 
     def step(*_):
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
         with precision.autocast():
             out = model(input_ids=ids, token_type_ids=seg, attention_mask=mask)
         loss = (F.cross_entropy(out.prediction_logits.float().flatten(0, 1),
                                 mlm_labels.flatten(), ignore_index=-100)
                 + F.cross_entropy(out.seq_relationship_logits.float(), nsp))
         loss.backward()
-        opt.step()
+        opt.step(lr)
         return loss
     return step, batch
 
