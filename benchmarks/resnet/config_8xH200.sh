@@ -8,8 +8,10 @@ OPTIMISATIONS=(channels-last space-to-depth "compile=${COMPILE:-max-autotune-no-
                cuda-graph)
 # cuDNN 9.19 has fusion engines for fp16 only: pip install ".[cudnn]".
 [[ $PRECISION == amp-fp16 ]] && OPTIMISATIONS+=(cudnn-fusion)
-# The input: DATA_BACKEND=nvjpeg, turbo, dali or pillow (the reference reader).
-INPUT=${DATA_BACKEND:-nvjpeg}
-[[ $INPUT != pillow ]] && OPTIMISATIONS+=("$INPUT")
+# The input: DATA_BACKEND=turbo (libjpeg-turbo 3 with SIMD: make turbojpeg), nvjpeg, dali or
+# pillow (the reference reader).
+INPUT=${DATA_BACKEND:-turbo}
+[[ $INPUT == turbo ]] && INPUT="turbo region-decode resize-on-device eval-nvjpeg-share=0.5"
+[[ $INPUT != pillow ]] && OPTIMISATIONS+=($INPUT)
 TRAIN_ARGS=(--precision "$PRECISION" --workers 12 --batch-size 408 --eval-batch-size 500
             --init-steps 12)
