@@ -17,8 +17,8 @@ from common import dist
 def sparse_sgd_(master: torch.Tensor, copy: torch.Tensor | None, rows: torch.Tensor,
                 grads: torch.Tensor, lr: torch.Tensor) -> None:
     """``master[rows] -= lr * grads`` (repeats accumulate), then ``copy[rows] = master[rows]``;
-    ``grads`` in any float dtype, added in fp32."""
-    master.index_add_(0, rows, grads.float() * -lr)
+    ``grads`` ([n, d] or [B, T, d]) in any float dtype, added in fp32."""
+    master.index_add_(0, rows, grads.reshape(-1, grads.shape[-1]).float() * -lr)
     if copy is not None:
         copy[rows] = master[rows].to(copy.dtype)
 
