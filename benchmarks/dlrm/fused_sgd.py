@@ -17,8 +17,8 @@ from common import dist
 def sparse_sgd_(master: torch.Tensor, copy: torch.Tensor | None, rows: torch.Tensor,
                 grads: torch.Tensor, lr: torch.Tensor) -> None:
     """``master[rows] -= lr * grads`` (repeats accumulate), then ``copy[rows] = master[rows]``;
-    ``grads`` in any float dtype, added in fp32."""
-    master.index_add_(0, rows, grads.float() * -lr)
+    ``grads`` ([n, d] or [B, T, d]) in any float dtype, added in fp32."""
+    master.index_add_(0, rows, grads.reshape(-1, grads.shape[-1]).float() * -lr)
     if copy is not None:
         copy[rows] = master[rows].to(copy.dtype)
 
@@ -51,18 +51,25 @@ def bags_update(params: list[torch.Tensor], bags: list[torch.Tensor], lr: torch.
 def hybrid_update(params: list[torch.Tensor], emb, lr: torch.Tensor, distributed: bool,
                   sparse=sparse_sgd_) -> None:
     """One step of the MLPs ``params`` and the ``HybridEmbedding`` ``emb``, its rare rows by
-    ``sparse`` (``sparse_sgd_``'s contract)."""
-    grads = [p.grad for p in params] + [emb.frequent_grad()]
-    if distributed:   # one all-reduce for the MLPs and the frequent rows ...
+    ``sparse`` (``sparse_sgd_``'s contract). On several ranks the MLPs' gradients are summed
+    by one all-reduce while the frequent table's gradient is computed, and that one by a second
+    while the rare rows and then the MLPs update."""
+    grads = [p.grad for p in params]
+    if distributed:
         flat = torch.cat([g.flatten() for g in grads])
-        work = dist.all_reduce_sum_async(flat)
-    rows, rare = emb.rare_grad()   # ... in flight while this rank's rare rows update
+        mlp_work = dist.all_reduce_sum_async(flat)
+    freq = emb.frequent_grad()
+    if distributed:
+        freq_work = dist.all_reduce_sum_async(freq)
+    rows, rare = emb.rare_grad()   # in flight while this rank's rare rows update
     sparse(emb.rare_weight, emb.rare_lp, rows, rare, lr)
     if distributed:
-        work.wait()
-        grads = list(torch.split(flat, [g.numel() for g in grads]))
-        grads = [g.view_as(p) for g, p in zip(grads, params + [emb.freq_weight])]
-    dense_sgd_(params, grads[:-1], lr)
-    table_sgd_(emb.freq_weight, emb.freq_lp, grads[-1], lr)
+        mlp_work.wait()
+        grads = [g.view_as(p) for g, p in zip(torch.split(flat, [p.numel() for p in params]),
+                                               params)]
+    dense_sgd_(params, grads, lr)
+    if distributed:
+        freq_work.wait()
+    table_sgd_(emb.freq_weight, emb.freq_lp, freq, lr)
     for p in params:
         p.grad = None

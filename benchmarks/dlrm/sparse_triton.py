@@ -27,13 +27,14 @@ def _kernels():
     import triton.language as tl
 
     @triton.jit
-    def add_kernel(master_ptr, rows_ptr, grads_ptr, lr_ptr, n, dim, LOOKUPS: tl.constexpr,
-                   DIM: tl.constexpr):
+    def add_kernel(master_ptr, rows_ptr, grads_ptr, lr_ptr, n, dim, group, group_stride,
+                   LOOKUPS: tl.constexpr, DIM: tl.constexpr):
         p = tl.program_id(0).to(tl.int64) * LOOKUPS + tl.arange(0, LOOKUPS)
         d = tl.arange(0, DIM)
         row = tl.load(rows_ptr + p, mask=p < n, other=-1)
         inside = ((p < n) & (row >= 0))[:, None] & (d < dim)[None, :]
-        g = tl.load(grads_ptr + p[:, None] * dim + d[None, :], mask=inside, other=0.0)
+        at = (p // group) * group_stride + (p % group) * dim
+        g = tl.load(grads_ptr + at[:, None] + d[None, :], mask=inside, other=0.0)
         tl.atomic_add(master_ptr + row[:, None] * dim + d[None, :],
                       g.to(tl.float32) * -tl.load(lr_ptr), mask=inside, sem="relaxed")
 
@@ -52,22 +53,35 @@ def _kernels():
     return add_kernel, copy_kernel
 
 
+def vector_groups(grads: torch.Tensor) -> torch.Tensor:
+    """The ``[n, d]`` or ``[B, T, d]`` gradient vectors as ``[groups, group, d]`` with each
+    group's vectors consecutive (``stride(1) == d``, ``stride(2) == 1``), groups ``stride(0)``
+    apart: ``grads`` itself where it is laid out so (as the embeddings' slice of the
+    interaction's gradient is), else a contiguous copy. Vector ``p`` starts at element
+    ``(p // group) * stride(0) + (p % group) * d``."""
+    dim = grads.shape[-1]
+    if grads.dim() == 3 and grads.stride(2) == 1 and grads.stride(1) == dim:
+        return grads
+    return grads.reshape(-1, 1, dim).contiguous()
+
+
 @torch.no_grad()
 def sparse_sgd_(master: torch.Tensor, copy: torch.Tensor | None, rows: torch.Tensor,
                 grads: torch.Tensor, lr: torch.Tensor) -> None:
     """``fused_sgd.sparse_sgd_`` (``master[rows] -= lr * grads``, repeats accumulating, then
-    ``copy[rows] = master[rows]``) in Triton kernels; ``master`` fp32, ``grads`` any float
-    dtype, all on one device. Unlike the reference, a negative row is skipped (with its
-    gradient): ``fused-lookups`` passes every lookup's, frequent ones as -1."""
+    ``copy[rows] = master[rows]``) in Triton kernels; ``master`` fp32, ``grads`` [n, d] or
+    [B, T, d] (read in place where :func:`vector_groups` can) of any float dtype, all on one
+    device. Unlike the reference, a negative row is skipped (with its gradient):
+    ``fused-lookups`` passes every lookup's, frequent ones as -1."""
     import triton
 
-    n, dim = grads.shape
+    n, dim = rows.numel(), grads.shape[-1]
     if not n:
         return
     add, refresh = _kernels()
     grid = (triton.cdiv(n, LOOKUPS),)
-    rows, grads = rows.contiguous(), grads.contiguous()
+    rows, grads = rows.contiguous(), vector_groups(grads)
     block = dict(LOOKUPS=LOOKUPS, DIM=triton.next_power_of_2(dim))
-    add[grid](master, rows, grads, lr, n, dim, **block)
+    add[grid](master, rows, grads, lr, n, dim, grads.shape[1], grads.stride(0), **block)
     if copy is not None:
         refresh[grid](master, copy, rows, n, dim, **block)

@@ -40,8 +40,19 @@ def _pair(low_precision):
     return made
 
 
+def _loss(out: torch.Tensor, w: torch.Tensor, sliced: bool) -> torch.Tensor:
+    """A loss whose gradient reaches ``out`` [B, T, d] contiguous, or (``sliced``) as the
+    interaction's does: a slice of the gradient of ``out`` between other vectors."""
+    if sliced:
+        b, _, d = out.shape
+        out = torch.cat([out.new_zeros(b, 1, d), out, out.new_zeros(b, 4, d)], 1)
+        w = torch.cat([w.new_ones(b, 1, d), w, w.new_ones(b, 4, d)], 1)
+    return (out.float() * w).sum()
+
+
+@pytest.mark.parametrize("sliced", [False, True], ids=["contiguous-grad", "sliced-grad"])
 @pytest.mark.parametrize("low_precision", [torch.bfloat16, None], ids=["bf16-copy", "fp32"])
-def test_fused_lookups_train_as_the_reference(low_precision):
+def test_fused_lookups_train_as_the_reference(low_precision, sliced):
     ref, fused = _pair(low_precision)
     assert 0 < ref.freq_weight.shape[0] < sum(SIZES)
     g = torch.Generator().manual_seed(1)
@@ -52,7 +63,7 @@ def test_fused_lookups_train_as_the_reference(low_precision):
         grads = []
         for emb in (ref, fused):
             out, _ = emb(emb.plan(ids, [0, BATCH]))
-            (out.float() * w).sum().backward()
+            _loss(out, w, sliced).backward()
             grads.append((out.detach(), emb.frequent_grad(), emb.rare_grad()))
         (out_ref, freq_ref, rare_ref), (out_fused, freq_fused, rare_fused) = grads
         if step == 0:   # later, the tables differ by the frequent sums' order (and under
@@ -60,7 +71,8 @@ def test_fused_lookups_train_as_the_reference(low_precision):
         ulp = 2 ** -7 if INTERPRETED and low_precision is not None else 1e-5
         torch.testing.assert_close(out_fused, out_ref, rtol=ulp, atol=1e-5)
         torch.testing.assert_close(freq_fused, freq_ref, rtol=1e-5, atol=1e-5)
-        assert rare_fused[1] is fused._out_grad   # read in place
+        assert rare_fused[1] is fused._out_grad   # read in place ...
+        assert fused._out_grad.is_contiguous() is not sliced   # ... even as a slice
         for emb, freq, rare, sparse in ((ref, freq_ref, rare_ref, sparse_sgd_),
                                         (fused, freq_fused, rare_fused, triton_sgd_)):
             table_sgd_(emb.freq_weight, emb.freq_lp, freq, lr)

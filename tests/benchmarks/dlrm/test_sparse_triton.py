@@ -74,3 +74,22 @@ def test_negative_rows_are_skipped():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     ulp = dict(rtol=2 ** -7, atol=0) if INTERPRETED else dict(rtol=0, atol=0)
     torch.testing.assert_close(got_copy, got.to(torch.bfloat16), **ulp)
+
+
+def test_gradients_in_groups_are_read_in_place():
+    """[B, T, d] gradients that are a slice of a wider [B, T + 3, d] (the interaction's
+    backward hands the embeddings such a slice) update as their contiguous copy does."""
+    from benchmarks.dlrm.sparse_triton import sparse_sgd_ as triton_sgd_
+    from benchmarks.dlrm.sparse_triton import vector_groups
+
+    g = torch.Generator().manual_seed(3)
+    wide = torch.randn(64, 10, 128, generator=g).to(DEVICE, torch.bfloat16)
+    grads = wide[:, 1:8]
+    assert vector_groups(grads) is grads
+    rows = torch.randint(0, 30, (64 * 7,), generator=g).to(DEVICE)
+    lr = torch.tensor(0.1, device=DEVICE)
+    want, want_copy = _tables(30, 128, torch.bfloat16)
+    got, got_copy = _tables(30, 128, torch.bfloat16)
+    sparse_sgd_(want, want_copy, rows, grads.reshape(-1, 128), lr)
+    triton_sgd_(got, got_copy, rows, grads, lr)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
