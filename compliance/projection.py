@@ -83,6 +83,8 @@ class Projection:
         if r.eval_again_s is not None:
             evaluations = (f"the first evaluation {self.eval_s:.2f} s + {self.evaluations - 1} "
                            f"x {self.later_eval_s:.2f} s (from the batches it kept)")
+        # BERT's RCPs and epoch_num count training samples (the ruleset's "epochs" for it)
+        unit = "training samples" if self.benchmark == "bert" else "epochs"
         scaled = ""
         if r.step_scale != 1 or r.eval_scale != 1:
             scaled = (f"; scaled to the real dataset's {r.full_dataset[0]} training and "
@@ -91,7 +93,7 @@ class Projection:
         return (f"projected time-to-train (a projection, not a result): {self.seconds / 60:.1f} "
                 f"min ({self.seconds:.1f} s) = {self.steps} steps x {r.step_p50_s * 1e3:.2f} ms "
                 f"(step p50) + {evaluations}; {self.benchmark} at global "
-                f"batch {self.global_batch_size} converges in {self.mean_epochs:g} epochs on "
+                f"batch {self.global_batch_size} converges in {self.mean_epochs:g} {unit} on "
                 f"average ({self.rcp}), so the run would stop at the evaluation at epoch_num "
                 f"{self.eval_epoch:g}{scaled}; at the timed steps' mean "
                 f"({self.step_mean_s * 1e3:.2f} ms, their one-off costs included): "

@@ -91,6 +91,17 @@ def test_the_run_stops_at_the_first_evaluation_at_or_past_the_rcp_mean(monkeypat
     assert "at the timed steps' mean (1000.00 ms, their one-off costs included)" in p.line()
 
 
+@pytest.mark.parametrize("benchmark, unit", [("resnet", "1 epochs"),
+                                             ("bert", "1 training samples")])
+def test_the_rcp_mean_is_named_in_the_benchmarks_unit(monkeypatch, benchmark, unit):
+    """BERT's RCPs and epoch_num count training samples, the others' epochs."""
+    monkeypatch.setattr(projection, "rcp_mean", lambda *_: (1.0, "an RCP"))
+    monkeypatch.setattr(projection, "read_events", lambda _: [
+        {"key": DRY_RUN_KEY, "value": 4}, {"key": REPORT_KEY, "value": report().as_dict()},
+        {"key": "submission_benchmark", "value": benchmark}])
+    assert f"converges in {unit} on average" in projection.project("log").line()
+
+
 @pytest.mark.parametrize("full, steps, eval_s", [
     ([80, 100], 8, 1.0),        # the real dataset: nothing scaled
     ([800, 1000], 80, 10.0),    # a tenth of it: 10x the steps per epoch and the evaluation
