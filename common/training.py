@@ -219,21 +219,26 @@ def warm_up(wl: Workload, step: GraphedStep, steps: int, env) -> None:
     """Initialization before the clock: ``steps`` training steps on synthetic batches (the
     workload's ``warm_up_batches`` in turn) and one evaluation forward, then every tensor of
     ``wl.training_state()`` and the CPU and CUDA random states as they were before. The
-    copies wait in host memory (a training state can be most of the device's: DLRM's tables)
-    and go back in place, so compiled code and a captured CUDA graph keep using the same
-    tensors. MLPerf allows such work before ``run_start`` as long as it does not touch the
-    dataset."""
-    state = wl.training_state()
-    saved = [t.detach().to("cpu", copy=True) for t in state]
+    copies (of only the rows the steps can change, ``wl.warm_up_state``) wait in host memory
+    (a training state can be most of the device's: DLRM's tables) and go back in place, so
+    compiled code and a captured CUDA graph keep using the same tensors. MLPerf allows such
+    work before ``run_start`` as long as it does not touch the dataset."""
     rng = torch.get_rng_state()
     cuda_rng = torch.cuda.get_rng_state() if env.device.type == "cuda" else None
     batches = wl.warm_up_batches(wl.rank_batch_size)
+    state = wl.warm_up_state(batches)
+    with torch.no_grad():
+        saved = [(t if rows is None else t.index_select(0, rows)).to("cpu", copy=True)
+                 for t, rows in state]
     for i in range(steps):
         step(*batches[i % len(batches)])
     with torch.no_grad():
         wl.warm_up_eval()
-        for t, copy in zip(state, saved):
-            t.copy_(copy)
+        for (t, rows), copy in zip(state, saved):
+            if rows is None:
+                t.copy_(copy)
+            else:
+                t.index_copy_(0, rows, copy.to(t.device))
     torch.set_rng_state(rng)
     if cuda_rng is not None:
         torch.cuda.set_rng_state(cuda_rng)

@@ -332,6 +332,12 @@ class Workload(abc.ABC):
         loss-scaler state, step and learning-rate tensors. ``--init-steps`` copies them
         before its warm-up steps and back, in place, after."""
 
+    def warm_up_state(self, batches: list[tuple]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """``(tensor, rows)`` for every tensor of :meth:`training_state`: the rows (of dim 0)
+        that training steps on ``batches`` can change, or None where any may change. The
+        warm-up keeps a copy of only those rows; by default every tensor whole."""
+        return [(t, None) for t in self.training_state()]
+
     def warm_up_eval(self) -> None:
         """Run the evaluation forward once on a synthetic batch, so that it compiles before
         the clock starts; by default nothing."""

@@ -373,6 +373,20 @@ class DLRMWorkload(Workload):
                             if t is not None]
         return state + list(self.emb.state_dict(keep_vars=True).values())
 
+    def warm_up_state(self, batches: list[tuple]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Hybrid embeddings' rare tables (most of the state: tens of GB) change only in the
+        rows the batches' plans update; the rest whole."""
+        state = super().warm_up_state(batches)
+        if not isinstance(self.emb, HybridEmbedding):
+            return state
+        plans = [idx.serve_rows if isinstance(idx, Plan) else
+                 idx["rare_rows"] if "rare_rows" in idx else idx["serve_rows"]
+                 for *_, idx in batches]
+        rows = torch.unique(torch.cat(plans))
+        rows = rows[rows >= 0]   # -1: a frequent lookup or padding, which no update touches
+        rare = {id(self.emb.rare_weight), id(self.emb.rare_lp)}
+        return [(t, rows if id(t) in rare else None) for t, _ in state]
+
     # -- data -----------------------------------------------------------------------------
     def prepare(self, start: int, stop: int, log: data.BinaryClickLog | None = None):
         """(dense, labels, plan or ids) of this rank for the global batch ``[start, stop)``,
