@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.dlrm.model import DenseArch
+from benchmarks.dlrm.model import DenseArch, lower_dots
 
 ALIGN = 8   # elements: 16 bytes of bf16
 
@@ -28,18 +28,17 @@ def aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def aligned_interaction(bottom: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+def aligned_interaction(bottom: torch.Tensor, emb: torch.Tensor, pair_dots=lower_dots
+                        ) -> torch.Tensor:
     """``model.dot_interaction`` with the vectors padded to ``aligned(T + 1)`` by zero vectors
     and the output to ``aligned(d + (T+1)T/2)`` columns by zero columns."""
     batch, dim = bottom.shape
     n = emb.shape[1] + 1
-    m = aligned(n)
-    z = torch.cat([bottom.unsqueeze(1), emb, bottom.new_zeros(batch, m - n, dim)], dim=1)
-    dots = torch.bmm(z, z.transpose(1, 2))
-    li, lj = torch.tril_indices(n, n, offset=-1, device=z.device)
-    width = dim + len(li)
-    return torch.cat([bottom, dots.flatten(1).index_select(1, li * m + lj),
-                      bottom.new_zeros(batch, aligned(width) - width)], dim=1)
+    z = torch.cat([bottom.unsqueeze(1), emb, bottom.new_zeros(batch, aligned(n) - n, dim)],
+                  dim=1)
+    width = dim + n * (n - 1) // 2
+    return torch.cat([bottom, pair_dots(z, n), bottom.new_zeros(batch, aligned(width) - width)],
+                     dim=1)
 
 
 class AlignedLinear(nn.Linear):
@@ -57,7 +56,7 @@ class AlignedDenseArch(DenseArch):
     """``DenseArch`` whose interaction's output arrives padded at the top MLP's first layer."""
 
     def forward(self, bottom_out: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        return self.top_mlp(aligned_interaction(bottom_out, emb)).squeeze(1)
+        return self.top_mlp(aligned_interaction(bottom_out, emb, self.pair_dots)).squeeze(1)
 
 
 def apply(dense: DenseArch) -> None:

@@ -45,19 +45,28 @@ def interaction_width(dim: int, num_sparse: int) -> int:
     return dim + n * (n - 1) // 2
 
 
-def dot_interaction(bottom: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-    """``bottom`` [B, d], ``emb`` [B, T, d] -> [B, d + (T+1)T/2]."""
-    z = torch.cat([bottom.unsqueeze(1), emb], dim=1)
-    dots = torch.bmm(z, z.transpose(1, 2))
-    n = z.shape[1]
+def lower_dots(z: torch.Tensor, n: int) -> torch.Tensor:
+    """The strictly lower triangle of the pairwise dot products of the first ``n`` vectors of
+    ``z`` [B, m, d], row by row: [B, n(n-1)/2]."""
+    m = z.shape[1]
     li, lj = torch.tril_indices(n, n, offset=-1, device=z.device)
     # index_select on the flattened products: its backward is an index_add, not the
     # sort-based accumulation that two-tensor advanced indexing needs
-    return torch.cat([bottom, dots.flatten(1).index_select(1, li * n + lj)], dim=1)
+    return torch.bmm(z, z.transpose(1, 2)).flatten(1).index_select(1, li * m + lj)
+
+
+def dot_interaction(bottom: torch.Tensor, emb: torch.Tensor, pair_dots=lower_dots
+                    ) -> torch.Tensor:
+    """``bottom`` [B, d], ``emb`` [B, T, d] -> [B, d + (T+1)T/2]; ``pair_dots``:
+    :func:`lower_dots`' contract."""
+    z = torch.cat([bottom.unsqueeze(1), emb], dim=1)
+    return torch.cat([bottom, pair_dots(z, z.shape[1])], dim=1)
 
 
 class DenseArch(nn.Module):
     """Everything but the embeddings: bottom MLP, interaction, top MLP."""
+
+    pair_dots = staticmethod(lower_dots)   # the interaction's products (dot_interaction)
 
     def __init__(self, dim: int, num_sparse: int, bottom: list[int], top: list[int]):
         super().__init__()
@@ -70,7 +79,7 @@ class DenseArch(nn.Module):
         self.top_mlp = MLP([interaction_width(dim, num_sparse)] + top, last_relu=False)
 
     def forward(self, bottom_out: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
-        return self.top_mlp(dot_interaction(bottom_out, emb)).squeeze(1)
+        return self.top_mlp(dot_interaction(bottom_out, emb, self.pair_dots)).squeeze(1)
 
 
 INIT_CHUNK_ROWS = 1 << 20

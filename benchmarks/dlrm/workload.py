@@ -18,7 +18,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.dlrm import aligned, data, fused_sgd, lookups_triton, sparse_triton, split_linear
+from benchmarks.dlrm import (
+    aligned,
+    data,
+    fused_sgd,
+    interaction,
+    lookups_triton,
+    sparse_triton,
+    split_linear,
+)
 from benchmarks.dlrm.auc import roc_auc
 from benchmarks.dlrm.hybrid import HybridEmbedding, Plan, frequent_rows
 from benchmarks.dlrm.model import DenseArch, PlainEmbeddings, mllog_tensor_names, parse_mlp
@@ -209,6 +217,11 @@ class DLRMWorkload(Workload):
                      "the top MLP's input padded with zeros to multiples of 8 (aligned GEMMs; "
                      "aligned.py)", apply=lambda wl, _: aligned.apply(wl.dense_arch),
                      excludes=("split-linear",), rtol=1e-5),
+        Optimisation("interaction-backward", "the interaction's pairwise products with a "
+                     "backward of one batched product: their gradient written at both of each "
+                     "pair's places, (G + G^T) Z, in place of two products and a sum "
+                     "(interaction.py)", apply=lambda wl, _: interaction.apply(wl.dense_arch),
+                     rtol=1e-6),
         shared(COMPILE, apply=_compile, description="torch.compile the dense part: the bottom "
                "MLP, and the interaction with the top MLP (=MODE: default, tuned, "
                "max-autotune-no-cudagraphs)"),
