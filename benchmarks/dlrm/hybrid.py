@@ -184,13 +184,17 @@ class HybridEmbedding(torch.nn.Module):
         grad = torch.zeros_like(self.freq_weight)
         return grad.index_add_(0, self._plan.freq_rows, self._freq_vals.grad.float())
 
+    def rare_rows(self, plan: Plan) -> torch.Tensor:
+        """The rows of this rank's shard that a step on ``plan`` updates, one per served lookup
+        (rows may repeat; negative ones are none)."""
+        return plan.serve_rows
+
     def rare_grad(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(rows, grads)`` of this rank's shard, one per served lookup (rows may repeat), the
-        grads in the lookups' dtype; on several ranks, once backward's all-to-all has brought
-        them home."""
+        """``(rows, grads)`` of this rank's shard (:meth:`rare_rows`), the grads in the lookups'
+        dtype; on several ranks, once backward's all-to-all has brought them home."""
         if self._returning is None:
-            return self._plan.serve_rows, self._send.grad
-        return self._plan.serve_rows, self.returned()
+            return self.rare_rows(self._plan), self._send.grad
+        return self.rare_rows(self._plan), self.returned()
 
     def returned(self) -> torch.Tensor:
         """The rare rows' gradients that backward's all-to-all brought home."""

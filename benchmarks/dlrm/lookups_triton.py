@@ -240,13 +240,18 @@ def _frequent_grad(self) -> torch.Tensor:
     return grad
 
 
-def _rare_grad(self):
+def _rare_rows(self, plan) -> torch.Tensor:
     """One rank: every lookup's rare row (-1 where frequent, which ``triton-sparse-sgd``
-    skips) and the output's gradient as it is; several: each served slot's row (-1 where
-    padding) and the gradient sent home for it."""
+    skips); several: each served slot's row (-1 where padding)."""
+    return plan["rare_rows"] if self.world == 1 else plan["serve_rows"]
+
+
+def _rare_grad(self):
+    """:func:`_rare_rows` and, on one rank, the output's gradient as it is; on several, the
+    gradient sent home for each slot."""
     if self.world == 1:
-        return self._plan["rare_rows"], self._out_grad
-    return self._plan["serve_rows"], self.returned()
+        return self.rare_rows(self._plan), self._out_grad
+    return self.rare_rows(self._plan), self.returned()
 
 
 def apply(emb: HybridEmbedding) -> None:
@@ -254,5 +259,5 @@ def apply(emb: HybridEmbedding) -> None:
     emb._anchor = torch.empty(0, device=emb.freq_weight.device, requires_grad=True)
     emb._out_grad = None
     for name, fn in (("plan", _plan), ("forward", _forward), ("frequent_grad", _frequent_grad),
-                     ("rare_grad", _rare_grad)):
+                     ("rare_rows", _rare_rows), ("rare_grad", _rare_grad)):
         setattr(emb, name, types.MethodType(fn, emb))

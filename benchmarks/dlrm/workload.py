@@ -392,10 +392,7 @@ class DLRMWorkload(Workload):
         state = super().warm_up_state(batches)
         if not isinstance(self.emb, HybridEmbedding):
             return state
-        plans = [idx.serve_rows if isinstance(idx, Plan) else
-                 idx["rare_rows"] if "rare_rows" in idx else idx["serve_rows"]
-                 for *_, idx in batches]
-        rows = torch.unique(torch.cat(plans))
+        rows = torch.unique(torch.cat([self.emb.rare_rows(idx) for *_, idx in batches]))
         rows = rows[rows >= 0]   # -1: a frequent lookup or padding, which no update touches
         rare = {id(self.emb.rare_weight), id(self.emb.rare_lp)}
         return [(t, rows if id(t) in rare else None) for t, _ in state]
