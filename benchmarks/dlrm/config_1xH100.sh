@@ -3,8 +3,8 @@
 # rows, ~28 GB fp32 + ~14 GB bf16). Closed results need config_8xH200.
 NPROC=1
 PRECISION=${PRECISION:-amp-bf16}
-OPTIMISATIONS=(fused-sgd triton-sparse-sgd hybrid-embeddings fused-lookups aligned-dense compile
-               cuda-graph prefetch cache-eval)
+OPTIMISATIONS=(fused-sgd triton-sparse-sgd hybrid-embeddings fused-lookups aligned-dense
+               interaction-backward compile cuda-graph prefetch cache-eval)
 # --eval-batch-size 262144: the default 1769472 (an 8-GPU evaluation batch) took about 25 GiB
 # more at the evaluation forward (two dry runs' peaks, 107.23 against 82.17 GiB)
 TRAIN_ARGS=(--precision "$PRECISION" --max-ind-range 10000000 --log-every 500

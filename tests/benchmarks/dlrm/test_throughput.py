@@ -33,18 +33,24 @@ def test_variants_come_from_the_registry_and_the_config():
     v = throughput.VARIANTS
     assert v["plain"] == [] and v["plain-compiled"] == []
     assert v["config"] == ["fused-sgd", "triton-sparse-sgd", "hybrid-embeddings",
-                           "fused-lookups", "aligned-dense", "compile", "cuda-graph"]
+                           "fused-lookups", "aligned-dense", "interaction-backward", "compile",
+                           "cuda-graph"]
     # what requires the dropped one goes with it
     assert v["config-minus-hybrid-embeddings"] == ["fused-sgd", "triton-sparse-sgd",
-                                                   "aligned-dense", "compile"]
-    assert v["config-minus-fused-sgd"] == ["aligned-dense", "compile"]
+                                                   "aligned-dense", "interaction-backward",
+                                                   "compile"]
+    assert v["config-minus-fused-sgd"] == ["aligned-dense", "interaction-backward", "compile"]
     assert v["config-minus-cuda-graph"] == v["config"][:-1]
+    assert v["config-minus-interaction-backward"] == [
+        "fused-sgd", "triton-sparse-sgd", "hybrid-embeddings", "fused-lookups", "aligned-dense",
+        "compile", "cuda-graph"]
     assert v["config-plus-model-parallel-embeddings"] == [
-        "fused-sgd", "triton-sparse-sgd", "aligned-dense", "compile",
+        "fused-sgd", "triton-sparse-sgd", "aligned-dense", "interaction-backward", "compile",
         "model-parallel-embeddings"]
     assert v["config-plus-split-linear"] == ["fused-sgd", "triton-sparse-sgd",
-                                             "hybrid-embeddings", "fused-lookups", "compile",
-                                             "cuda-graph", "split-linear"]   # not aligned-dense
+                                             "hybrid-embeddings", "fused-lookups",
+                                             "interaction-backward", "compile", "cuda-graph",
+                                             "split-linear"]   # not aligned-dense
     assert not any(n in v for n in ("config-minus-prefetch", "config-plus-cache-eval"))
 
 
