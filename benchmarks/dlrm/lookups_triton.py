@@ -91,13 +91,11 @@ def chunk_capacity(frequent_rows: int, lookups: int) -> int:
 
 def run_starts(new_row: torch.Tensor) -> torch.Tensor:
     """For each position of a sorted sequence (``new_row``: where a run of equal values
-    begins, True at 0), the position its run begins at: ``cummax`` of the starts, as a
-    cumulative sum and a scatter (ATen's cummax over int64 is a slow single-pass scan:
-    1.31 ms for a batch's 1.4M lookups on an H200)."""
-    k = torch.arange(new_row.numel(), device=new_row.device)
-    run = torch.cumsum(new_row, 0) - 1
-    first = torch.zeros_like(k).scatter_reduce_(0, run, torch.where(new_row, k, 0), "amax")
-    return first[run]
+    begins, True at 0), the position its run begins at: ``cummax`` of the starts, as the
+    starts' positions indexed by a cumulative sum (ATen's cummax over int64 is a slow
+    single-pass scan: 1.31 ms for a batch's 1.4M lookups on an H200; a scatter with ``amax``
+    took 0.18 ms). ``nonzero`` waits for the device, as the plan's caller already does."""
+    return torch.nonzero(new_row).squeeze(1)[torch.cumsum(new_row, 0) - 1]
 
 
 def _chunks(code: torch.Tensor, frequent_rows: int) -> dict[str, torch.Tensor]:
