@@ -22,8 +22,8 @@ Every tensor of the plan has a size fixed by the batch (the chunks padded to
 (``cuda-graph``). On several ranks the rare vectors travel by all-to-alls of equal splits:
 each pair of ranks exchanges :func:`exchange_capacity` rows, the batch's largest pair count
 rounded up a ladder of 8 sizes a doubling (at most 9% padding), the same on every rank (each
-plans the whole global batch); a padded row is served from row -1 (the last; never read
-back) and its gradient, sent home with the rest, is skipped by ``triton-sparse-sgd``. A run
+plans the whole global batch); a padded row is served as zeros (never read back) and its
+gradient, sent home with the rest, is skipped by ``triton-sparse-sgd``. A run
 meets a few capacities, one graph each; the reference's all-to-alls send only what is
 looked up, in sizes that change with every batch.
 """
@@ -80,13 +80,41 @@ def _kernels():
         tl.atomic_add(grad_ptr + row * dim + d, tl.sum(g.to(tl.float32), axis=0),
                       mask=(d < dim) & (d * 0 + start < stop), sem="relaxed")
 
-    return lookup_kernel, chunk_sum_kernel
+    @triton.jit
+    def gather_kernel(out_ptr, src_ptr, idx_ptr, n, dim, group, group_stride,
+                      LOOKUPS: tl.constexpr, DIM: tl.constexpr):
+        p = tl.program_id(0).to(tl.int64) * LOOKUPS + tl.arange(0, LOOKUPS)
+        d = tl.arange(0, DIM)
+        i = tl.load(idx_ptr + p, mask=p < n, other=-1).to(tl.int64)
+        at = (i // group) * group_stride + (i % group) * dim   # sparse_triton.vector_groups
+        v = tl.load(src_ptr + at[:, None] + d[None, :],
+                    mask=(i >= 0)[:, None] & (d < dim)[None, :], other=0.0)
+        tl.store(out_ptr + p[:, None] * dim + d[None, :], v,
+                 mask=(p < n)[:, None] & (d < dim)[None, :])
+
+    return lookup_kernel, chunk_sum_kernel, gather_kernel
 
 
 def chunk_capacity(frequent_rows: int, lookups: int) -> int:
     """The most chunks ``lookups`` frequent lookups over ``frequent_rows`` rows can make: a
     row's run of L lookups is ceil(L / CHUNK) <= L / CHUNK + 1 chunks."""
     return min(lookups, frequent_rows + -(-lookups // CHUNK))
+
+
+def gather_vectors(src: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``src``'s vectors at ``idx`` as [n, d], zeros where ``idx`` < 0: ``src`` a [rows, d]
+    table or a [B, T, d] gradient read in place (:func:`vector_groups`' positions). The
+    exchange's gathers, where ATen's indexing took 0.06 and 0.05 ms of a two-rank step."""
+    import triton
+
+    src = vector_groups(src)
+    n, dim = idx.numel(), src.shape[-1]
+    out = src.new_empty(n, dim)
+    if n:
+        _kernels()[2][(triton.cdiv(n, LOOKUPS),)](
+            out, src, idx, n, dim, src.shape[1], src.stride(0), LOOKUPS=LOOKUPS,
+            DIM=triton.next_power_of_2(dim))
+    return out
 
 
 def run_starts(new_row: torch.Tensor) -> torch.Tensor:
@@ -198,8 +226,7 @@ class _Lookup(torch.autograd.Function):
         owner = ctx.owner
         owner._out_grad = grad = vector_groups(grad)   # in place where it can be
         if owner.world > 1:   # the received vectors' gradients, home to their owners
-            slot_pos, group = owner._plan["slot_pos"], grad.shape[1]
-            sent = grad[slot_pos // group, slot_pos % group]
+            sent = gather_vectors(grad, owner._plan["slot_pos"])
             home = torch.empty_like(sent)
             owner._returning = home, dist.all_to_all_single(home, sent, async_op=True)
         return None, None, None, None, None
@@ -216,7 +243,7 @@ def _forward(self, plan, overlap=None):
     rare_src = self.rare_weight if self.rare_lp is None else self.rare_lp
     work = None
     if self.world > 1:
-        send = rare_src[plan["serve_rows"]]   # padding: row -1, the last
+        send = gather_vectors(rare_src, plan["serve_rows"])   # padding (-1): zeros
         rare_src = torch.empty_like(send)
         work = dist.all_to_all_single(rare_src, send, async_op=True)
     extra = overlap() if overlap is not None else None

@@ -211,3 +211,19 @@ def test_two_ranks_step_as_cuda_graphs_trains_as_eager():
             assert got == pytest.approx(want, rel=1e-4, abs=1e-5), f"rank {rank}, step {i}"
         for w, g in res[rank]["state"]:
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dim", [16, 13])
+def test_the_exchange_gathers_vectors_of_a_table_and_of_a_gradient_slice(dim):
+    from benchmarks.dlrm.lookups_triton import gather_vectors
+
+    g = torch.Generator().manual_seed(dim)
+    table = torch.randn(50, dim, generator=g).to(DEVICE, torch.bfloat16)
+    rows = torch.tensor([3, -1, 49, 0, 3, -1, 17], device=DEVICE)
+    want = torch.where((rows >= 0)[:, None], table[rows.clamp(min=0)], 0)
+    assert torch.equal(gather_vectors(table, rows), want)
+    wide = torch.randn(6, 8, dim, generator=g).to(DEVICE)   # the interaction's gradient
+    grad = wide[:, 1:6]                                      # its embeddings' slice, in place
+    pos = torch.tensor([0, 29, 7, 7, 12], device=DEVICE)
+    assert torch.equal(gather_vectors(grad, pos), grad.reshape(-1, dim)[pos])
+    assert gather_vectors(table, rows[:0]).shape == (0, dim)
