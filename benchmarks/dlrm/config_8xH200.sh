@@ -3,8 +3,9 @@
 # captured (cuda-graph: the all-to-alls padded to a few capacities, a graph each).
 NPROC=8
 PRECISION=${PRECISION:-amp-bf16}
-OPTIMISATIONS=(fused-sgd triton-sparse-sgd hybrid-embeddings fused-lookups aligned-dense
-               interaction-backward compile cuda-graph prefetch cache-eval)
+# bf16-frequent-grads: +1.1% on two H200s (the frequent rows' all-reduce in bf16)
+OPTIMISATIONS=(fused-sgd triton-sparse-sgd hybrid-embeddings bf16-frequent-grads fused-lookups
+               aligned-dense interaction-backward compile cuda-graph prefetch cache-eval)
 TRAIN_ARGS=(--precision "$PRECISION" --log-every 500
             # before the clock: compilation (training and evaluation) and, after the
             # graphs' 11 eager steps, a captured step

@@ -31,8 +31,9 @@ def dense_sgd_(params: list[torch.Tensor], grads: list[torch.Tensor], lr: torch.
 @torch.no_grad()
 def table_sgd_(master: torch.Tensor, copy: torch.Tensor | None, grad: torch.Tensor,
                lr: torch.Tensor) -> None:
-    """Dense update of a whole (frequent) table and its low-precision copy."""
-    master.add_(grad * -lr)
+    """Dense update of a whole (frequent) table and its low-precision copy; ``grad`` fp32 or
+    bf16 (``bf16-frequent-grads``), added in fp32 by one kernel."""
+    master.addcmul_(grad, -lr)
     if copy is not None:
         copy.copy_(master)
 
@@ -49,17 +50,18 @@ def bags_update(params: list[torch.Tensor], bags: list[torch.Tensor], lr: torch.
 
 
 def hybrid_update(params: list[torch.Tensor], emb, lr: torch.Tensor, distributed: bool,
-                  sparse=sparse_sgd_) -> None:
+                  sparse=sparse_sgd_, frequent_dtype: torch.dtype = torch.float32) -> None:
     """One step of the MLPs ``params`` and the ``HybridEmbedding`` ``emb``, its rare rows by
     ``sparse`` (``sparse_sgd_``'s contract). On several ranks the MLPs' gradients are summed
-    by one all-reduce while the frequent table's gradient is computed, and that one by a second
-    while the rare rows and then the MLPs update."""
+    by one all-reduce while the frequent table's gradient is computed, and that one, as
+    ``frequent_dtype``, by a second while the rare rows and then the MLPs update."""
     grads = [p.grad for p in params]
     if distributed:
         flat = torch.cat([g.flatten() for g in grads])
         mlp_work = dist.all_reduce_sum_async(flat)
     freq = emb.frequent_grad()
     if distributed:
+        freq = freq.to(frequent_dtype)
         freq_work = dist.all_reduce_sum_async(freq)
     rows, rare = emb.rare_grad()   # in flight while this rank's rare rows update
     sparse(emb.rare_weight, emb.rare_lp, rows, rare, lr)

@@ -151,7 +151,8 @@ def _fused_sgd(wl: DLRMWorkload, _) -> None:
         if lp is not None and wl.env.device.type == "cuda":
             wl.emb.keep_low_precision(lp)
         wl.update = partial(fused_sgd.hybrid_update, params, wl.emb, wl.lr, wl.env.distributed,
-                            sparse=sparse)
+                            sparse=sparse, frequent_dtype=getattr(wl.impl, "frequent_dtype",
+                                                                  torch.float32))
     else:
         bags = [bag.weight for bag in wl.emb.tables]
         wl.update = partial(fused_sgd.bags_update, params, bags, wl.lr, sparse=sparse)
@@ -199,6 +200,11 @@ class DLRMWorkload(Workload):
                      "(hybrid.py)", requires=("fused-sgd",), rtol=1e-6, default=20.0,
                      value_type=checked(float, non_negative),
                      select=lambda wl, t: setattr(wl.impl, "frequent_threshold", t)),
+        Optimisation("bf16-frequent-grads", "on several ranks the frequent rows' gradient "
+                     "summed over them in bf16, half the bytes of the step's largest all-reduce "
+                     "(fused_sgd.py; one rank has none)", requires=("hybrid-embeddings",),
+                     compare=None, tested_by="tests/benchmarks/dlrm/test_hybrid.py",
+                     select=lambda wl, _: setattr(wl.impl, "frequent_dtype", torch.bfloat16)),
         Optimisation("model-parallel-embeddings", "every row sharded over the ranks, exchanged "
                      "by all-to-all (hybrid.py, no frequent rows)", requires=("fused-sgd",),
                      excludes=("hybrid-embeddings",), rtol=1e-7,

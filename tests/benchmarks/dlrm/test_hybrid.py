@@ -9,6 +9,7 @@ import torch
 import torch.multiprocessing as mp
 
 from benchmarks.dlrm.data import split_bounds
+from benchmarks.dlrm.fused_sgd import hybrid_update
 from benchmarks.dlrm.hybrid import HybridEmbedding, Plan, compute_plan, frequent_rows
 from benchmarks.dlrm.model import PlainEmbeddings, table_chunks
 from common import dist
@@ -89,6 +90,47 @@ def test_two_gloo_ranks_match_plain_embedding_bag(threshold, fused):
     else:
         assert 0 < n_freq < total
     assert bounds == [0, 5, 10]
+
+
+def _update_worker(rank, world, port, frequent_dtype, out):
+    _rendezvous(rank, world, port)
+    dist.init_distributed("cpu")
+    ids, weight = _batch()
+    emb = HybridEmbedding(SIZES, DIM, frequent_rows(_stats(), SIZES, 2.0), rank, world, SEED,
+                          torch.device("cpu"))
+    bounds = split_bounds(BATCH, world)
+    lookups, _ = emb(emb.plan(ids, bounds))
+    (lookups * weight[bounds[rank]:bounds[rank + 1]]).sum().backward()
+    before, mine = emb.freq_weight.clone(), emb.frequent_grad()
+    dense = torch.zeros(3, requires_grad=True)
+    dense.grad = torch.full((3,), float(rank + 1))
+    hybrid_update([dense], emb, torch.tensor(0.5), True, frequent_dtype=frequent_dtype)
+    out[rank] = dict(before=before, mine=mine, after=emb.freq_weight.clone(),
+                     dense=dense.detach().clone())
+    dist.shutdown()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_frequent_gradient_is_summed_over_the_ranks_in_the_dtype_asked(dtype):
+    """``bf16-frequent-grads``: each rank's frequent gradient rounded to bf16 and summed (two
+    ranks: one more rounding), added to the fp32 rows; fp32 (the reference) sums exactly."""
+    world = 2
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_update_worker, args=(world, _free_port(), dtype, out), nprocs=world,
+                 join=True)
+        res = dict(out)
+    mine = [res[r]["mine"].to(dtype) for r in range(world)]
+    summed = (mine[0].float() + mine[1].float()).to(dtype).float()
+    assert summed.abs().sum() > 0
+    for r in range(world):
+        torch.testing.assert_close(res[r]["after"], res[r]["before"] - 0.5 * summed,
+                                   rtol=0, atol=1e-6)
+        torch.testing.assert_close(res[r]["dense"], torch.full((3,), -1.5))   # -0.5 * (1 + 2)
+    if dtype == torch.bfloat16:   # the rounding is there: rows move off the fp32 sum's
+        exact = res[0]["mine"] + res[1]["mine"]
+        assert not torch.equal(res[0]["after"], res[0]["before"] - 0.5 * exact)
+        torch.testing.assert_close(summed, exact, rtol=2 ** -7, atol=1e-6)
 
 
 def _direct_plan(ids, bounds, rank, world, offsets, fmap) -> Plan:
