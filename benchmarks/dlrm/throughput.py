@@ -116,7 +116,8 @@ def workload_args(variant: str, a):
 def table_bytes(args, world: int, lp_bytes: int) -> int:
     """Device bytes of one rank's embedding tables: plain, every row in fp32; hybrid (an upper
     bound), the frequent rows (at most the statistics' lookups / threshold) and this rank's
-    share of the rest, each in fp32 and its ``lp_bytes`` copy."""
+    share of the rest, each in fp32 and its ``lp_bytes`` copy (``bf16-tables``: the rest in
+    bf16 alone)."""
     total = sum(data.cap_sizes(data.CRITEO_TB_SIZES, args.max_ind_range))
     opts = args.optimisations
     threshold = (math.inf if "model-parallel-embeddings" in opts
@@ -125,7 +126,8 @@ def table_bytes(args, world: int, lp_bytes: int) -> int:
         return total * args.embedding_dim * 4
     lookups = args.stats_batches * args.batch_size * data.NUM_SPARSE
     frequent = total if threshold <= 0 else min(total, math.floor(lookups / threshold))
-    return (frequent + -(-total // world)) * args.embedding_dim * (4 + lp_bytes)
+    rare = -(-total // world) * (2 if "bf16-tables" in opts else 4 + lp_bytes)
+    return (frequent * (4 + lp_bytes) + rare) * args.embedding_dim
 
 
 def fits(variant: str, need: int, env: dist.DistEnv) -> bool:
