@@ -182,7 +182,7 @@ def one_rank_plan(emb: HybridEmbedding, ids: torch.Tensor) -> dict[str, torch.Te
     frequent = row >= 0
     code = torch.where(frequent, row, -1 - flat)
     return {"code": code, "rare_rows": torch.where(frequent, -1, flat),
-            **_chunks(code, emb.freq_weight.shape[0], runs=emb.plan_runs)}
+            **_chunks(code, emb.freq_weight.shape[0], runs=getattr(emb, "plan_runs", False))}
 
 
 def exchange_capacity(count: int) -> int:
@@ -226,7 +226,7 @@ def several_rank_plan(emb: HybridEmbedding, ids: torch.Tensor, bounds: list[int]
     serve_rows[(pair[served] % world) * cap + nth[served]] = flat[pos[served]] // world
     plan = {"code": code, "slot_pos": slot_pos, "serve_rows": serve_rows,
             **_chunks(code, emb.freq_weight.shape[0])}
-    if emb.plan_runs:   # the served rows' runs (bf16-tables), padding (-1) first
+    if getattr(emb, "plan_runs", False):   # the served rows' runs (bf16-tables), padding (-1) first
         plan |= _runs(*_sorted(serve_rows))
     return plan
 
