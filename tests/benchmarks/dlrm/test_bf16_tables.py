@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from benchmarks.dlrm import bf16_tables
+from benchmarks.dlrm import bf16_tables, throughput
 from benchmarks.dlrm.data import split_bounds
 from benchmarks.dlrm.hybrid import HybridEmbedding, frequent_rows
 from benchmarks.dlrm.workload import DLRMWorkload
@@ -177,9 +177,13 @@ def test_the_workload_trains_with_bf16_tables_as_with_fp32_masters():
     for opts in ("fused-sgd,hybrid-embeddings", "fused-sgd,hybrid-embeddings,bf16-tables"):
         wl = _workload(opts)
         dense, labels, idx = wl.synthetic_batch(64)
-        runs[opts] = [float(wl.train_step(dense, labels, idx)) for _ in range(4)], wl.emb
-    (plain, _), (ours, emb) = runs.values()
+        runs[opts] = [float(wl.train_step(dense, labels, idx)) for _ in range(4)], wl
+    (plain, _), (ours, wl) = runs.values()
+    emb = wl.emb
     assert emb.rare_weight.dtype == torch.bfloat16 and emb.rare_lp is None
+    built = sum(t.numel() * t.element_size()
+                for t in (emb.freq_weight, emb.freq_lp, emb.rare_weight))
+    assert 0 < built <= throughput.table_bytes(wl.args, world=1, lp_bytes=2)
     assert plain != ours
     torch.testing.assert_close(torch.tensor(ours), torch.tensor(plain), rtol=2e-3, atol=0)
     assert ours[-1] < ours[0]
