@@ -137,11 +137,13 @@ def _sorted(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
 def _chunks(code: torch.Tensor, frequent_rows: int, runs: bool = False
             ) -> dict[str, torch.Tensor]:
     """The chunks of ``code``'s frequent lookups, padded to :func:`chunk_capacity` (empty
-    chunks): ``freq_order`` (positions sorted by row, the rare ones last, by ``-1 - code``),
-    ``chunk_starts`` (each chunk's first index into it, then the frequent count) and
-    ``chunk_rows``; with ``runs`` (one rank, ``bf16-tables``) the rare rows' :func:`_runs`."""
+    chunks): ``freq_order`` (positions sorted by row, the rare ones last; with ``runs`` by
+    ``-1 - code``), ``chunk_starts`` (each chunk's first index into it, then the frequent
+    count) and ``chunk_rows``; with ``runs`` (one rank, ``bf16-tables``) the rare rows'
+    :func:`_runs`."""
     n = code.numel()
-    rows, order, new_row = _sorted(torch.where(code >= 0, code, frequent_rows - 1 - code))
+    rare_key = frequent_rows - 1 - code if runs else frequent_rows   # runs: by rare row
+    rows, order, new_row = _sorted(torch.where(code >= 0, code, rare_key))
     k = torch.arange(n, device=rows.device)
     run_start = run_starts(new_row)
     first = torch.nonzero((new_row | ((k - run_start) % CHUNK == 0))
@@ -226,7 +228,7 @@ def several_rank_plan(emb: HybridEmbedding, ids: torch.Tensor, bounds: list[int]
     serve_rows[(pair[served] % world) * cap + nth[served]] = flat[pos[served]] // world
     plan = {"code": code, "slot_pos": slot_pos, "serve_rows": serve_rows,
             **_chunks(code, emb.freq_weight.shape[0])}
-    if getattr(emb, "plan_runs", False):   # the served rows' runs (bf16-tables), padding (-1) first
+    if getattr(emb, "plan_runs", False):   # the served rows' runs (bf16-tables), padding first
         plan |= _runs(*_sorted(serve_rows))
     return plan
 
