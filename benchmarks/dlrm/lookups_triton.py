@@ -126,15 +126,25 @@ def run_starts(new_row: torch.Tensor) -> torch.Tensor:
     return torch.nonzero(new_row).squeeze(1)[torch.cumsum(new_row, 0) - 1]
 
 
-def _chunks(code: torch.Tensor, frequent_rows: int) -> dict[str, torch.Tensor]:
-    """The chunks of ``code``'s frequent lookups, padded to :func:`chunk_capacity` (empty
-    chunks): ``freq_order`` (positions sorted by row, the rare ones last), ``chunk_starts``
-    (each chunk's first index into it, then the frequent count) and ``chunk_rows``."""
-    n = code.numel()
-    rows, order = torch.sort(torch.where(code >= 0, code, frequent_rows), stable=True)
-    k = torch.arange(n, device=rows.device)
+def _sorted(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``keys`` sorted (stable), their positions, and where each value's run begins."""
+    rows, order = torch.sort(keys, stable=True)
     new_row = torch.ones_like(rows, dtype=torch.bool)
     new_row[1:] = rows[1:] != rows[:-1]
+    return rows, order, new_row
+
+
+def _chunks(code: torch.Tensor, frequent_rows: int, runs: bool = False
+            ) -> dict[str, torch.Tensor]:
+    """The chunks of ``code``'s frequent lookups, padded to :func:`chunk_capacity` (empty
+    chunks): ``freq_order`` (positions sorted by row, the rare ones last; with ``runs`` by
+    ``-1 - code``), ``chunk_starts`` (each chunk's first index into it, then the frequent
+    count) and ``chunk_rows``; with ``runs`` (one rank, ``bf16-tables``) the rare rows'
+    :func:`_runs`."""
+    n = code.numel()
+    rare_key = frequent_rows - 1 - code if runs else frequent_rows   # runs: by rare row
+    rows, order, new_row = _sorted(torch.where(code >= 0, code, rare_key))
+    k = torch.arange(n, device=rows.device)
     run_start = run_starts(new_row)
     first = torch.nonzero((new_row | ((k - run_start) % CHUNK == 0))
                           & (rows < frequent_rows)).squeeze(1)
@@ -143,7 +153,25 @@ def _chunks(code: torch.Tensor, frequent_rows: int) -> dict[str, torch.Tensor]:
     starts[:first.numel()] = first
     chunk_rows = rows.new_zeros(cap)
     chunk_rows[:first.numel()] = rows[first]
-    return {"freq_order": order, "chunk_starts": starts, "chunk_rows": chunk_rows}
+    out = {"freq_order": order, "chunk_starts": starts, "chunk_rows": chunk_rows}
+    if runs:   # a rare lookup's row, -1 - code, is its key less the frequent rows
+        out |= _runs(rows - frequent_rows, order, new_row)
+    return out
+
+
+def _runs(rows: torch.Tensor, order: torch.Tensor, new_row: torch.Tensor
+          ) -> dict[str, torch.Tensor]:
+    """The runs of equal rows >= 0 in sorted ``rows`` (negatives first; ``order``: their
+    positions, ``new_row``: where a value begins), padded to one a position (empty runs):
+    ``run_order``, ``run_starts`` (each run's first index into it, then the end) and
+    ``run_rows`` (``bf16_tables.run_sgd_``'s)."""
+    n = rows.numel()
+    first = torch.nonzero(new_row & (rows >= 0)).squeeze(1)
+    starts = torch.full((n + 1,), n, dtype=torch.int64, device=rows.device)
+    starts[:first.numel()] = first
+    run_rows = rows.new_zeros(n)
+    run_rows[:first.numel()] = rows[first]
+    return {"run_order": order, "run_starts": starts, "run_rows": run_rows}
 
 
 def one_rank_plan(emb: HybridEmbedding, ids: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -156,7 +184,7 @@ def one_rank_plan(emb: HybridEmbedding, ids: torch.Tensor) -> dict[str, torch.Te
     frequent = row >= 0
     code = torch.where(frequent, row, -1 - flat)
     return {"code": code, "rare_rows": torch.where(frequent, -1, flat),
-            **_chunks(code, emb.freq_weight.shape[0])}
+            **_chunks(code, emb.freq_weight.shape[0], runs=getattr(emb, "plan_runs", False))}
 
 
 def exchange_capacity(count: int) -> int:
@@ -198,8 +226,11 @@ def several_rank_plan(emb: HybridEmbedding, ids: torch.Tensor, bounds: list[int]
     served = pair // world == rank
     serve_rows = torch.full((world * cap,), -1, dtype=torch.int64, device=dev)
     serve_rows[(pair[served] % world) * cap + nth[served]] = flat[pos[served]] // world
-    return {"code": code, "slot_pos": slot_pos, "serve_rows": serve_rows,
+    plan = {"code": code, "slot_pos": slot_pos, "serve_rows": serve_rows,
             **_chunks(code, emb.freq_weight.shape[0])}
+    if getattr(emb, "plan_runs", False):   # the served rows' runs (bf16-tables), padding first
+        plan |= _runs(*_sorted(serve_rows))
+    return plan
 
 
 class _Lookup(torch.autograd.Function):
@@ -284,7 +315,7 @@ def _rare_grad(self):
 def apply(emb: HybridEmbedding) -> None:
     """Give ``emb`` the fused plan, lookups and gradients (see the module doc)."""
     emb._anchor = torch.empty(0, device=emb.freq_weight.device, requires_grad=True)
-    emb._out_grad = None
+    emb._out_grad, emb.plan_runs = None, False   # plan_runs: bf16-tables sets it
     for name, fn in (("plan", _plan), ("forward", _forward), ("frequent_grad", _frequent_grad),
                      ("rare_rows", _rare_rows), ("rare_grad", _rare_grad)):
         setattr(emb, name, types.MethodType(fn, emb))

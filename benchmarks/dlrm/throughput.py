@@ -61,14 +61,17 @@ def variants() -> dict[str, list[str]]:
             **plus_variants(registry, config, NOT_A_STEPS)}
 
 
-def embedding_bytes(ids: torch.Tensor, dim: int, offsets: torch.Tensor, lp_bytes: int) -> int:
+def embedding_bytes(ids: torch.Tensor, dim: int, offsets: torch.Tensor, lp_bytes: int,
+                    masters: bool = True) -> int:
     """The least bytes the embeddings move in a training step of global batch ``ids`` [B, T]:
     each lookup's row read and its output written, the output's gradient read (``lp_bytes``
     each element), and each distinct row's fp32 master read and written and its copy written
-    (the copy only with ``lp_bytes`` < 4)."""
+    (the copy only with ``lp_bytes`` < 4); without ``masters`` (``bf16-tables``) each distinct
+    row read and written in ``lp_bytes``."""
     lookups = ids.numel()
     rows = torch.unique(ids.to(offsets.device) + offsets).numel()
-    return dim * (3 * lookups * lp_bytes + rows * (8 + (lp_bytes if lp_bytes < 4 else 0)))
+    per_row = (8 + (lp_bytes if lp_bytes < 4 else 0)) if masters else 2 * lp_bytes
+    return dim * (3 * lookups * lp_bytes + rows * per_row)
 
 
 def _event_ms(fn) -> float:
@@ -116,7 +119,8 @@ def workload_args(variant: str, a):
 def table_bytes(args, world: int, lp_bytes: int) -> int:
     """Device bytes of one rank's embedding tables: plain, every row in fp32; hybrid (an upper
     bound), the frequent rows (at most the statistics' lookups / threshold) and this rank's
-    share of the rest, each in fp32 and its ``lp_bytes`` copy."""
+    share of the rest, each in fp32 and its ``lp_bytes`` copy (``bf16-tables``: the rest in
+    bf16 alone)."""
     total = sum(data.cap_sizes(data.CRITEO_TB_SIZES, args.max_ind_range))
     opts = args.optimisations
     threshold = (math.inf if "model-parallel-embeddings" in opts
@@ -125,7 +129,8 @@ def table_bytes(args, world: int, lp_bytes: int) -> int:
         return total * args.embedding_dim * 4
     lookups = args.stats_batches * args.batch_size * data.NUM_SPARSE
     frequent = total if threshold <= 0 else min(total, math.floor(lookups / threshold))
-    return (frequent + -(-total // world)) * args.embedding_dim * (4 + lp_bytes)
+    rare = -(-total // world) * (2 if "bf16-tables" in opts else 4 + lp_bytes)
+    return (frequent * (4 + lp_bytes) + rare) * args.embedding_dim
 
 
 def fits(variant: str, need: int, env: dist.DistEnv) -> bool:
@@ -196,7 +201,9 @@ def _run(p, a, variants: list[str], env: dist.DistEnv) -> int:
         rate = a.batch_size * m.iters / m.seconds
         moved = embedding_bytes(ids, args.embedding_dim,
                                 torch.tensor(table_offsets(wl.sizes), device=env.device),
-                                lp.itemsize if lp else 4) * m.iters / m.seconds / env.world_size
+                                lp.itemsize if lp else 4,
+                                masters="bf16-tables" not in args.optimisations
+                                ) * m.iters / m.seconds / env.world_size
         rows.append({"variant": v, "samples_per_second": rate, **mfu.row(rate),
                      "embedding_gb_per_second": moved / 1e9,
                      "copy_rate_gb_per_second": rate_limit / 1e9,

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from benchmarks.dlrm import (
     aligned,
+    bf16_tables,
     data,
     fused_sgd,
     interaction,
@@ -144,19 +145,41 @@ def _tensors(batch) -> list[torch.Tensor]:
                       x.values() if isinstance(x, dict) else [x])]
 
 
+def _hybrid_update(wl: DLRMWorkload, sparse):
+    return partial(fused_sgd.hybrid_update, list(wl.dense_arch.parameters()), wl.emb, wl.lr,
+                   wl.env.distributed, sparse=sparse,
+                   frequent_dtype=getattr(wl.impl, "frequent_dtype", torch.float32))
+
+
 def _fused_sgd(wl: DLRMWorkload, _) -> None:
     params, lp = list(wl.dense_arch.parameters()), wl.precision.autocast_dtype
     sparse = getattr(wl.impl, "sparse_sgd", fused_sgd.sparse_sgd_)   # triton-sparse-sgd's
     if isinstance(wl.emb, HybridEmbedding):
         if lp is not None and wl.env.device.type == "cuda":
             wl.emb.keep_low_precision(lp)
-        wl.update = partial(fused_sgd.hybrid_update, params, wl.emb, wl.lr, wl.env.distributed,
-                            sparse=sparse, frequent_dtype=getattr(wl.impl, "frequent_dtype",
-                                                                  torch.float32))
+        wl.update = _hybrid_update(wl, sparse)
     else:
         bags = [bag.weight for bag in wl.emb.tables]
         wl.update = partial(fused_sgd.bags_update, params, bags, wl.lr, sparse=sparse)
     wl.optimizer = None
+
+
+def _bf16_tables(wl: DLRMWorkload, _) -> None:
+    """The rare table in bf16 (its fp32 master dropped), updated by ``bf16_tables``: over the
+    plan's runs in Triton with ``fused-lookups``, else the reference."""
+    emb = wl.emb
+    if emb.freq_lp is None:   # lookups read bf16 from both tables
+        emb.keep_low_precision(torch.bfloat16)
+    emb.rare_weight, emb.rare_lp = emb.rare_lp, None
+    if hasattr(emb, "plan_runs"):   # fused-lookups'
+        emb.plan_runs = True
+        seed = torch.tensor(wl.args.seed + (wl.env.rank << 40), device=wl.env.device)
+        sparse = lambda table, _copy, _rows, grads, lr: bf16_tables.run_sgd_(  # noqa: E731
+            table, grads, emb._plan, lr, seed)
+    else:
+        sparse = partial(bf16_tables.sparse_sgd_sr_, generator=torch.Generator(
+            wl.env.device).manual_seed(wl.args.seed + (wl.env.rank << 40)))
+    wl.update = _hybrid_update(wl, sparse)
 
 
 def _compile(wl: DLRMWorkload, mode: str) -> None:
@@ -216,6 +239,13 @@ class DLRMWorkload(Workload):
                      requires=("triton-sparse-sgd", "hybrid-embeddings"), cuda=True,
                      compare=None, tested_by="tests/benchmarks/dlrm/test_lookups_triton.py",
                      apply=lambda wl, _: lookups_triton.apply(wl.emb)),
+        Optimisation("bf16-tables", "rare embedding rows kept in bf16 only, no fp32 masters "
+                     "(a third of the tables' memory): each step sums a row's gradients and "
+                     "rounds the row stochastically; with fused-lookups one Triton kernel over "
+                     "the index plan's runs (bf16_tables.py)",
+                     requires=("fused-sgd", "hybrid-embeddings"), precisions=("amp-bf16",),
+                     compare=None, tested_by="tests/benchmarks/dlrm/test_bf16_tables.py",
+                     apply=_bf16_tables),
         Optimisation("split-linear", "each MLP layer's weight gradients on a side CUDA stream "
                      "beside its data gradient (split_linear.py)", apply=_split_linear,
                      rtol=1e-7),

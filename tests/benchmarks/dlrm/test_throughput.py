@@ -59,6 +59,9 @@ def test_embedding_bytes_count_lookups_and_distinct_rows():
     # 6 lookups x 3 passes x 2 bytes + 3 distinct rows (0, 11, 12) x (8 + 2), of 4 elements
     assert throughput.embedding_bytes(ids, 4, torch.tensor([0, 10]), 2) == 4 * (36 + 30)
     assert throughput.embedding_bytes(ids, 4, torch.tensor([0, 10]), 4) == 4 * (72 + 24)
+    # bf16-tables: each distinct row read and written in bf16
+    assert throughput.embedding_bytes(ids, 4, torch.tensor([0, 10]), 2,
+                                      masters=False) == 4 * (36 + 12)
 
 
 def test_power_law_ids_stay_in_their_tables_and_are_skewed():
