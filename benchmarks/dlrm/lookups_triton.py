@@ -134,6 +134,18 @@ def _sorted(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return rows, order, new_row
 
 
+def _padded(first: torch.Tensor, rows: torch.Tensor, cap: int, end
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Runs beginning at sorted positions ``first`` (at most ``cap``), padded to ``cap`` with
+    empty ones: each one's first position, then ``end`` (an int or a 0-dim tensor) to the
+    last of ``cap + 1``; and each one's row of ``rows``, 0 for padding."""
+    starts = first.new_empty(cap + 1).fill_(end)
+    starts[:first.numel()] = first
+    padded_rows = rows.new_zeros(cap)
+    padded_rows[:first.numel()] = rows[first]
+    return starts, padded_rows
+
+
 def _chunks(code: torch.Tensor, frequent_rows: int, runs: bool = False
             ) -> dict[str, torch.Tensor]:
     """The chunks of ``code``'s frequent lookups, padded to :func:`chunk_capacity` (empty
@@ -148,11 +160,8 @@ def _chunks(code: torch.Tensor, frequent_rows: int, runs: bool = False
     run_start = run_starts(new_row)
     first = torch.nonzero((new_row | ((k - run_start) % CHUNK == 0))
                           & (rows < frequent_rows)).squeeze(1)
-    cap = chunk_capacity(frequent_rows, n)
-    starts = (rows < frequent_rows).sum().expand(cap + 1).clone()   # the frequent count
-    starts[:first.numel()] = first
-    chunk_rows = rows.new_zeros(cap)
-    chunk_rows[:first.numel()] = rows[first]
+    starts, chunk_rows = _padded(first, rows, chunk_capacity(frequent_rows, n),
+                                 end=(rows < frequent_rows).sum())   # the frequent count
     out = {"freq_order": order, "chunk_starts": starts, "chunk_rows": chunk_rows}
     if runs:   # a rare lookup's row, -1 - code, is its key less the frequent rows
         out |= _runs(rows - frequent_rows, order, new_row)
@@ -166,11 +175,7 @@ def _runs(rows: torch.Tensor, order: torch.Tensor, new_row: torch.Tensor
     ``run_order``, ``run_starts`` (each run's first index into it, then the end) and
     ``run_rows`` (``bf16_tables.run_sgd_``'s)."""
     n = rows.numel()
-    first = torch.nonzero(new_row & (rows >= 0)).squeeze(1)
-    starts = torch.full((n + 1,), n, dtype=torch.int64, device=rows.device)
-    starts[:first.numel()] = first
-    run_rows = rows.new_zeros(n)
-    run_rows[:first.numel()] = rows[first]
+    starts, run_rows = _padded(torch.nonzero(new_row & (rows >= 0)).squeeze(1), rows, n, end=n)
     return {"run_order": order, "run_starts": starts, "run_rows": run_rows}
 
 
