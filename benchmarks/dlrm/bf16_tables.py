@@ -61,22 +61,27 @@ def _kernel():
         r = tl.program_id(0) * RUNS + tl.arange(0, RUNS)
         start = tl.load(starts_ptr + r, mask=r < runs, other=0)
         length = tl.load(starts_ptr + r + 1, mask=r < runs, other=0) - start   # 0: padding
-        d = tl.arange(0, DIM)
-        total = tl.zeros([RUNS, DIM], dtype=tl.float32)
-        for j in range(0, tl.max(length)):   # the block's runs side by side, a lookup each
-            pos = tl.load(order_ptr + start + j, mask=j < length, other=0).to(tl.int64)
-            at = (pos // group) * group_stride + (pos % group) * dim   # vector_groups'
-            g = tl.load(grad_ptr + at[:, None] + d[None, :],
-                        mask=(j < length)[:, None] & (d < dim)[None, :], other=0.0)
-            total += g.to(tl.float32)
-        inside = (length > 0)[:, None] & (d < dim)[None, :]
-        row = tl.load(rows_ptr + r, mask=r < runs, other=0).to(tl.int64)
-        at = row[:, None] * dim + d[None, :]
-        w = tl.load(table_ptr + at, mask=inside, other=0.0).to(tl.float32)
-        new = w - tl.load(lr_ptr) * total
-        noise = tl.randint(tl.load(seed_ptr), r[:, None] * DIM + d[None, :]) & 0xFFFF
-        bits = ((new.to(tl.uint32, bitcast=True) + noise) >> 16) << 16
-        tl.store(table_ptr + at, bits.to(tl.float32, bitcast=True).to(tl.bfloat16), mask=inside)
+        if tl.max(length) > 0:   # padding's blocks (most of them: one run a lookup) stop here
+            d = tl.arange(0, DIM)
+            total = tl.zeros([RUNS, DIM], dtype=tl.float32)
+            for j in range(0, tl.max(length)):   # the block's runs side by side, a lookup each
+                pos = tl.load(order_ptr + start + j, mask=j < length, other=0).to(tl.int64)
+                at = (pos // group) * group_stride + (pos % group) * dim   # vector_groups'
+                g = tl.load(grad_ptr + at[:, None] + d[None, :],
+                            mask=(j < length)[:, None] & (d < dim)[None, :], other=0.0)
+                total += g.to(tl.float32)
+            inside = (length > 0)[:, None] & (d < dim)[None, :]
+            row = tl.load(rows_ptr + r, mask=r < runs, other=0).to(tl.int64)
+            at = row[:, None] * dim + d[None, :]
+            w = tl.load(table_ptr + at, mask=inside, other=0.0).to(tl.float32)
+            new = w - tl.load(lr_ptr) * total
+            # Philox gives four 32-bit words a call: 16 bits of each rounds one value
+            q = r[:, None] * (DIM // 4) + tl.arange(0, DIM // 4)[None, :]
+            b0, b1, b2, b3 = tl.randint4x(tl.load(seed_ptr), q)
+            noise = tl.reshape(tl.join(tl.join(b0, b1), tl.join(b2, b3)), [RUNS, DIM]) & 0xFFFF
+            bits = ((new.to(tl.uint32, bitcast=True) + noise) >> 16) << 16
+            tl.store(table_ptr + at, bits.to(tl.float32, bitcast=True).to(tl.bfloat16),
+                     mask=inside)
 
     return run_sgd_kernel
 
@@ -92,12 +97,12 @@ def run_sgd_(table: torch.Tensor, grads: torch.Tensor, plan: dict[str, torch.Ten
     from benchmarks.dlrm.sparse_triton import vector_groups
 
     runs, dim = plan["run_rows"].numel(), table.shape[1]
-    if runs * triton.next_power_of_2(dim) >= 2**31:
+    if runs * max(4, triton.next_power_of_2(dim)) >= 2**31:
         raise ValueError(f"{runs} runs of {dim} values exceed Philox's 32-bit offsets")
     if runs:
         grads = vector_groups(grads)
         _kernel()[(triton.cdiv(runs, RUNS),)](
             table, grads, plan["run_order"], plan["run_starts"], plan["run_rows"], lr, seed,
             runs, dim, grads.shape[1], grads.stride(0), RUNS=RUNS,
-            DIM=triton.next_power_of_2(dim))
+            DIM=max(4, triton.next_power_of_2(dim)))
     seed.add_(1)
