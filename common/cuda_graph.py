@@ -32,7 +32,6 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from common.errors import UserError
-from common.streams import priority
 
 # DDP needs 11 eager iterations before capture (see torch.cuda graph notes).
 DEFAULT_WARMUP_STEPS = 11
@@ -43,13 +42,11 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
     """The one side stream per GPU on which steps are warmed up and captured.
 
     DDP must be built on this same stream (``common.dist.data_parallel`` does
-    so): its gradient hooks then run on the stream the captured backward uses. It takes the
-    priority of the stream current at its first use (the run's work stream); a graph
-    replayed on the work stream runs at that stream's priority (CUDA's default).
+    so): its gradient hooks then run on the stream the captured backward uses.
     """
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _SIDE_STREAMS:
-        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index, priority=priority(index))
+        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
     return _SIDE_STREAMS[index]
 
 

@@ -8,32 +8,22 @@ import torch
 
 
 @contextlib.contextmanager
-def work_stream(device: torch.device, first: bool = False):
+def work_stream(device: torch.device):
     """Runs the block's CUDA work on a stream of its own instead of the legacy default stream
     (nothing changes off CUDA). The legacy default stream waits for, and is waited on by,
     every blocking stream a library creates; nvJPEG's hardware decoder creates such streams,
     so a training step on the default stream and a decode in another thread would take
-    turns on the GPU instead of overlapping. ``first``: the stream at the highest CUDA
-    priority, so the GPU schedules its kernels' blocks before those of streams at the
-    default priority (a loader's); the side streams made under it take the same
-    (:func:`priority`)."""
+    turns on the GPU instead of overlapping."""
     if device.type != "cuda":
         yield
         return
-    stream = torch.cuda.Stream(device, priority=torch.cuda.Stream.priority_range()[1]
-                               if first else 0)
+    stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     try:
         with torch.cuda.stream(stream):
             yield
     finally:
         torch.cuda.current_stream(device).wait_stream(stream)
-
-
-def priority(device: torch.device | int) -> int:
-    """The current stream's CUDA priority: side streams of the step take it, so they are not
-    scheduled behind a loader's work when the step goes first (``work_stream(first=True)``)."""
-    return torch.cuda.current_stream(device).priority
 
 
 class SideStreams:
@@ -50,8 +40,7 @@ class SideStreams:
     cover that: a replay allocates nothing)."""
 
     def __init__(self, device: torch.device, count: int):
-        self.streams = ([torch.cuda.Stream(device, priority=priority(device))
-                         for _ in range(count)]
+        self.streams = ([torch.cuda.Stream(device) for _ in range(count)]
                         if device.type == "cuda" else [])
         self._held = []
 

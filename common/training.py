@@ -525,7 +525,7 @@ def main(workload_cls: type[Workload], argv: list[str] | None = None) -> int:
                 raise UserError("--dry-run-profile profiles GPU kernels: drop it on the CPU")
         except (UserError, Stopped) as exc:
             return _ended_by(exc, rank, logged=False)
-        with work_stream(env.device, first=workload_cls.step_first):
+        with work_stream(env.device):
             return _run_logged(workload_cls, args, env)
 
 

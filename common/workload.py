@@ -192,10 +192,6 @@ class Workload(abc.ABC):
     # True where evaluations after the first reuse what the first kept (DLRM's cache-eval):
     # a dry run times a second evaluation, which the projection charges to the later ones
     keeps_eval_batches = False
-    # True where the run's own GPU work beside the step (DLRM's index plans, computed a step
-    # ahead on a loader's stream) should yield to the step: its streams then take the highest
-    # CUDA priority (common.streams.work_stream)
-    step_first = False
     # the ruleset's names of the initialised tensors, in order (set by build())
     tensor_names: Sequence[str] = ()
 

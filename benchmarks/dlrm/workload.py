@@ -272,10 +272,6 @@ class DLRMWorkload(Workload):
                          wl, "cache_eval", True),
                      tested_by="tests/benchmarks/dlrm/test_run_and_time.py"))
 
-    # prefetch's index plans (about 1 ms of kernels a batch) run beside the step: the step's
-    # kernels first (1xH100 dry runs, step p50 3.94 / 3.91 -> 3.87 / 3.89 ms; docs/performance.md)
-    step_first = True
-
     @property
     def keeps_eval_batches(self) -> bool:
         return self.cache_eval

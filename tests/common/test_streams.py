@@ -99,22 +99,3 @@ def test_a_decode_in_another_thread_overlaps_the_work():
         thread.join()
     torch.cuda.synchronize()
     assert seen == {"work running when the decode returned": True}
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_step_that_goes_first_runs_and_captures_at_the_highest_priority(monkeypatch):
-    """``work_stream(first=True)``: the work stream at CUDA's highest priority, and the side
-    streams made under it (the capture's, ``SideStreams``) at the same; without it, the
-    default priority."""
-    from common import cuda_graph
-
-    device = torch.device("cuda")
-    highest = torch.cuda.Stream.priority_range()[1]
-    assert highest < 0   # a GPU with stream priorities
-    for first, want in ((True, highest), (False, 0)):
-        monkeypatch.setattr(cuda_graph, "_SIDE_STREAMS", {})
-        with work_stream(device, first=first):
-            assert torch.cuda.current_stream(device).priority == want
-            assert cuda_graph.side_stream(device).priority == want
-            assert SideStreams(device, 1).streams[0].priority == want
