@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-CHUNK = 8    # gradient rows a loop iteration sums: a rare row has few lookups a batch
+RUNS = 16    # runs (rows) a program: most rare rows have one or two lookups a batch
 
 
 def stochastic_round(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -55,29 +55,33 @@ def _kernel():
     import triton
     import triton.language as tl
 
-    # launched with one warp, as lookups_triton's chunk sums (measured there: 3.4x four warps')
     @triton.jit
     def run_sgd_kernel(table_ptr, grad_ptr, order_ptr, starts_ptr, rows_ptr, lr_ptr, seed_ptr,
-                       dim, group, group_stride, CHUNK: tl.constexpr, DIM: tl.constexpr):
-        r = tl.program_id(0)
-        start, stop = tl.load(starts_ptr + r), tl.load(starts_ptr + r + 1)   # empty: padding
-        d = tl.arange(0, DIM)
-        total = tl.zeros([DIM], dtype=tl.float32)
-        for first in range(start, stop, CHUNK):
-            k = first + tl.arange(0, CHUNK)
-            pos = tl.load(order_ptr + k, mask=k < stop, other=0).to(tl.int64)
-            at = (pos // group) * group_stride + (pos % group) * dim   # vector_groups'
-            g = tl.load(grad_ptr + at[:, None] + d[None, :],
-                        mask=(k < stop)[:, None] & (d < dim)[None, :], other=0.0)
-            total += tl.sum(g.to(tl.float32), axis=0)
-        inside = (d < dim) & (d * 0 + start < stop)
-        row = tl.load(rows_ptr + r).to(tl.int64)
-        w = tl.load(table_ptr + row * dim + d, mask=inside, other=0.0).to(tl.float32)
-        new = w - tl.load(lr_ptr) * total
-        noise = tl.randint(tl.load(seed_ptr), r * DIM + d) & 0xFFFF
-        bits = ((new.to(tl.uint32, bitcast=True) + noise) >> 16) << 16
-        tl.store(table_ptr + row * dim + d,
-                 bits.to(tl.float32, bitcast=True).to(tl.bfloat16), mask=inside)
+                       runs, dim, group, group_stride, RUNS: tl.constexpr, DIM: tl.constexpr):
+        r = tl.program_id(0) * RUNS + tl.arange(0, RUNS)
+        start = tl.load(starts_ptr + r, mask=r < runs, other=0)
+        length = tl.load(starts_ptr + r + 1, mask=r < runs, other=0) - start   # 0: padding
+        if tl.max(length) > 0:   # padding's blocks (most of them: one run a lookup) stop here
+            d = tl.arange(0, DIM)
+            total = tl.zeros([RUNS, DIM], dtype=tl.float32)
+            for j in range(0, tl.max(length)):   # the block's runs side by side, a lookup each
+                pos = tl.load(order_ptr + start + j, mask=j < length, other=0).to(tl.int64)
+                at = (pos // group) * group_stride + (pos % group) * dim   # vector_groups'
+                g = tl.load(grad_ptr + at[:, None] + d[None, :],
+                            mask=(j < length)[:, None] & (d < dim)[None, :], other=0.0)
+                total += g.to(tl.float32)
+            inside = (length > 0)[:, None] & (d < dim)[None, :]
+            row = tl.load(rows_ptr + r, mask=r < runs, other=0).to(tl.int64)
+            at = row[:, None] * dim + d[None, :]
+            w = tl.load(table_ptr + at, mask=inside, other=0.0).to(tl.float32)
+            new = w - tl.load(lr_ptr) * total
+            # Philox gives four 32-bit words a call: 16 bits of each rounds one value
+            q = r[:, None] * (DIM // 4) + tl.arange(0, DIM // 4)[None, :]
+            b0, b1, b2, b3 = tl.randint4x(tl.load(seed_ptr), q)
+            noise = tl.reshape(tl.join(tl.join(b0, b1), tl.join(b2, b3)), [RUNS, DIM]) & 0xFFFF
+            bits = ((new.to(tl.uint32, bitcast=True) + noise) >> 16) << 16
+            tl.store(table_ptr + at, bits.to(tl.float32, bitcast=True).to(tl.bfloat16),
+                     mask=inside)
 
     return run_sgd_kernel
 
@@ -93,11 +97,12 @@ def run_sgd_(table: torch.Tensor, grads: torch.Tensor, plan: dict[str, torch.Ten
     from benchmarks.dlrm.sparse_triton import vector_groups
 
     runs, dim = plan["run_rows"].numel(), table.shape[1]
-    if runs * triton.next_power_of_2(dim) >= 2**31:
+    if runs * max(4, triton.next_power_of_2(dim)) >= 2**31:
         raise ValueError(f"{runs} runs of {dim} values exceed Philox's 32-bit offsets")
     if runs:
         grads = vector_groups(grads)
-        _kernel()[(runs,)](table, grads, plan["run_order"], plan["run_starts"],
-                           plan["run_rows"], lr, seed, dim, grads.shape[1], grads.stride(0),
-                           CHUNK=CHUNK, DIM=triton.next_power_of_2(dim), num_warps=1)
+        _kernel()[(triton.cdiv(runs, RUNS),)](
+            table, grads, plan["run_order"], plan["run_starts"], plan["run_rows"], lr, seed,
+            runs, dim, grads.shape[1], grads.stride(0), RUNS=RUNS,
+            DIM=max(4, triton.next_power_of_2(dim)))
     seed.add_(1)

@@ -10,7 +10,8 @@ Every variant is the workload's real ``train_step`` on one global batch of ``--b
 power-law category ids (``data.power_law_ids``) and its index plan, built once: no input
 pipeline (``prefetch``), no evaluation. ``plain``: no optimisation (one process only);
 ``config``: the 1xH100 config's optimisations; ``config-minus-<name>`` without one (and what
-requires it); ``config-plus-<name>`` with one more (in place of what it excludes). Under
+requires it); ``config-plus-<name>`` with one more (in place of what it excludes);
+``config-8xH200``: the 8xH200 config's. Under
 torchrun each rank trains its share of the global batch; rank 0 prints the global samples/s. A
 variant whose tables would not fit the free device memory is skipped with one line.
 ``plain-compiled``: ``plain`` with its forward under ``torch.compile``.
@@ -51,14 +52,19 @@ DEFAULT_VARIANTS = {False: "plain,config",   # by distributed: plain is one proc
                     True: "config-plus-model-parallel-embeddings,config"}
 
 
+def _step(system: str) -> list[str]:
+    """A config's optimisations that change the step."""
+    return [o for o in config_optimisations("dlrm", system)
+            if o.partition("=")[0] not in NOT_A_STEPS]
+
+
 def variants() -> dict[str, list[str]]:
     """variant -> ``--optimisations`` items."""
     registry = DLRMWorkload.optimisations
-    config = [o for o in config_optimisations("dlrm", "1xH100")
-              if o.partition("=")[0] not in NOT_A_STEPS]
+    config = _step("1xH100")
     ablation = ablation_variants(registry, config)
     return {"plain": ablation.pop("plain"), "plain-compiled": [], **ablation,
-            **plus_variants(registry, config, NOT_A_STEPS)}
+            "config-8xH200": _step("8xH200"), **plus_variants(registry, config, NOT_A_STEPS)}
 
 
 def embedding_bytes(ids: torch.Tensor, dim: int, offsets: torch.Tensor, lp_bytes: int,

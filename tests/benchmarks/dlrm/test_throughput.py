@@ -33,8 +33,11 @@ def test_variants_come_from_the_registry_and_the_config():
     v = throughput.VARIANTS
     assert v["plain"] == [] and v["plain-compiled"] == []
     assert v["config"] == ["fused-sgd", "triton-sparse-sgd", "hybrid-embeddings",
-                           "fused-lookups", "aligned-dense", "interaction-backward", "compile",
-                           "cuda-graph"]
+                           "fused-lookups", "bf16-tables", "aligned-dense",
+                           "interaction-backward", "compile", "cuda-graph"]
+    assert v["config-8xH200"] == ["fused-sgd", "triton-sparse-sgd", "hybrid-embeddings",
+                                  "bf16-frequent-grads", "fused-lookups", "aligned-dense",
+                                  "interaction-backward", "compile", "cuda-graph"]
     # what requires the dropped one goes with it
     assert v["config-minus-hybrid-embeddings"] == ["fused-sgd", "triton-sparse-sgd",
                                                    "aligned-dense", "interaction-backward",
@@ -42,13 +45,14 @@ def test_variants_come_from_the_registry_and_the_config():
     assert v["config-minus-fused-sgd"] == ["aligned-dense", "interaction-backward", "compile"]
     assert v["config-minus-cuda-graph"] == v["config"][:-1]
     assert v["config-minus-interaction-backward"] == [
-        "fused-sgd", "triton-sparse-sgd", "hybrid-embeddings", "fused-lookups", "aligned-dense",
-        "compile", "cuda-graph"]
+        "fused-sgd", "triton-sparse-sgd", "hybrid-embeddings", "fused-lookups", "bf16-tables",
+        "aligned-dense", "compile", "cuda-graph"]
+    assert v["config-minus-bf16-tables"] == [o for o in v["config"] if o != "bf16-tables"]
     assert v["config-plus-model-parallel-embeddings"] == [
         "fused-sgd", "triton-sparse-sgd", "aligned-dense", "interaction-backward", "compile",
         "model-parallel-embeddings"]
     assert v["config-plus-split-linear"] == ["fused-sgd", "triton-sparse-sgd",
-                                             "hybrid-embeddings", "fused-lookups",
+                                             "hybrid-embeddings", "fused-lookups", "bf16-tables",
                                              "interaction-backward", "compile", "cuda-graph",
                                              "split-linear"]   # not aligned-dense
     assert not any(n in v for n in ("config-minus-prefetch", "config-plus-cache-eval"))
@@ -106,7 +110,7 @@ def test_synthetic_workload_trains_on_cpu(variant):
 @pytest.mark.parametrize("variant", CPU_VARIANTS)
 def test_table_estimate_bounds_the_tables_built(variant):
     args = _tool_args(variant)
-    wl = DLRMWorkload(args, DistEnv(), Precision("fp32", "cpu"))
+    wl = DLRMWorkload(args, DistEnv(), Precision(args.precision, "cpu"))
     wl.setup()
     plain = not {"hybrid-embeddings", "model-parallel-embeddings"} & set(args.optimisations)
     tables = ([bag.weight for bag in wl.emb.tables] if plain
@@ -122,9 +126,11 @@ def _train_and_keep(rank, world, port, out):
     _rendezvous(rank, world, port)
     env = dist.init_distributed("cpu")
     torch.manual_seed(rank)   # as the driver seeds each rank: rank 1's MLPs differ until broadcast
-    throughput.VARIANTS["config-on-cpu"] = [   # the config less its CUDA-only optimisations
+    registry = DLRMWorkload.optimisations   # the config less what needs CUDA or amp-bf16
+    throughput.VARIANTS["config-on-cpu"] = [
         i for i in throughput.VARIANTS["config"]
-        if not DLRMWorkload.optimisations[i.partition("=")[0]].cuda]
+        if not registry[i.partition("=")[0]].cuda
+        and "fp32" in (registry[i.partition("=")[0]].precisions or ("fp32",))]
     args = throughput.workload_args("config-on-cpu", argparse.Namespace(
         precision="fp32", batch_size=64, max_ind_range=50))
     assert {"hybrid-embeddings", "aligned-dense"} <= set(args.optimisations)
