@@ -118,7 +118,8 @@ class HybridEmbedding(torch.nn.Module):
     """Frequent rows replicated, rare rows sharded by ``row % world``; see the module doc."""
 
     def __init__(self, sizes: list[int], dim: int, frequent: torch.Tensor, rank: int,
-                 world: int, seed: int, device, chunks=table_chunks):
+                 world: int, seed: int, device, chunks=table_chunks,
+                 rare_dtype: torch.dtype = torch.float32):
         super().__init__()
         self.sizes, self.dim, self.rank, self.world = list(sizes), dim, rank, world
         total = sum(sizes)
@@ -126,7 +127,10 @@ class HybridEmbedding(torch.nn.Module):
         self.freq_map = torch.full((total,), -1, dtype=torch.int32)
         self.freq_map[frequent] = torch.arange(frequent.numel(), dtype=torch.int32)
         self.freq_weight = torch.zeros(frequent.numel(), dim, device=device)
-        self.rare_weight = torch.zeros(-(-(total - rank) // world), dim, device=device)
+        # rare_dtype bf16 (bf16-tables): the rows rounded as they are written, so no fp32
+        # table of them is ever held
+        self.rare_weight = torch.zeros(-(-(total - rank) // world), dim, device=device,
+                                       dtype=rare_dtype)
         for t, n in enumerate(sizes):
             for start, rows in chunks(t, n, dim, seed, device):
                 g = torch.arange(start, start + rows.shape[0]) + self.offsets[t]
@@ -134,7 +138,8 @@ class HybridEmbedding(torch.nn.Module):
                 keep = f >= 0
                 self.freq_weight[f[keep].to(device)] = rows[keep.to(device)]
                 own = (g % world) == rank
-                self.rare_weight[(g[own] // world).to(device)] = rows[own.to(device)]
+                self.rare_weight[(g[own] // world).to(device)] = rows[own.to(device)].to(
+                    rare_dtype)
         # the index plans are computed where the tables are: about 1 ms a global batch of
         # 55,296 on a GPU, where one host thread takes tens of ms (gathers and sorts)
         self.offsets, self.freq_map = self.offsets.to(device), self.freq_map.to(device)
@@ -143,7 +148,8 @@ class HybridEmbedding(torch.nn.Module):
 
     def keep_low_precision(self, dtype: torch.dtype) -> None:
         """Lookups read a ``dtype`` copy of both tables from now on; the fp32 tables stay the
-        masters, and whoever updates them refreshes the copy (``fused_sgd``)."""
+        masters, and whoever updates them refreshes the copy (``fused_sgd``). A table built in
+        ``dtype`` (``rare_dtype``) is its own copy."""
         self.freq_lp, self.rare_lp = self.freq_weight.to(dtype), self.rare_weight.to(dtype)
 
     def plan(self, sparse: torch.Tensor, bounds: list[int]) -> Plan:

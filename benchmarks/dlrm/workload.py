@@ -165,7 +165,7 @@ def _fused_sgd(wl: DLRMWorkload, _) -> None:
 
 
 def _bf16_tables(wl: DLRMWorkload, _) -> None:
-    """The rare table in bf16 (its fp32 master dropped), updated by ``bf16_tables``: over the
+    """The rare table in bf16 (built so: no fp32 master), updated by ``bf16_tables``: over the
     plan's runs in Triton with ``fused-lookups``, else the reference."""
     emb = wl.emb
     if emb.freq_lp is None:   # lookups read bf16 from both tables
@@ -245,6 +245,7 @@ class DLRMWorkload(Workload):
                      "the index plan's runs (bf16_tables.py)",
                      requires=("fused-sgd", "hybrid-embeddings"), precisions=("amp-bf16",),
                      compare=None, tested_by="tests/benchmarks/dlrm/test_bf16_tables.py",
+                     select=lambda wl, _: setattr(wl.impl, "rare_dtype", torch.bfloat16),
                      apply=_bf16_tables),
         Optimisation("split-linear", "each MLP layer's weight gradients on a side CUDA stream "
                      "beside its data gradient (split_linear.py)", apply=_split_linear,
@@ -326,7 +327,8 @@ class DLRMWorkload(Workload):
                      else self.train_log.read(0, min(self.train_log.num_records, n)).sparse)
             frequent = frequent_rows(stats, self.sizes, threshold)
             self.emb = HybridEmbedding(self.sizes, hp.embedding_dim, frequent, env.rank,
-                                       env.world_size, a.seed, dev)
+                                       env.world_size, a.seed, dev, rare_dtype=getattr(
+                                           self.impl, "rare_dtype", torch.float32))
             say(f"dlrm: {frequent.numel()} of {sum(self.sizes)} embedding rows frequent "
                 f"(replicated), the rest sharded over {env.world_size} rank(s)", env.is_main)
         self.optimizer = torch.optim.SGD(list(self.dense_arch.parameters())

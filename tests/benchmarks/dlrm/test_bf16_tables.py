@@ -187,3 +187,18 @@ def test_the_workload_trains_with_bf16_tables_as_with_fp32_masters():
     assert plain != ours
     torch.testing.assert_close(torch.tensor(ours), torch.tensor(plain), rtol=2e-3, atol=0)
     assert ours[-1] < ours[0]
+
+
+def test_the_rare_table_is_built_in_bf16_as_the_fp32_one_rounded():
+    """``bf16-tables`` builds the rare table in bf16 (no fp32 table of it is ever held: the
+    reference's 40M-row tables would take 96 GB): the same rows as fp32's, rounded."""
+    fp32, ours = _workload("fused-sgd,hybrid-embeddings"), _workload(
+        "fused-sgd,hybrid-embeddings,bf16-tables")
+    assert fp32.emb.rare_weight.dtype == torch.float32
+    assert torch.equal(ours.emb.rare_weight, fp32.emb.rare_weight.to(torch.bfloat16))
+    assert torch.equal(ours.emb.freq_weight, fp32.emb.freq_weight)
+    sizes, g = [30, 7, 50, 3], torch.Generator().manual_seed(3)
+    stats = torch.stack([torch.randint(0, n, (60,), generator=g) for n in sizes], 1)
+    built = HybridEmbedding(sizes, 8, frequent_rows(stats, sizes, 3.0), 0, 1, 5, "cpu",
+                            rare_dtype=torch.bfloat16)
+    assert built.rare_weight.dtype == torch.bfloat16
