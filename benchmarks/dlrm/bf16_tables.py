@@ -97,12 +97,12 @@ def run_sgd_(table: torch.Tensor, grads: torch.Tensor, plan: dict[str, torch.Ten
     from benchmarks.dlrm.sparse_triton import vector_groups
 
     runs, dim = plan["run_rows"].numel(), table.shape[1]
-    if runs * max(4, triton.next_power_of_2(dim)) >= 2**31:
+    DIM = max(4, triton.next_power_of_2(dim))   # randint4x: four values a call
+    if runs * DIM >= 2**31:
         raise ValueError(f"{runs} runs of {dim} values exceed Philox's 32-bit offsets")
     if runs:
         grads = vector_groups(grads)
         _kernel()[(triton.cdiv(runs, RUNS),)](
             table, grads, plan["run_order"], plan["run_starts"], plan["run_rows"], lr, seed,
-            runs, dim, grads.shape[1], grads.stride(0), RUNS=RUNS,
-            DIM=max(4, triton.next_power_of_2(dim)))
+            runs, dim, grads.shape[1], grads.stride(0), RUNS=RUNS, DIM=DIM)
     seed.add_(1)

@@ -167,18 +167,18 @@ def _fused_sgd(wl: DLRMWorkload, _) -> None:
 def _bf16_tables(wl: DLRMWorkload, _) -> None:
     """The rare table in bf16 (built so: no fp32 master), updated by ``bf16_tables``: over the
     plan's runs in Triton with ``fused-lookups``, else the reference."""
-    emb = wl.emb
+    emb, seed = wl.emb, wl.args.seed + (wl.env.rank << 40)
     if emb.freq_lp is None:   # lookups read bf16 from both tables
         emb.keep_low_precision(torch.bfloat16)
-    emb.rare_weight, emb.rare_lp = emb.rare_lp, None
+    emb.rare_lp = None   # the rare table, built in bf16 (rare_dtype), is what lookups read
     if hasattr(emb, "plan_runs"):   # fused-lookups'
         emb.plan_runs = True
-        seed = torch.tensor(wl.args.seed + (wl.env.rank << 40), device=wl.env.device)
+        seed = torch.tensor(seed, device=wl.env.device)
         sparse = lambda table, _copy, _rows, grads, lr: bf16_tables.run_sgd_(  # noqa: E731
             table, grads, emb._plan, lr, seed)
     else:
-        sparse = partial(bf16_tables.sparse_sgd_sr_, generator=torch.Generator(
-            wl.env.device).manual_seed(wl.args.seed + (wl.env.rank << 40)))
+        sparse = partial(bf16_tables.sparse_sgd_sr_,
+                         generator=torch.Generator(wl.env.device).manual_seed(seed))
     wl.update = _hybrid_update(wl, sparse)
 
 

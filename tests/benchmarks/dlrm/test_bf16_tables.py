@@ -99,12 +99,13 @@ def test_updates_below_half_a_bf16_step_still_move_the_rows_on_average():
     assert abs(float(t.float().mean()) - (1 - 1000 * 1e-3)) < 0.1
 
 
-def _hybrid(world=1, rank=0):
+def _hybrid(world=1, rank=0, rare_dtype=torch.float32):
     from benchmarks.dlrm import lookups_triton
 
     sizes, g = [30, 7, 50, 3], torch.Generator().manual_seed(3)
     stats = torch.stack([torch.randint(0, n, (60,), generator=g) ** 2 % n for n in sizes], 1)
-    emb = HybridEmbedding(sizes, 8, frequent_rows(stats, sizes, 3.0), rank, world, 5, DEVICE)
+    emb = HybridEmbedding(sizes, 8, frequent_rows(stats, sizes, 3.0), rank, world, 5, DEVICE,
+                          rare_dtype=rare_dtype)
     lookups_triton.apply(emb)
     emb.plan_runs = True
     ids = torch.stack([torch.randint(0, n, (24,), generator=g) for n in sizes], 1)
@@ -197,8 +198,6 @@ def test_the_rare_table_is_built_in_bf16_as_the_fp32_one_rounded():
     assert fp32.emb.rare_weight.dtype == torch.float32
     assert torch.equal(ours.emb.rare_weight, fp32.emb.rare_weight.to(torch.bfloat16))
     assert torch.equal(ours.emb.freq_weight, fp32.emb.freq_weight)
-    sizes, g = [30, 7, 50, 3], torch.Generator().manual_seed(3)
-    stats = torch.stack([torch.randint(0, n, (60,), generator=g) for n in sizes], 1)
-    built = HybridEmbedding(sizes, 8, frequent_rows(stats, sizes, 3.0), 0, 1, 5, "cpu",
-                            rare_dtype=torch.bfloat16)
-    assert built.rare_weight.dtype == torch.bfloat16
+    built = _hybrid(rare_dtype=torch.bfloat16)[0].rare_weight
+    assert built.dtype == torch.bfloat16
+    assert torch.equal(built, _hybrid()[0].rare_weight.to(torch.bfloat16))
