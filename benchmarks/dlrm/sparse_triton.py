@@ -20,7 +20,7 @@ import functools
 import torch
 
 LOOKUPS = 16   # gradient rows a program
-BLOCK = 1024   # a whole table's values a program (table_sgd_)
+BLOCK = 1024   # table values a program (table_sgd_)
 
 
 @functools.cache
