@@ -218,6 +218,17 @@ def all_reduce_sum_async(t: torch.Tensor):
     return None
 
 
+def all_reduce_sum_coalesced_async(tensors: list[torch.Tensor]):
+    """:func:`all_reduce_sum_async` of every tensor of ``tensors`` as one coalesced collective
+    (one NCCL group), with no concatenated copy of them to sum and split."""
+    if not dist.is_initialized():
+        return None
+    with dist.distributed_c10d._coalescing_manager(async_ops=True) as work:
+        for t in tensors:
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return work
+
+
 def gather_rows(t: torch.Tensor) -> torch.Tensor | None:
     """Every rank's ``t`` concatenated along dim 0 in rank order on rank 0, None elsewhere.
 

@@ -50,15 +50,16 @@ def bags_update(params: list[torch.Tensor], bags: list[torch.Tensor], lr: torch.
 
 
 def hybrid_update(params: list[torch.Tensor], emb, lr: torch.Tensor, distributed: bool,
-                  sparse=sparse_sgd_, frequent_dtype: torch.dtype = torch.float32) -> None:
+                  sparse=sparse_sgd_, frequent_dtype: torch.dtype = torch.float32,
+                  table=table_sgd_) -> None:
     """One step of the MLPs ``params`` and the ``HybridEmbedding`` ``emb``, its rare rows by
-    ``sparse`` (``sparse_sgd_``'s contract). On several ranks the MLPs' gradients are summed
-    by one all-reduce while the frequent table's gradient is computed, and that one, as
-    ``frequent_dtype``, by a second while the rare rows and then the MLPs update."""
+    ``sparse`` (``sparse_sgd_``'s contract), its frequent table by ``table`` (``table_sgd_``'s).
+    On several ranks the MLPs' gradients are summed by one coalesced all-reduce while the frequent
+    table's gradient is computed, and that one, as ``frequent_dtype``, by a second while the
+    rare rows and then the MLPs update."""
     grads = [p.grad for p in params]
     if distributed:
-        flat = torch.cat([g.flatten() for g in grads])
-        mlp_work = dist.all_reduce_sum_async(flat)
+        mlp_work = dist.all_reduce_sum_coalesced_async(grads)
     freq = emb.frequent_grad()
     if distributed:
         freq = freq.to(frequent_dtype)
@@ -67,11 +68,9 @@ def hybrid_update(params: list[torch.Tensor], emb, lr: torch.Tensor, distributed
     sparse(emb.rare_weight, emb.rare_lp, rows, rare, lr)
     if distributed:
         mlp_work.wait()
-        grads = [g.view_as(p) for g, p in zip(torch.split(flat, [p.numel() for p in params]),
-                                               params)]
     dense_sgd_(params, grads, lr)
     if distributed:
         freq_work.wait()
-    table_sgd_(emb.freq_weight, emb.freq_lp, freq, lr)
+    table(emb.freq_weight, emb.freq_lp, freq, lr)
     for p in params:
         p.grad = None

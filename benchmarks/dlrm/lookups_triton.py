@@ -127,8 +127,11 @@ def run_starts(new_row: torch.Tensor) -> torch.Tensor:
 
 
 def _sorted(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``keys`` sorted (stable), their positions, and where each value's run begins."""
-    rows, order = torch.sort(keys, stable=True)
+    """``keys`` (table rows: below 2^31, as ``apply`` checks) sorted (stable) as int32, their
+    positions, and where each value's run begins. A 32-bit radix sort makes half the passes
+    of a 64-bit one: a one-rank plan's kernels at 55,296 took 0.33 ms on an H200, 0.43 ms with
+    int64 keys (the sort 0.16 ms of them)."""
+    rows, order = torch.sort(keys.int(), stable=True)
     new_row = torch.ones_like(rows, dtype=torch.bool)
     new_row[1:] = rows[1:] != rows[:-1]
     return rows, order, new_row
@@ -319,6 +322,8 @@ def _rare_grad(self):
 
 def apply(emb: HybridEmbedding) -> None:
     """Give ``emb`` the fused plan, lookups and gradients (see the module doc)."""
+    if emb.freq_weight.shape[0] + sum(emb.sizes) >= 2**31:
+        raise ValueError("fused-lookups sorts table rows as int32: tables of 2^31 rows or more")
     emb._anchor = torch.empty(0, device=emb.freq_weight.device, requires_grad=True)
     emb._out_grad, emb.plan_runs = None, False   # plan_runs: bf16-tables sets it
     for name, fn in (("plan", _plan), ("forward", _forward), ("frequent_grad", _frequent_grad),

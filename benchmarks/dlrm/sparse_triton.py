@@ -9,7 +9,8 @@ reads each gradient row in its own dtype and adds ``-lr * grad`` into its master
 atomic adds (as ``index_add_`` does on CUDA: repeated rows accumulate, in no fixed order); the
 second writes each looked-up row's copy from the updated master: about 2.2 GB. The arithmetic
 of each addition is the reference's, so the result equals it up to the order in which a
-repeated row's additions land (a GPU test).
+repeated row's additions land (a GPU test). A third kernel updates the frequent table and its
+copy in one pass (``table_sgd_``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import functools
 import torch
 
 LOOKUPS = 16   # gradient rows a program
+BLOCK = 1024   # table values a program (table_sgd_)
 
 
 @functools.cache
@@ -50,7 +52,18 @@ def _kernels():
         tl.store(copy_ptr + at, w.to(copy_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
                  mask=inside)
 
-    return add_kernel, copy_kernel
+    @triton.jit
+    def table_kernel(master_ptr, copy_ptr, grad_ptr, lr_ptr, n, BLOCK: tl.constexpr,
+                     COPY: tl.constexpr):
+        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        w = tl.load(master_ptr + i, mask=i < n)
+        w += tl.load(grad_ptr + i, mask=i < n).to(tl.float32) * -tl.load(lr_ptr)
+        tl.store(master_ptr + i, w, mask=i < n)
+        if COPY:
+            tl.store(copy_ptr + i, w.to(copy_ptr.dtype.element_ty, fp_downcast_rounding="rtne"),
+                     mask=i < n)
+
+    return add_kernel, copy_kernel, table_kernel
 
 
 def vector_groups(grads: torch.Tensor) -> torch.Tensor:
@@ -78,10 +91,24 @@ def sparse_sgd_(master: torch.Tensor, copy: torch.Tensor | None, rows: torch.Ten
     n, dim = rows.numel(), grads.shape[-1]
     if not n:
         return
-    add, refresh = _kernels()
+    add, refresh, _ = _kernels()
     grid = (triton.cdiv(n, LOOKUPS),)
     rows, grads = rows.contiguous(), vector_groups(grads)
     block = dict(LOOKUPS=LOOKUPS, DIM=triton.next_power_of_2(dim))
     add[grid](master, rows, grads, lr, n, dim, grads.shape[1], grads.stride(0), **block)
     if copy is not None:
         refresh[grid](master, copy, rows, n, dim, **block)
+
+
+@torch.no_grad()
+def table_sgd_(master: torch.Tensor, copy: torch.Tensor | None, grad: torch.Tensor,
+               lr: torch.Tensor) -> None:
+    """``fused_sgd.table_sgd_`` (the frequent table's dense update and its low-precision copy)
+    in one pass: the reference reads the updated master again to write the copy."""
+    import triton
+
+    if not all(t is None or t.is_contiguous() for t in (master, copy, grad)):
+        raise ValueError("table_sgd_ needs contiguous tables and gradient")
+    if n := master.numel():
+        _kernels()[2][(triton.cdiv(n, BLOCK),)](master, master if copy is None else copy, grad,
+                                                lr, n, BLOCK=BLOCK, COPY=copy is not None)

@@ -148,7 +148,8 @@ def _tensors(batch) -> list[torch.Tensor]:
 def _hybrid_update(wl: DLRMWorkload, sparse):
     return partial(fused_sgd.hybrid_update, list(wl.dense_arch.parameters()), wl.emb, wl.lr,
                    wl.env.distributed, sparse=sparse,
-                   frequent_dtype=getattr(wl.impl, "frequent_dtype", torch.float32))
+                   frequent_dtype=getattr(wl.impl, "frequent_dtype", torch.float32),
+                   table=getattr(wl.impl, "table_sgd", fused_sgd.table_sgd_))
 
 
 def _fused_sgd(wl: DLRMWorkload, _) -> None:
@@ -162,6 +163,10 @@ def _fused_sgd(wl: DLRMWorkload, _) -> None:
         bags = [bag.weight for bag in wl.emb.tables]
         wl.update = partial(fused_sgd.bags_update, params, bags, wl.lr, sparse=sparse)
     wl.optimizer = None
+
+
+def _triton_sparse_sgd(wl: DLRMWorkload, _) -> None:
+    wl.impl.sparse_sgd, wl.impl.table_sgd = sparse_triton.sparse_sgd_, sparse_triton.table_sgd_
 
 
 def _bf16_tables(wl: DLRMWorkload, _) -> None:
@@ -213,11 +218,11 @@ class DLRMWorkload(Workload):
                      rtol=1e-7),
         Optimisation("triton-sparse-sgd", "fused-sgd's embedding-row update as two Triton "
                      "kernels: atomic adds of -lr * grad into the fp32 rows, then the rows' "
-                     "low-precision copy (sparse_triton.py)", requires=("fused-sgd",),
+                     "low-precision copy; a hybrid frequent table and its copy in one pass "
+                     "(sparse_triton.py)", requires=("fused-sgd",),
                      cuda=True, compare=None,
                      tested_by="tests/benchmarks/dlrm/test_sparse_triton.py",
-                     select=lambda wl, _: setattr(wl.impl, "sparse_sgd",
-                                                  sparse_triton.sparse_sgd_)),
+                     select=_triton_sparse_sgd),
         Optimisation("hybrid-embeddings", "=T: rows seen T times in --stats-batches batches "
                      "replicated, the rest sharded over the ranks and exchanged by all-to-all "
                      "(hybrid.py)", requires=("fused-sgd",), rtol=1e-6, default=20.0,

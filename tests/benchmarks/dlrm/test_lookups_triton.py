@@ -227,3 +227,13 @@ def test_the_exchange_gathers_vectors_of_a_table_and_of_a_gradient_slice(dim):
     pos = torch.tensor([0, 29, 7, 7, 12], device=DEVICE)
     assert torch.equal(gather_vectors(grad, pos), grad.reshape(-1, dim)[pos])
     assert gather_vectors(table, rows[:0]).shape == (0, dim)
+
+
+def test_tables_beyond_int32_rows_are_refused():
+    import types
+
+    from benchmarks.dlrm import lookups_triton
+
+    emb = types.SimpleNamespace(freq_weight=torch.empty(5, DIM), sizes=[2**31 - 5])
+    with pytest.raises(ValueError, match="2\\^31"):
+        lookups_triton.apply(emb)

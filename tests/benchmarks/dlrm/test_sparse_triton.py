@@ -93,3 +93,25 @@ def test_gradients_in_groups_are_read_in_place():
     sparse_sgd_(want, want_copy, rows, grads.reshape(-1, 128), lr)
     triton_sgd_(got, got_copy, rows, grads, lr)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("grad_dtype, copy_dtype", [(torch.bfloat16, torch.bfloat16),
+                                                    (torch.float32, None)], ids=["bf16", "fp32"])
+def test_the_table_update_equals_the_reference(grad_dtype, copy_dtype):
+    from benchmarks.dlrm.fused_sgd import table_sgd_
+    from benchmarks.dlrm.sparse_triton import table_sgd_ as triton_table_sgd_
+
+    g = torch.Generator().manual_seed(2)
+    grad = torch.randn(300, 13, generator=g).to(DEVICE, grad_dtype)   # not a block's multiple
+    lr = torch.tensor(0.3, device=DEVICE)
+    want, want_copy = _tables(300, 13, copy_dtype)
+    got, got_copy = _tables(300, 13, copy_dtype)
+    for _ in range(3):
+        table_sgd_(want, want_copy, grad, lr)
+        triton_table_sgd_(got, got_copy, grad, lr)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)   # the same sums, maybe fused
+    if copy_dtype is not None:   # the interpreter truncates to bf16; a GPU rounds to nearest
+        ulp = dict(rtol=2 ** -7, atol=0) if INTERPRETED else dict(rtol=0, atol=0)
+        torch.testing.assert_close(got_copy, got.to(copy_dtype), **ulp)
+    with pytest.raises(ValueError, match="contiguous"):
+        triton_table_sgd_(got.t(), None, grad.t(), lr)
