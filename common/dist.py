@@ -223,6 +223,7 @@ def all_reduce_sum_coalesced_async(tensors: list[torch.Tensor]):
     (one NCCL group), with no concatenated copy of them to sum and split."""
     if not dist.is_initialized():
         return None
+    # torch.distributed's coalescing manager is private (FSDP's way to group collectives)
     with dist.distributed_c10d._coalescing_manager(async_ops=True) as work:
         for t in tensors:
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
