@@ -56,10 +56,12 @@ def test_variants_are_the_registry_s():
     assert throughput.OURS["config-plus-sdpa"] == [   # unpad excludes it
         "fused-qkv", "fused-gelu", "fused-layernorm", "flat-params", "sharded-optimizer",
         "fused-lamb", "bf16-weights", "cuda-graph", "sdpa"]
+    assert throughput.OURS["config-plus-triton-layernorm"] == [   # in fused-layernorm's place
+        *(c for c in config if c != "fused-layernorm"), "triton-layernorm"]
     assert set(throughput.VARIANTS) == {
         "plain", "config", "hf-sdpa", "hf-sdpa-compiled",
         *(f"config-minus-{n}" for n in config),
-        *(f"config-plus-{n}" for n in ("sdpa", "compile"))}
+        *(f"config-plus-{n}" for n in ("sdpa", "compile", "triton-layernorm"))}
 
 
 # the config's step without its CUDA-only optimisations: what runs on the CPU
