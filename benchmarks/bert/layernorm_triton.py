@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from benchmarks.bert.model import DenseLayerNorm, swap_class
 from common.optimisations import Optimisation
 
-ROWS = 64   # rows a backward program sums its columns over
+ROWS = 16   # rows a backward program sums its columns over
+WARPS = 2, 4   # the forward's and the backward's
 
 
 def _kernels():
@@ -48,7 +49,7 @@ class DropoutAddLayerNorm(torch.autograd.Function):
         if rows:
             forward_kernel[(rows,)](x2, bias, res2, weight, ln_bias, y, mask, mean, rstd, seed,
                                     threshold, scale, eps, H=h, Q=next_pow2(h // 4),
-                                    DROPOUT=p > 0, num_warps=4)
+                                    DROPOUT=p > 0, num_warps=WARPS[0])
         ctx.save_for_backward(x2, bias, res2, weight, mask, mean, rstd)
         ctx.p, ctx.scale, ctx.shapes = p, scale, (x.shape, residual.dtype)
         return y.view(x.shape[:-1] + (h,))
@@ -68,7 +69,7 @@ class DropoutAddLayerNorm(torch.autograd.Function):
             backward_kernel[(programs,)](dy2, x2, bias, res2, weight, mask, mean, rstd, dres,
                                          dx, partial, rows, ctx.scale, H=h,
                                          Q=next_pow2(h // 4), ROWS=ROWS, DROPOUT=ctx.p > 0,
-                                         num_warps=4)
+                                         num_warps=WARPS[1])
         dbias, dweight, dln_bias = partial.sum(0).to(weight.dtype)
         return (dx.view(shape), dbias.to(bias.dtype), dres.view(shape), dweight, dln_bias,
                 None, None)
