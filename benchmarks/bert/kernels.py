@@ -6,8 +6,8 @@ import triton
 import triton.language as tl
 
 next_power_of_2 = triton.next_power_of_2
-SQRT1_2 = 0.7071067811865476
-INV_SQRT_2PI = 0.3989422804014327
+SQRT1_2 = tl.constexpr(0.7071067811865476)
+INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 
 
 @triton.jit
