@@ -1,0 +1,197 @@
+"""BERT's Triton kernels (``triton-layernorm``): imported on first use, so that the CPU tests
+need no Triton."""
+
+import torch
+import triton
+import triton.language as tl
+
+next_power_of_2 = triton.next_power_of_2
+
+
+@triton.jit
+def column_sum_kernel(partial_ptr, out_ptr, p, n, BP: tl.constexpr, BN: tl.constexpr):
+    """``out[c] = sum over rows of partial[:, c]`` for a BN-wide strip of columns."""
+    c = tl.program_id(0) * BN + tl.arange(0, BN)
+    total = tl.zeros([BN], tl.float32)
+    for r0 in range(0, p, BP):
+        r = r0 + tl.arange(0, BP)
+        ok = (r[:, None] < p) & (c[None, :] < n)
+        total += tl.sum(tl.load(partial_ptr + r[:, None].to(tl.int64) * n + c[None, :],
+                                mask=ok, other=0.0), 0)
+    tl.store(out_ptr + c, total, mask=c < n)
+
+
+def column_sums(partial: torch.Tensor) -> torch.Tensor:
+    """The column sums (fp32) of the programs' partial sums ``partial`` [programs, n] (fp32), a
+    program a strip of 32 columns."""
+    p, n = partial.shape
+    out = torch.empty(n, dtype=torch.float32, device=partial.device)
+    column_sum_kernel[(triton.cdiv(n, 32),)](partial, out, p, n, BP=64, BN=32, num_warps=4)
+    return out
+
+
+@triton.jit
+def _sum_in(x_ptr, bias_ptr, res_ptr, keep, at, cols, ok, scale, DROPOUT: tl.constexpr):
+    """A quarter row's ``dropout(x + bias) + residual`` in fp32."""
+    x = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    x += tl.load(bias_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    if DROPOUT:
+        x = tl.where(keep, x * scale, 0.0)
+    return x + tl.load(res_ptr + at, mask=ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _draw(mask_ptr, r, at, ok, threshold):
+    """Keep where the word's top 24 bits reach ``threshold``; stored as bytes."""
+    keep = (r >> 8).to(tl.int32) >= threshold
+    tl.store(mask_ptr + at, keep.to(tl.int8), mask=ok)
+    return keep
+
+
+@triton.jit
+def _normed(y_ptr, w_ptr, b_ptr, d, rstd, at, c, ok):
+    w = tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + at, (d * rstd * w + b).to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def layer_norm_forward_kernel(x_ptr, bias_ptr, res_ptr, w_ptr, b_ptr, y_ptr, mask_ptr,
+                              mean_ptr, rstd_ptr, seed_ptr, threshold, scale, eps,
+                              H: tl.constexpr, Q: tl.constexpr, DROPOUT: tl.constexpr):
+    row = tl.program_id(0)
+    q = tl.arange(0, Q)
+    ok = q < H // 4
+    base = row.to(tl.int64) * H
+    c0 = q
+    c1 = q + H // 4
+    c2 = q + H // 2
+    c3 = q + 3 * (H // 4)
+    k0 = ok
+    k1 = ok
+    k2 = ok
+    k3 = ok
+    if DROPOUT:
+        r0, r1, r2, r3 = tl.randint4x(tl.load(seed_ptr), row * (H // 4) + q)
+        k0 = _draw(mask_ptr, r0, base + c0, ok, threshold)
+        k1 = _draw(mask_ptr, r1, base + c1, ok, threshold)
+        k2 = _draw(mask_ptr, r2, base + c2, ok, threshold)
+        k3 = _draw(mask_ptr, r3, base + c3, ok, threshold)
+    s0 = _sum_in(x_ptr, bias_ptr, res_ptr, k0, base + c0, c0, ok, scale, DROPOUT)
+    s1 = _sum_in(x_ptr, bias_ptr, res_ptr, k1, base + c1, c1, ok, scale, DROPOUT)
+    s2 = _sum_in(x_ptr, bias_ptr, res_ptr, k2, base + c2, c2, ok, scale, DROPOUT)
+    s3 = _sum_in(x_ptr, bias_ptr, res_ptr, k3, base + c3, c3, ok, scale, DROPOUT)
+    mean = (tl.sum(s0, 0) + tl.sum(s1, 0) + tl.sum(s2, 0) + tl.sum(s3, 0)) / H
+    d0 = tl.where(ok, s0 - mean, 0.0)
+    d1 = tl.where(ok, s1 - mean, 0.0)
+    d2 = tl.where(ok, s2 - mean, 0.0)
+    d3 = tl.where(ok, s3 - mean, 0.0)
+    var = (tl.sum(d0 * d0, 0) + tl.sum(d1 * d1, 0) + tl.sum(d2 * d2, 0)
+           + tl.sum(d3 * d3, 0)) / H
+    rstd = 1.0 / tl.sqrt(var + eps)
+    tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+    _normed(y_ptr, w_ptr, b_ptr, d0, rstd, base + c0, c0, ok)
+    _normed(y_ptr, w_ptr, b_ptr, d1, rstd, base + c1, c1, ok)
+    _normed(y_ptr, w_ptr, b_ptr, d2, rstd, base + c2, c2, ok)
+    _normed(y_ptr, w_ptr, b_ptr, d3, rstd, base + c3, c3, ok)
+
+
+@triton.jit
+def _quarter(dy_ptr, x_ptr, bias_ptr, res_ptr, w_ptr, mask_ptr, base, c, ok, mean, rstd,
+             scale, DROPOUT: tl.constexpr):
+    """The quarter row's normalised sum, output gradient, gradient times weight, mask."""
+    keep = ok
+    if DROPOUT:
+        keep = tl.load(mask_ptr + base + c, mask=ok, other=0) != 0
+    s = _sum_in(x_ptr, bias_ptr, res_ptr, keep, base + c, c, ok, scale, DROPOUT)
+    xh = tl.where(ok, (s - mean) * rstd, 0.0)
+    dy = tl.load(dy_ptr + base + c, mask=ok, other=0.0).to(tl.float32)
+    g = dy * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    return xh, dy, g, keep
+
+
+@triton.jit
+def _quarter_out(dres_ptr, dx_ptr, g, xh, keep, c1, c2, rstd, scale, at, ok,
+                 DROPOUT: tl.constexpr):
+    """Stores the quarter row's residual and dense-output gradients; returns the latter."""
+    ds = (g - c2 - xh * c1) * rstd
+    tl.store(dres_ptr + at, ds.to(dres_ptr.dtype.element_ty), mask=ok)
+    dx = tl.where(ok, ds, 0.0)
+    if DROPOUT:
+        dx = tl.where(keep, dx * scale, 0.0)
+    tl.store(dx_ptr + at, dx.to(dx_ptr.dtype.element_ty), mask=ok)
+    return dx
+
+
+@triton.jit
+def _column_sums(out, sx, sw, sb, c, ok, H: tl.constexpr):
+    tl.store(out + c, sx, mask=ok)
+    tl.store(out + H + c, sw, mask=ok)
+    tl.store(out + 2 * H + c, sb, mask=ok)
+
+
+@triton.jit
+def layer_norm_backward_kernel(dy_ptr, x_ptr, bias_ptr, res_ptr, w_ptr, mask_ptr, mean_ptr,
+                               rstd_ptr, dres_ptr, dx_ptr, partial_ptr, rows, scale,
+                               H: tl.constexpr, Q: tl.constexpr, ROWS: tl.constexpr,
+                               DROPOUT: tl.constexpr):
+    pid = tl.program_id(0)
+    q = tl.arange(0, Q)
+    ok = q < H // 4
+    c0 = q
+    c1 = q + H // 4
+    c2 = q + H // 2
+    c3 = q + 3 * (H // 4)
+    # column sums a quarter: dense bias (dx), LayerNorm weight (dy * xh) and bias (dy)
+    sx0 = tl.zeros([Q], tl.float32)
+    sx1 = tl.zeros([Q], tl.float32)
+    sx2 = tl.zeros([Q], tl.float32)
+    sx3 = tl.zeros([Q], tl.float32)
+    sw0 = tl.zeros([Q], tl.float32)
+    sw1 = tl.zeros([Q], tl.float32)
+    sw2 = tl.zeros([Q], tl.float32)
+    sw3 = tl.zeros([Q], tl.float32)
+    sb0 = tl.zeros([Q], tl.float32)
+    sb1 = tl.zeros([Q], tl.float32)
+    sb2 = tl.zeros([Q], tl.float32)
+    sb3 = tl.zeros([Q], tl.float32)
+    for i in range(ROWS):
+        row = pid * ROWS + i
+        live = ok & (q * 0 + row < rows)
+        row = tl.minimum(row, rows - 1)
+        base = row.to(tl.int64) * H
+        mean = tl.load(mean_ptr + row)
+        rstd = tl.load(rstd_ptr + row)
+        xh0, dy0, g0, k0 = _quarter(dy_ptr, x_ptr, bias_ptr, res_ptr, w_ptr, mask_ptr, base,
+                                    c0, live, mean, rstd, scale, DROPOUT)
+        xh1, dy1, g1, k1 = _quarter(dy_ptr, x_ptr, bias_ptr, res_ptr, w_ptr, mask_ptr, base,
+                                    c1, live, mean, rstd, scale, DROPOUT)
+        xh2, dy2, g2, k2 = _quarter(dy_ptr, x_ptr, bias_ptr, res_ptr, w_ptr, mask_ptr, base,
+                                    c2, live, mean, rstd, scale, DROPOUT)
+        xh3, dy3, g3, k3 = _quarter(dy_ptr, x_ptr, bias_ptr, res_ptr, w_ptr, mask_ptr, base,
+                                    c3, live, mean, rstd, scale, DROPOUT)
+        cx = (tl.sum(g0 * xh0, 0) + tl.sum(g1 * xh1, 0) + tl.sum(g2 * xh2, 0)
+              + tl.sum(g3 * xh3, 0)) / H
+        cg = (tl.sum(g0, 0) + tl.sum(g1, 0) + tl.sum(g2, 0) + tl.sum(g3, 0)) / H
+        sx0 += _quarter_out(dres_ptr, dx_ptr, g0, xh0, k0, cx, cg, rstd, scale, base + c0,
+                            live, DROPOUT)
+        sx1 += _quarter_out(dres_ptr, dx_ptr, g1, xh1, k1, cx, cg, rstd, scale, base + c1,
+                            live, DROPOUT)
+        sx2 += _quarter_out(dres_ptr, dx_ptr, g2, xh2, k2, cx, cg, rstd, scale, base + c2,
+                            live, DROPOUT)
+        sx3 += _quarter_out(dres_ptr, dx_ptr, g3, xh3, k3, cx, cg, rstd, scale, base + c3,
+                            live, DROPOUT)
+        sw0 += dy0 * xh0
+        sw1 += dy1 * xh1
+        sw2 += dy2 * xh2
+        sw3 += dy3 * xh3
+        sb0 += dy0
+        sb1 += dy1
+        sb2 += dy2
+        sb3 += dy3
+    out = partial_ptr + pid.to(tl.int64) * 3 * H
+    _column_sums(out, sx0, sw0, sb0, c0, ok, H)
+    _column_sums(out, sx1, sw1, sb1, c1, ok, H)
+    _column_sums(out, sx2, sw2, sb2, c2, ok, H)
+    _column_sums(out, sx3, sw3, sb3, c3, ok, H)

@@ -1,0 +1,95 @@
+"""The ``triton-layernorm`` optimisation: ``LayerNorm(dropout(x + bias) + residual)`` after the
+attention-output and output GEMMs as one Triton kernel forward and one backward.
+
+The dropout mask is drawn in the forward kernel, one Philox call giving the words of four
+quarters of a row (Inductor's chain, ``fused-layernorm``, draws a call an element). The forward
+keeps the mask (bytes) and the row statistics; the backward recomputes the sum in fp32 from
+the inputs, and with LayerNorm's input gradient (the residual's, and through the mask the
+dense output's) writes each block of rows' column sums for the three bias-like gradients
+(the dense bias, LayerNorm's weight and bias), which a small kernel adds up. The mask's
+seed is drawn on the device each call, so a captured step draws new masks each replay.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.bert.model import DenseLayerNorm, swap_class
+from common.optimisations import Optimisation
+
+# the fastest of 8-64 rows a backward program and 1-4 warps a forward program on one H200
+ROWS = 16      # rows a backward program sums its columns over
+WARPS = 1, 2   # the forward's and the backward's
+
+
+def _kernels():
+    from benchmarks.bert import kernels as k
+    return (k.next_power_of_2, k.layer_norm_forward_kernel, k.layer_norm_backward_kernel,
+            k.column_sums)
+
+
+class DropoutAddLayerNorm(torch.autograd.Function):
+    """``layer_norm(dropout(x + bias, p) + residual, weight, ln_bias, eps)`` over the last
+    dimension (a multiple of 4) of CUDA tensors; the output in ``weight``'s dtype."""
+
+    @staticmethod
+    def forward(ctx, x, bias, residual, weight, ln_bias, p: float, eps: float):
+        h = x.shape[-1]
+        if h % 4:
+            raise ValueError(f"triton-layernorm needs a hidden size divisible by 4, not {h}")
+        x2, res2 = x.reshape(-1, h).contiguous(), residual.reshape(-1, h).contiguous()
+        rows = x2.shape[0]
+        next_pow2, forward_kernel, _, _ = _kernels()
+        y = torch.empty(rows, h, dtype=weight.dtype, device=x.device)
+        mask = torch.empty(rows, h, dtype=torch.int8, device=x.device) if p > 0 else x2
+        mean = torch.empty(rows, dtype=torch.float32, device=x.device)
+        rstd = torch.empty_like(mean)
+        seed = torch.randint(2**31 - 1, (1,), device=x.device) if p > 0 else mean
+        threshold = round(p * 2**24)   # of a word's top 24 bits: kept with probability 1 - p
+        scale = 1.0 / (1.0 - p) if p < 1 else 0.0
+        if rows:
+            forward_kernel[(rows,)](x2, bias, res2, weight, ln_bias, y, mask, mean, rstd, seed,
+                                    threshold, scale, eps, H=h, Q=next_pow2(h // 4),
+                                    DROPOUT=p > 0, num_warps=WARPS[0])
+        ctx.save_for_backward(x2, bias, res2, weight, mask, mean, rstd)
+        ctx.p, ctx.scale, ctx.shapes = p, scale, (x.shape, residual.dtype)
+        return y.view(x.shape[:-1] + (h,))
+
+    @staticmethod
+    def backward(ctx, dy):
+        x2, bias, res2, weight, mask, mean, rstd = ctx.saved_tensors
+        shape, res_dtype = ctx.shapes
+        rows, h = x2.shape
+        next_pow2, _, backward_kernel, column_sums = _kernels()
+        dy2 = dy.reshape(rows, h).contiguous()
+        dres = torch.empty(rows, h, dtype=res_dtype, device=dy.device)
+        dx = torch.empty_like(x2)
+        programs = -(-rows // ROWS)
+        partial = torch.empty(programs, 3, h, dtype=torch.float32, device=dy.device)
+        if rows:
+            backward_kernel[(programs,)](dy2, x2, bias, res2, weight, mask, mean, rstd, dres,
+                                         dx, partial, rows, ctx.scale, H=h,
+                                         Q=next_pow2(h // 4), ROWS=ROWS, DROPOUT=ctx.p > 0,
+                                         num_warps=WARPS[1])
+        dbias, dweight, dln_bias = column_sums(partial.view(programs, 3 * h)).view(3, h).to(
+            weight.dtype)
+        return (dx.view(shape), dbias.to(bias.dtype), dres.view(shape), dweight, dln_bias,
+                None, None)
+
+
+class TritonDenseLayerNorm(DenseLayerNorm):
+    def forward(self, x, residual):
+        p = self.dropout.p if self.training else 0.0
+        ln = self.LayerNorm
+        return DropoutAddLayerNorm.apply(F.linear(x, self.dense.weight), self.dense.bias,
+                                         residual, ln.weight, ln.bias, p, ln.eps)
+
+
+TRITON_LAYERNORM = Optimisation(
+    "triton-layernorm", "bias + dropout + residual + LayerNorm after the output GEMMs as one "
+    "Triton kernel each way, the dropout mask drawn in the kernel, the bias and LayerNorm "
+    "gradients' column sums in the backward's pass (layernorm_triton.py)",
+    apply=lambda wl, _: swap_class(wl.net, DenseLayerNorm, TritonDenseLayerNorm),
+    excludes=("fused-layernorm",), cuda=True, precisions=("amp-bf16",), compare=None,
+    tested_by="tests/benchmarks/bert/test_layernorm_triton.py")
