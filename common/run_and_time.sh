@@ -343,7 +343,7 @@ for ((i = 0; i < NEXP; i++)); do
         # a Ctrl-C now lets the check of the finished log end (seconds): its verdict is owed
         env --ignore-signal=INT python -m compliance.check --ruleset "$RULESET" "$log" \
             || failed=1
-        env --ignore-signal=INT python -m compliance.result "$log" || failed=1
+        env --ignore-signal=INT python -m compliance.result --seed "$seed" "$log" || failed=1
         ((child_rc == 0)) || failed=1
     else   # stopped or failed before its log began
         echo "run_and_time.sh ($BENCHMARK): run $((i + 1)) wrote no log (exit $child_rc)" >&2

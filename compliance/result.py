@@ -1,7 +1,10 @@
 """Print the time-to-train line of a run from its log.
 
-    python -m compliance.result LOG
+    python -m compliance.result [--seed S] LOG
     -> RESULT,<benchmark>,<seed>,<seconds>,<status>,<dataset>,<quality>
+
+<seed> is the log's; ``--seed``: the seed the run was launched with, for a log that stopped
+(a signal, a crash) before it recorded its own.
 
 <quality> is the log's last eval_accuracy: ``eval_accuracy=0.7612``, a dict
 value (Mask R-CNN) as ``BBOX=0.38;SEGM=0.34`` in the log's key order, or
@@ -30,19 +33,21 @@ def quality_field(value) -> str:
     return text.replace(",", ";")
 
 
-def result_line(summary) -> str:
+def result_line(summary, seed: int | None = None) -> str:
     seconds = f"{summary.seconds:.3f}" if summary.seconds is not None else "nan"
-    return (f"RESULT,{summary.benchmark},{summary.seed},{seconds},{summary.status},"
+    seed = summary.seed if summary.seed is not None else seed
+    return (f"RESULT,{summary.benchmark},{seed},{seconds},{summary.status},"
             f"{summary.dataset.replace(',', ';')},{quality_field(summary.last_quality)}")
 
 
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
     p = OneLineParser(prog="python -m compliance.result", description=__doc__.splitlines()[0])
+    p.add_argument("--seed", type=int, help="the launched seed, where the log has none")
     p.add_argument("log")
     args = p.parse_args(argv)
     summary = summarize(args.log)
-    print(result_line(summary))
+    print(result_line(summary, args.seed))
     return 0 if summary.success else 1
 
 

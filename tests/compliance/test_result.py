@@ -6,9 +6,9 @@ from compliance.result import main
 from tests.compliance.handmade_logs import event, open_run, write
 
 
-def result_line(tmp_path, events, capsys) -> str:
+def result_line(tmp_path, events, capsys, *args, rc=0) -> str:
     log = write(tmp_path / "result_0.txt", events)
-    assert main([str(log)]) == 0
+    assert main([*args, str(log)]) == rc
     (line,) = capsys.readouterr().out.splitlines()
     return line
 
@@ -43,3 +43,13 @@ def test_run_stop_before_run_start_is_refused(tmp_path, capsys):
     (line,) = captured.err.splitlines()
     assert line.startswith(f"error: {log}: run_stop") and "precedes run_start" in line
 
+
+
+def test_the_launched_seed_stands_in_for_one_the_log_never_recorded(tmp_path, capsys):
+    """A run stopped after its log began but before it logged its seed (a Ctrl-C while it
+    builds): the RESULT line names the seed run_and_time.sh launched it with; a logged seed
+    wins over it."""
+    events = [e for e in open_run() if e["key"] != "seed"]
+    assert result_line(tmp_path, events, capsys).split(",")[2] == "None"
+    assert result_line(tmp_path, events, capsys, "--seed", "7").split(",")[2] == "7"
+    assert result_line(tmp_path, open_run(), capsys, "--seed", "7").split(",")[2] == "42"
