@@ -448,7 +448,11 @@ def _prepare_step(wl: Workload, args, env):
 def _report_user_error(message: str, rank: int) -> int:
     """Bad input, in one line from one process. Under torchrun every rank leaves it in the
     error file torchrun gives it, and the launcher prints the first failure's
-    (``common.launch``); otherwise rank 0 prints it (every rank sees the same input)."""
+    (``common.launch``); otherwise rank 0 prints it (every rank sees the same input). A stop
+    signal from now on is ignored: torchrun's SIGTERM, sent once a peer has reported the same
+    input, would otherwise end this report halfway, with a traceback."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
     dist.mark_failed()
     if os.environ.get("TORCHELASTIC_ERROR_FILE"):
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler

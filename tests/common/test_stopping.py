@@ -133,6 +133,24 @@ def test_sigterm_to_torchrun_and_its_workers(tmp_path):
     assert err.count("stopped by SIGTERM") == 1, err   # rank 0's line only
 
 
+def test_a_stop_signal_during_the_bad_input_report_is_ignored(monkeypatch, capsys):
+    """The report is the way out: torchrun's SIGTERM, once a peer has reported the same input,
+    cut a rank's report off inside its import of torch's error handler, with a traceback."""
+    from common import training
+
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    monkeypatch.setattr(training.dist, "mark_failed", lambda: None)
+    previous = {s: signal.getsignal(s) for s in training.STOP_SIGNALS}
+    try:
+        assert training._report_user_error("bad input", 0) == 2
+        assert all(signal.getsignal(s) == signal.SIG_IGN for s in training.STOP_SIGNALS)
+        os.kill(os.getpid(), signal.SIGTERM)   # would end pytest if it were not ignored
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    assert capsys.readouterr().err == "error: bad input\n"
+
+
 @pytest.mark.parametrize("workload, flags, message", [
     ("ToyWorkload", ["--log-every", "0"], "--log-every: must be more than 0, not 0"),
     ("ToyWorkload", ["--background-scoring"], "has no scorer"),
