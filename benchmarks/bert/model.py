@@ -237,6 +237,14 @@ def mixed_class(mixin: type, cls: type) -> type:
     return type(f"{mixin.__name__}{cls.__name__}", (mixin, cls), {})
 
 
+def mix_in(module: nn.Module, base: type, mixin: type) -> None:
+    """Every submodule that is a ``base`` takes ``mixin``'s methods first (its parameters
+    kept)."""
+    for m in module.modules():
+        if isinstance(m, base):
+            m.__class__ = mixed_class(mixin, type(m))
+
+
 def swap_class(module: nn.Module, plain: type, new: type) -> None:
     """Every submodule of exactly class ``plain`` becomes a ``new`` (its parameters kept)."""
     for m in module.modules():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bert.model import SelfAttention, mixed_class
+from benchmarks.bert.model import SelfAttention, mix_in
 from common.optimisations import Optimisation
 
 
@@ -26,9 +26,7 @@ class FusedQkv:
 
 def fuse_qkv(model: torch.nn.Module) -> None:
     """Every self-attention of ``model`` (plain, ``sdpa`` or ``unpad``) projects in one GEMM."""
-    for m in model.modules():
-        if isinstance(m, SelfAttention):
-            m.__class__ = mixed_class(FusedQkv, type(m))
+    mix_in(model, SelfAttention, FusedQkv)
 
 
 FUSED_QKV = Optimisation(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from benchmarks.bert.model import SelfAttention, mixed_class
+from benchmarks.bert.model import SelfAttention, mix_in
 from common.optimisations import Optimisation
 
 ROWS = 64   # rows of a join program's tile; its columns: up to 128, dividing the hidden size
@@ -63,9 +63,7 @@ class TritonQkv:
 
 def triton_qkv(model: torch.nn.Module) -> None:
     """Every (``fused-qkv``) self-attention of ``model`` projects with :class:`ProjectQkv`."""
-    for m in model.modules():
-        if isinstance(m, SelfAttention):
-            m.__class__ = mixed_class(TritonQkv, type(m))
+    mix_in(model, SelfAttention, TritonQkv)
 
 
 TRITON_QKV = Optimisation(
