@@ -1,5 +1,5 @@
-"""BERT's Triton kernels (``triton-layernorm``): imported on first use, so that the CPU tests
-need no Triton."""
+"""BERT's Triton kernels (``triton-layernorm``, ``triton-qkv``): imported on first use, so
+that the CPU tests need no Triton."""
 
 import torch
 import triton
@@ -195,3 +195,26 @@ def layer_norm_backward_kernel(dy_ptr, x_ptr, bias_ptr, res_ptr, w_ptr, mask_ptr
     _column_sums(out, sx1, sw1, sb1, c1, ok, H)
     _column_sums(out, sx2, sw2, sb2, c2, ok, H)
     _column_sums(out, sx3, sw3, sb3, c3, ok, H)
+
+
+@triton.jit
+def join_kernel(q_ptr, k_ptr, v_ptr, out_ptr, partial_ptr, rows, q_stride, k_stride, v_stride,
+                H: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    """Program (row block, column block) of ``out = cat((q, k, v), -1)`` [rows, 3H]: copies
+    its [BR, BC] tile and writes the tile's column sums to ``partial[row block]`` (fp32)."""
+    rb = tl.program_id(0)
+    c = tl.program_id(1) * BC + tl.arange(0, BC)   # a column of out; a block lies in one part
+    r = rb * BR + tl.arange(0, BR)
+    ok = (r[:, None] < rows) & (c[None, :] < 3 * H)
+    part = (tl.program_id(1) * BC) // H
+    src_col = c - part * H
+    r64 = r[:, None].to(tl.int64)
+    if part == 0:
+        tile = tl.load(q_ptr + r64 * q_stride + src_col[None, :], mask=ok, other=0.0)
+    elif part == 1:
+        tile = tl.load(k_ptr + r64 * k_stride + src_col[None, :], mask=ok, other=0.0)
+    else:
+        tile = tl.load(v_ptr + r64 * v_stride + src_col[None, :], mask=ok, other=0.0)
+    tl.store(out_ptr + r64 * (3 * H) + c[None, :], tile, mask=ok)
+    tl.store(partial_ptr + rb.to(tl.int64) * (3 * H) + c, tl.sum(tile.to(tl.float32), 0),
+             mask=c < 3 * H)

@@ -10,6 +10,7 @@ built modules (``swap_class``); the ``mask`` the encoder passes on is whatever i
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, fields
@@ -228,6 +229,20 @@ class BertForPreTraining(nn.Module):
     def heads(self, masked, first):
         """The masked-LM logits of the ``masked`` hidden states, the NSP logits of ``first``."""
         return self.cls.predictions(masked), self.cls.seq_relationship(self.bert.pooler(first))
+
+
+@functools.cache
+def mixed_class(mixin: type, cls: type) -> type:
+    """``cls`` with ``mixin``'s methods first, named ``{mixin}{cls}``."""
+    return type(f"{mixin.__name__}{cls.__name__}", (mixin, cls), {})
+
+
+def mix_in(module: nn.Module, base: type, mixin: type) -> None:
+    """Every submodule that is a ``base`` takes ``mixin``'s methods first (its parameters
+    kept)."""
+    for m in module.modules():
+        if isinstance(m, base):
+            m.__class__ = mixed_class(mixin, type(m))
 
 
 def swap_class(module: nn.Module, plain: type, new: type) -> None:

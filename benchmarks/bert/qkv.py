@@ -5,35 +5,28 @@ step (6 MB a layer in bf16); their gradients come back as views of the one weigh
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bert.model import SelfAttention
+from benchmarks.bert.model import SelfAttention, mix_in
 from common.optimisations import Optimisation
 
 
-class FusedProjection:
+class FusedQkv:
     """Mixed into a :class:`SelfAttention` class: ``project`` as one GEMM."""
 
+    def joined(self):
+        """The concatenated weights and biases (query, key, value)."""
+        return (torch.cat((self.query.weight, self.key.weight, self.value.weight)),
+                torch.cat((self.query.bias, self.key.bias, self.value.bias)))
+
     def project(self, x):
-        w = torch.cat((self.query.weight, self.key.weight, self.value.weight))
-        b = torch.cat((self.query.bias, self.key.bias, self.value.bias))
-        return F.linear(x, w, b).chunk(3, dim=-1)
-
-
-@functools.cache
-def fused_class(cls: type) -> type:
-    """``cls`` (a self-attention class) with the fused projection."""
-    return type(f"FusedQkv{cls.__name__}", (FusedProjection, cls), {})
+        return F.linear(x, *self.joined()).chunk(3, dim=-1)
 
 
 def fuse_qkv(model: torch.nn.Module) -> None:
     """Every self-attention of ``model`` (plain, ``sdpa`` or ``unpad``) projects in one GEMM."""
-    for m in model.modules():
-        if isinstance(m, SelfAttention):
-            m.__class__ = fused_class(type(m))
+    mix_in(model, SelfAttention, FusedQkv)
 
 
 FUSED_QKV = Optimisation(

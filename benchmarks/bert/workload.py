@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bert import attention, data, flat_lamb, fusions, layernorm_triton, qkv
+from benchmarks.bert import attention, data, flat_lamb, fusions, layernorm_triton, qkv, qkv_triton
 from benchmarks.bert.checkpoint import load_checkpoint
 from benchmarks.bert.model import BertConfig, BertForPreTraining
 from benchmarks.bert.schedule import bert_lr, eval_interval_samples, eval_steps
@@ -108,7 +108,7 @@ class BertWorkload(Workload):
     # flat-params 2.2e-7 off; unpad 9.4e-4 and fused-layernorm 1.1e-3 (other dropout masks);
     # compile (GPU, every dropout Inductor's) not measured yet
     optimisations = Registry(
-        attention.SDPA, attention.UNPAD, qkv.FUSED_QKV, fusions.FUSED_GELU,
+        attention.SDPA, attention.UNPAD, qkv.FUSED_QKV, qkv_triton.TRITON_QKV, fusions.FUSED_GELU,
         fusions.FUSED_LAYERNORM, layernorm_triton.TRITON_LAYERNORM,
         flat_lamb.FLAT_PARAMS, flat_lamb.SHARDED_OPTIMIZER, flat_lamb.FUSED_LAMB,
         flat_lamb.BF16_WEIGHTS,
