@@ -26,9 +26,9 @@ def norm_relu(x, moments, weight, bias, eps: float) -> torch.Tensor:
     [2, N, C], in ``x``'s dtype (arithmetic in fp32)."""
     mean, mean_sq = moments
     scale = torch.rsqrt((mean_sq - mean.square()).clamp_min(0) + eps) * weight
-    # centred before scaling: x * scale - mean * scale cancels where the mean is large
-    y = (x.float() - mean[..., None, None, None]) * scale[..., None, None, None]
-    return F.relu(y + bias[..., None, None, None]).to(x.dtype)
+    shift = bias - mean * scale
+    y = torch.addcmul(shift[..., None, None, None], x.float(), scale[..., None, None, None])
+    return F.relu(y).to(x.dtype)
 
 
 def plain_views(*params: torch.Tensor) -> list[torch.Tensor]:
