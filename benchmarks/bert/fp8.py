@@ -2,115 +2,164 @@
 in FP8 (``torch._scaled_mm``, Hopper's FP8 tensor cores): activations and weights in E4M3,
 gradients in E5M2, each tensor with one scale.
 
-The activations' and gradients' scales are delayed (Transformer Engine's default recipe): a
-tensor's scale comes from the largest magnitude it had over its last ``HISTORY`` casts, so its
-cast is one pass that also records its magnitude, compiled by Inductor into the kernel that
-produces it (bias + GELU forward, GELU's backward) or a pass of its own (the block's input and
-its output gradient, [tokens, hidden]). The first training step, before any history, scales
-each tensor by its own magnitude. The weights are cast each step by their current magnitude,
-each with a transposed copy for the data gradient (FP8 GEMMs take their second operand
-column-major only). The weight gradients stay bf16 GEMMs: in FP8 they would need transposed
-FP8 copies of the [tokens, 4 x hidden] activations. Evaluation runs the bf16 path.
+The scales are delayed (Transformer Engine's default recipe): a tensor's scale comes from the
+largest magnitude it had over its last ``HISTORY`` casts, so each cast is one pass that also
+records its magnitude (``fp8_kernels.py``), written beside the bf16 result by the kernels that
+produce it (bias + GELU forward and backward, the bias gradient's column sums in the latter's
+pass) or a pass of its own (the block's input, its output gradient, the weights with their
+transposed copies: FP8 GEMMs take their second operand column-major only). The first training
+step, before any history, scales each tensor by its own magnitude. The weight gradients stay
+bf16 GEMMs: in FP8 they would need transposed FP8 copies of the [tokens, 4 x hidden]
+activations. Evaluation runs the bf16 path.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from benchmarks.bert.model import Layer, mix_in
 from common.errors import UserError
-from common.fusion import compiled
+from common.fusion import on_gpu
 from common.optimisations import Optimisation
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 HISTORY = 16   # casts a delayed scale looks back over
-# a layer's four scaled tensors: the block's input, GELU's output (the GEMMs' first operands,
-# E4M3), the block's output gradient and GELU's input gradient (E5M2)
-X, G, DY, DZ = range(4)
-FORMATS = (E4M3, E4M3, E5M2, E5M2)
+# a layer's scaled tensors: the block's input and GELU's output (the forward GEMMs' first
+# operands), the block's output gradient and GELU's input gradient (the data-gradient GEMMs'),
+# the two weights
+X, G, DY, DZ, W1, W2 = range(6)
+FORMATS = (E4M3, E4M3, E5M2, E5M2, E4M3, E4M3)
+TILE = 64, 128   # rows and columns a cast program takes
 
 
-def _fast(fn):
-    """``fn`` as Inductor's kernels on a GPU, eager on the CPU."""
-    return lambda x, *args: (compiled(fn) if x.is_cuda else fn)(x, *args)
+def _kernels():
+    from benchmarks.bert import fp8_kernels as k
+    from benchmarks.bert.kernels import column_sums
+    return k, column_sums
 
 
-def _quantise(t, dtype, scales, amaxes, slot, current: bool):
-    """``t`` scaled into ``dtype`` (saturating) and the inverse scale; its magnitude written to
-    ``amaxes[slot]``. The scale: ``scales[slot]``, or from ``t``'s own magnitude if ``current``."""
+def _grid(rows: int, cols: int):
+    return (-(-rows // TILE[0]), -(-cols // TILE[1]))
+
+
+def _scale_by(t, scale, dtype):
+    """``t * scale`` saturated in ``dtype`` (the CPU's reference of the kernels' casts)."""
     fmax = torch.finfo(dtype).max
-    amax = t.abs().amax().float().view(1)
-    amaxes.index_copy_(0, slot, amax)
-    scale = torch.where(amax > 0, fmax / amax, 1.0) if current else scales.index_select(0, slot)
-    return (t.float() * scale).clamp(-fmax, fmax).to(dtype), 1.0 / scale
+    return (t.float() * scale).clamp(-fmax, fmax).to(dtype)
 
 
-@_fast
-def _cast(t, dtype, scales, amaxes, slot, current: bool):
-    return _quantise(t, dtype, scales, amaxes, slot, current)
-
-
-@_fast
-def _cast_weight(w):
-    """``w`` in E4M3 by its current magnitude, a transposed contiguous copy, the inverse scale."""
-    amax = w.abs().amax().float().view(1)
-    scale = torch.where(amax > 0, torch.finfo(E4M3).max / amax, 1.0)
-    w8 = (w.float() * scale).clamp(-torch.finfo(E4M3).max, torch.finfo(E4M3).max).to(E4M3)
-    return w8, w8.t().contiguous(), 1.0 / scale
-
-
-@_fast
-def _bias_gelu(z, bias, scales, amaxes, slot, current: bool):
-    """GELU(z + bias) in ``z``'s dtype and in E4M3 with its inverse scale."""
-    g = F.gelu(z.float() + bias.float())
-    return (g.to(z.dtype), *_quantise(g, E4M3, scales, amaxes, slot, current))
-
-
-@_fast
-def _bias_gelu_backward(dg, z, bias, scales, amaxes, slot, current: bool):
-    """GELU's input gradient in ``dg``'s dtype and in E5M2 with its inverse scale, and its
-    column sums (the bias gradient, fp32)."""
-    u = z.float() + bias.float()
-    slope = 0.5 * (1.0 + torch.erf(u * 0.7071067811865476)) + u * torch.exp(
+def _gelu_slope(u):
+    return 0.5 * (1.0 + torch.erf(u * 0.7071067811865476)) + u * torch.exp(
         -0.5 * u * u) * 0.3989422804014327
-    dz = dg.float() * slope
-    return (dz.to(dg.dtype), *_quantise(dz, E5M2, scales, amaxes, slot, current), dz.sum(0))
 
 
-def _advance(history, amaxes, scales, fmax):
+def _advance(history, amaxes, scales, inverses, fmax):
     history.copy_(torch.cat((amaxes[:, None], history[:, :-1]), 1))
     top = history.amax(1)
     scales.copy_(torch.where(torch.isfinite(top) & (top > 0), fmax / top, 1.0))
+    inverses.copy_(1.0 / scales)
+    amaxes.zero_()
 
 
 class Scales:
-    """The delayed scales of ``layers`` feed-forward blocks' four tensors each: the magnitudes
-    of each one's last casts, and the scale its next cast multiplies by."""
+    """The delayed scales of ``layers`` feed-forward blocks' six tensors each: the magnitudes
+    of each one's last casts, the scale its next cast multiplies by and its inverse (the FP8
+    GEMM's). Casts run as Triton kernels on the GPU, as torch operations on the CPU."""
 
     def __init__(self, layers: int, device):
         n = len(FORMATS) * layers
         self.history = torch.zeros(n, HISTORY, device=device)
-        self.amaxes = torch.zeros(n, device=device)   # the latest cast's, written by the casts
+        self.amaxes = torch.zeros(n, device=device)   # this step's, folded in by the casts
         self.scales = torch.ones(n, device=device)
+        self.inverses = torch.ones(n, device=device)
         self.fmax = torch.tensor([torch.finfo(f).max for f in FORMATS] * layers, device=device)
-        # one index tensor a slot (a tensor input, so one compiled graph serves every slot)
-        self.slots = [torch.tensor([i], device=device) for i in range(n)]
         self.steps = 0   # training forwards so far
-
-    @property
-    def current(self) -> bool:
-        """Whether the casts scale by their own magnitude (no history yet)."""
-        return self.steps < 2
 
     def advance(self) -> None:
         """A training forward begins: the last step's magnitudes join the history."""
         if self.steps:
-            _fast(_advance)(self.history, self.amaxes, self.scales, self.fmax)
+            on_gpu(_advance, self.history, self.amaxes, self.scales, self.inverses, self.fmax)
         self.steps += 1
 
-    def cast(self, t, slot: int, dtype):
-        return _cast(t, dtype, self.scales, self.amaxes, self.slots[slot], self.current)
+    def _slot(self, t, slot: int):
+        """The slot's scale (by ``t``'s own magnitude while there is no history), its amax
+        and its inverse scale, each a one-element view."""
+        one = slice(slot, slot + 1)
+        if self.steps < 2:
+            amax = t.abs().amax().float()
+            self.scales[one] = torch.where(amax > 0, self.fmax[slot] / amax, 1.0)
+            self.inverses[one] = 1.0 / self.scales[one]
+        return self.scales[one], self.amaxes[one], self.inverses[one]
+
+    def _record(self, t, amax):
+        if not t.is_cuda:
+            torch.maximum(amax, t.abs().amax().float(), out=amax)
+
+    def cast(self, t, slot: int):
+        """``t`` [rows, n] in its slot's format, and the inverse scale."""
+        scale, amax, inverse = self._slot(t, slot)
+        dtype = FORMATS[slot % len(FORMATS)]
+        self._record(t, amax)
+        if not t.is_cuda:
+            return _scale_by(t, scale, dtype), inverse
+        k, _ = _kernels()
+        y = torch.empty(t.shape, dtype=dtype, device=t.device)
+        k.cast_kernel[_grid(*t.shape)](t, y, scale, amax.view(torch.int32), t.shape[0],
+                                       N=t.shape[1], FMAX=torch.finfo(dtype).max,
+                                       BR=TILE[0], BC=TILE[1])
+        return y, inverse
+
+    def cast_weight(self, w, slot: int):
+        """``w`` [r, c] in E4M3, its transpose [c, r] (row-major), and the inverse scale."""
+        scale, amax, inverse = self._slot(w, slot)
+        self._record(w, amax)
+        if not w.is_cuda:
+            w8 = _scale_by(w, scale, E4M3)
+            return w8, w8.t().contiguous(), inverse
+        k, _ = _kernels()
+        w8 = torch.empty(w.shape, dtype=E4M3, device=w.device)
+        w8t = torch.empty(w.shape[::-1], dtype=E4M3, device=w.device)
+        k.cast_transpose_kernel[_grid(*w.shape)](w, w8, w8t, scale, amax.view(torch.int32),
+                                                 R=w.shape[0], C=w.shape[1],
+                                                 FMAX=torch.finfo(E4M3).max, BR=TILE[0],
+                                                 BC=TILE[1])
+        return w8, w8t, inverse
+
+    def gelu(self, z, bias, slot: int):
+        """GELU(z + bias) in ``z``'s dtype and in E4M3, and the inverse scale."""
+        if not z.is_cuda:
+            g = torch.nn.functional.gelu(z.float() + bias.float())
+            return (g.to(z.dtype), *self.cast(g, slot))
+        scale, amax, inverse = self._slot(
+            torch.nn.functional.gelu(z.float() + bias.float()) if self.steps < 2 else z, slot)
+        k, _ = _kernels()
+        g = torch.empty_like(z)
+        g8 = torch.empty(z.shape, dtype=E4M3, device=z.device)
+        k.gelu_forward_kernel[_grid(*z.shape)](z, bias, g, g8, scale, amax.view(torch.int32),
+                                               z.shape[0], N=z.shape[1],
+                                               FMAX=torch.finfo(E4M3).max, BR=TILE[0],
+                                               BC=TILE[1])
+        return g, g8, inverse
+
+    def gelu_backward(self, dg, z, bias, slot: int):
+        """GELU's input gradient in ``dg``'s dtype and in E5M2, the inverse scale, and the
+        gradient's column sums (fp32: the bias gradient)."""
+        if not dg.is_cuda:
+            dz = dg.float() * _gelu_slope(z.float() + bias.float())
+            return (dz.to(dg.dtype), *self.cast(dz, slot), dz.sum(0))
+        if self.steps < 2:
+            dz = dg.float() * _gelu_slope(z.float() + bias.float())
+        scale, amax, inverse = self._slot(dz if self.steps < 2 else dg, slot)
+        k, column_sums = _kernels()
+        rows, n = dg.shape
+        dz = torch.empty_like(dg)
+        dz8 = torch.empty(dg.shape, dtype=E5M2, device=dg.device)
+        grid = _grid(rows, n)
+        partial = torch.empty(grid[0], n, dtype=torch.float32, device=dg.device)
+        k.gelu_backward_kernel[grid](dg, z, bias, dz, dz8, partial, scale,
+                                     amax.view(torch.int32), rows, N=n,
+                                     FMAX=torch.finfo(E5M2).max, BR=TILE[0], BC=TILE[1])
+        return dz, dz8, inverse, column_sums(partial)
 
 
 def _mm(a, b_t, scale_a, scale_b, fast: bool):
@@ -131,28 +180,29 @@ class FeedForward(torch.autograd.Function):
             raise UserError(f"fp8-ffn: {x2.shape[0]} tokens in a batch; FP8 GEMMs take a "
                             "multiple of 16: add unpad (its token counts are multiples of its "
                             "bucket) or make batch x sequence length a multiple of 16")
-        w1_8, w1t_8, w1_inv = _cast_weight(w1)
-        w2_8, w2t_8, w2_inv = _cast_weight(w2)
-        x8, x_inv = scales.cast(x2, base + X, E4M3)
+        w1_8, w1t_8, w1_inv = scales.cast_weight(w1, base + W1)
+        w2_8, w2t_8, w2_inv = scales.cast_weight(w2, base + W2)
+        x8, x_inv = scales.cast(x2, base + X)
         z = _mm(x8, w1_8, x_inv, w1_inv, fast=True)
-        g, g8, g_inv = _bias_gelu(z, b1, scales.scales, scales.amaxes, scales.slots[base + G],
-                                  scales.current)
+        g, g8, g_inv = scales.gelu(z, b1, base + G)
         y = _mm(g8, w2_8, g_inv, w2_inv, fast=True)
-        ctx.save_for_backward(x2, z, g, b1, w1t_8, w1_inv, w2t_8, w2_inv)
+        ctx.save_for_backward(x2, z, g, b1, w1t_8, w2t_8)
+        # views of the scales' buffer, which later casts write (not ``inverses[slot]``)
+        ctx.inverses = w1_inv, w2_inv
         ctx.scales, ctx.base, ctx.shape, ctx.dtypes = scales, base, x.shape, (
             x.dtype, w1.dtype, w2.dtype)
         return y.view(x.shape[:-1] + (w2.shape[0],))
 
     @staticmethod
     def backward(ctx, dy):
-        x2, z, g, b1, w1t_8, w1_inv, w2t_8, w2_inv = ctx.saved_tensors
+        x2, z, g, b1, w1t_8, w2t_8 = ctx.saved_tensors
+        w1_inv, w2_inv = ctx.inverses
         scales, base = ctx.scales, ctx.base
         x_dtype, w1_dtype, w2_dtype = ctx.dtypes
         dy2 = dy.reshape(-1, dy.shape[-1]).to(torch.bfloat16)
-        dy8, dy_inv = scales.cast(dy2, base + DY, E5M2)
+        dy8, dy_inv = scales.cast(dy2, base + DY)
         dg = _mm(dy8, w2t_8, dy_inv, w2_inv, fast=False)
-        dz, dz8, dz_inv, db1 = _bias_gelu_backward(dg, z, b1, scales.scales, scales.amaxes,
-                                                   scales.slots[base + DZ], scales.current)
+        dz, dz8, dz_inv, db1 = scales.gelu_backward(dg, z, b1, base + DZ)
         dx = _mm(dz8, w1t_8, dz_inv, w1_inv, fast=False)
         return (dx.view(ctx.shape).to(x_dtype), dz.t().mm(x2).to(w1_dtype),
                 db1.to(b1.dtype), dy2.t().mm(g).to(w2_dtype), None, None)
