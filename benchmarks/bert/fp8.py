@@ -57,7 +57,7 @@ def _advance(history, amaxes, scales, inverses, fmax):
     history.copy_(torch.cat((amaxes[:, None], history[:, :-1]), 1))
     top = history.amax(1)
     scales.copy_(torch.where(torch.isfinite(top) & (top > 0), fmax / top, 1.0))
-    inverses.copy_(1.0 / scales)
+    inverses.copy_((1.0 / scales)[:, None].expand(inverses.shape))
     amaxes.zero_()
 
 
@@ -71,7 +71,8 @@ class Scales:
         self.history = torch.zeros(n, HISTORY, device=device)
         self.amaxes = torch.zeros(n, device=device)   # this step's, folded in by the casts
         self.scales = torch.ones(n, device=device)
-        self.inverses = torch.ones(n, device=device)
+        # a row of four a slot: cuBLASLt takes a scale only at a 16-byte aligned address
+        self.inverses = torch.ones(n, 4, device=device)
         self.fmax = torch.tensor([torch.finfo(f).max for f in FORMATS] * layers, device=device)
         self.steps = 0   # training forwards so far
 
@@ -88,8 +89,8 @@ class Scales:
         if self.steps < 2:
             amax = t.abs().amax().float()
             self.scales[one] = torch.where(amax > 0, self.fmax[slot] / amax, 1.0)
-            self.inverses[one] = 1.0 / self.scales[one]
-        return self.scales[one], self.amaxes[one], self.inverses[one]
+            self.inverses[slot] = 1.0 / self.scales[one]
+        return self.scales[one], self.amaxes[one], self.inverses[slot, :1]
 
     def _record(self, t, amax):
         if not t.is_cuda:
