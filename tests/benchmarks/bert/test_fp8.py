@@ -130,9 +130,10 @@ def test_the_model_with_it_trains_within_fp8s_error_and_evaluates_unchanged(devi
                                           for m in (ref, fast))
     for a, b in zip(out_f, out_r):
         assert _rel(a, b) < 0.02           # 1.4e-3 on the CPU
+    largest = max(g.norm() for g in grads_r.values())
     for name, g in grads_r.items():
-        if g.norm() < 1e-10:               # the key bias: no gradient through a softmax
-            assert grads_f[name].norm() < 1e-10, name
+        if g.norm() < 1e-6 * largest:      # the key bias: no gradient through a softmax
+            assert grads_f[name].norm() < 1e-6 * largest, name
         else:
             assert _rel(grads_f[name], g) < 0.1, name   # up to 5.2e-2 on the CPU
     scales = fast.bert.encoder.layer[0].fp8[0]
