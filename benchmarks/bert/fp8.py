@@ -242,6 +242,6 @@ def fp8_ffn(model: torch.nn.Module) -> Scales:
 
 FP8_FFN = Optimisation(
     "fp8-ffn", "the feed-forward GEMMs (forward and data gradient) in FP8 with delayed "
-    "per-tensor scales, the casts fused into the GELU chain (fp8.py)",
+    "per-tensor scales, the casts written by the bias + GELU Triton kernels (fp8.py)",
     apply=lambda wl, _: fp8_ffn(wl.net), excludes=("compile",), precisions=("amp-bf16",),
     compare=None, tested_by="tests/benchmarks/bert/test_fp8.py")
