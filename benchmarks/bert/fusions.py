@@ -31,10 +31,13 @@ class FusedGeluIntermediate(Intermediate):
 
 class FusedDenseLayerNorm(DenseLayerNorm):
     def forward(self, x, residual):
+        return self.after_dense(F.linear(x, self.dense.weight), residual)
+
+    def after_dense(self, y, residual):
         p = self.dropout.p if self.training else 0.0
         return compiled(bias_dropout_add_layer_norm)(
-            F.linear(x, self.dense.weight), self.dense.bias, residual, self.LayerNorm.weight,
-            self.LayerNorm.bias, p, self.LayerNorm.eps)
+            y, self.dense.bias, residual, self.LayerNorm.weight, self.LayerNorm.bias, p,
+            self.LayerNorm.eps)
 
 
 FUSED_GELU = Optimisation(

@@ -80,10 +80,13 @@ class DropoutAddLayerNorm(torch.autograd.Function):
 
 class TritonDenseLayerNorm(DenseLayerNorm):
     def forward(self, x, residual):
+        return self.after_dense(F.linear(x, self.dense.weight), residual)
+
+    def after_dense(self, y, residual):
         p = self.dropout.p if self.training else 0.0
         ln = self.LayerNorm
-        return DropoutAddLayerNorm.apply(F.linear(x, self.dense.weight), self.dense.bias,
-                                         residual, ln.weight, ln.bias, p, ln.eps)
+        return DropoutAddLayerNorm.apply(y, self.dense.bias, residual, ln.weight, ln.bias, p,
+                                         ln.eps)
 
 
 TRITON_LAYERNORM = Optimisation(

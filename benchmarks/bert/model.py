@@ -114,6 +114,10 @@ class DenseLayerNorm(nn.Module):
     def forward(self, x, residual):
         return self.LayerNorm(self.dropout(self.dense(x)) + residual)
 
+    def after_dense(self, y, residual):
+        """The block for the dense GEMM's output ``y`` computed elsewhere, without its bias."""
+        return self.LayerNorm(self.dropout(y + self.dense.bias) + residual)
+
 
 class Attention(nn.Module):
     def __init__(self, c: BertConfig):

@@ -15,7 +15,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bert import attention, data, flat_lamb, fusions, layernorm_triton, qkv, qkv_triton
+from benchmarks.bert import (
+    attention,
+    data,
+    flat_lamb,
+    fp8,
+    fusions,
+    layernorm_triton,
+    qkv,
+    qkv_triton,
+)
 from benchmarks.bert.checkpoint import load_checkpoint
 from benchmarks.bert.model import BertConfig, BertForPreTraining
 from benchmarks.bert.schedule import bert_lr, eval_interval_samples, eval_steps
@@ -109,7 +118,7 @@ class BertWorkload(Workload):
     # compile (GPU, every dropout Inductor's) not measured yet
     optimisations = Registry(
         attention.SDPA, attention.UNPAD, qkv.FUSED_QKV, qkv_triton.TRITON_QKV, fusions.FUSED_GELU,
-        fusions.FUSED_LAYERNORM, layernorm_triton.TRITON_LAYERNORM,
+        fusions.FUSED_LAYERNORM, layernorm_triton.TRITON_LAYERNORM, fp8.FP8_FFN,
         flat_lamb.FLAT_PARAMS, flat_lamb.SHARDED_OPTIMIZER, flat_lamb.FUSED_LAMB,
         flat_lamb.BF16_WEIGHTS,
         shared(COMPILE, description="torch.compile the whole model (=MODE: default, tuned, "
