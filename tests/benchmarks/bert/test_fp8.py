@@ -56,8 +56,8 @@ def test_the_block_equals_fp32_over_operands_quantised_by_hand(device):
     want_y = _q(g, E4M3) @ _q(w2, E4M3).t()
     dg = (_q(dy, E5M2) @ _q(w2, E4M3)).bfloat16().float()
     (dz,) = torch.autograd.grad(g, z, dg)
-    want = (_q(dz, E5M2) @ _q(w1, E4M3), dz.bfloat16().float().t() @ x, dz.sum(0),
-            dy.t() @ g.bfloat16().float())
+    want = (_q(dz, E5M2) @ _q(w1, E4M3), _q(dz, E5M2).t() @ _q(x, E4M3), dz.sum(0),
+            _q(dy, E5M2).t() @ _q(g, E4M3))
     assert _rel(y, want_y) < 1e-2          # 1.6e-3 on the CPU, 5.1e-3 (dx) on an H200
     for name, got, ref in zip(("x", "w1", "b1", "w2"), (dx, dw1, db1, dw2), want):
         assert _rel(got, ref) < 1e-2, name
@@ -135,6 +135,6 @@ def test_the_model_with_it_trains_within_fp8s_error_and_evaluates_unchanged(devi
         if g.norm() < 1e-6 * largest:      # the key bias: no gradient through a softmax
             assert grads_f[name].norm() < 1e-6 * largest, name
         else:
-            assert _rel(grads_f[name], g) < 0.1, name   # up to 5.2e-2 on the CPU
+            assert _rel(grads_f[name], g) < 0.12, name   # up to 7.4e-2 on the CPU
     scales = fast.bert.encoder.layer[0].fp8[0]
     assert scales.steps == 1 and (scales.amaxes > 0).all()
