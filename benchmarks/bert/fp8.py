@@ -103,8 +103,9 @@ class Scales:
         """An empty ``t``-shaped tensor in the slot's FP8 format, and (``transpose``) one of
         the transposed shape, else None."""
         dtype = FORMATS[slot % len(FORMATS)]
-        empty = lambda shape: torch.empty(shape, dtype=dtype, device=t.device)  # noqa: E731
-        return empty(t.shape), empty(t.shape[::-1]) if transpose else None
+        out = [torch.empty(s, dtype=dtype, device=t.device)
+               for s in (t.shape, t.shape[::-1])[:1 + transpose]]
+        return out[0], out[1] if transpose else None
 
     def cast(self, t, slot: int, transpose: bool):
         """``t`` [r, c] in its slot's format, (``transpose``) its transpose [c, r] row-major or
