@@ -336,8 +336,9 @@ def ablation_variants(registry: Registry, config: Sequence[str]) -> dict[str, li
 def plus_variants(registry: Registry, config: Sequence[str],
                   leave_out: Sequence[str] = ()) -> dict[str, list[str]]:
     """``config-plus-<name>`` for each optimisation of ``registry`` outside ``config`` (and
-    its requirements) and ``leave_out``: the config's items with it added, less those that
-    exclude it or that it excludes, and those that require one of them."""
+    its requirements) and ``leave_out``: the config's items with it and its missing
+    requirements added, less those that exclude it or that it excludes, and those that
+    require one of them."""
     names = [c.partition("=")[0] for c in config]
     variants = {}
     for o in registry:
@@ -345,8 +346,9 @@ def plus_variants(registry: Registry, config: Sequence[str],
             continue
         kept = {n for n in names if n not in o.excludes and o.name not in registry[n].excludes}
         kept = {n for n in kept if set(registry.closure([n])) <= kept}   # requirements kept
+        added = [n for n in registry.closure([o.name]) if n not in kept]
         variants[f"config-plus-{o.name}"] = [c for c, n in zip(config, names)
-                                             if n in kept] + [o.name]
+                                             if n in kept] + added
     return variants
 
 

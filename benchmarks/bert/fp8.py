@@ -1,16 +1,16 @@
-"""The ``fp8-ffn`` optimisation: the feed-forward block's two GEMMs, forward and data gradient,
-in FP8 (``torch._scaled_mm``, Hopper's FP8 tensor cores): activations and weights in E4M3,
-gradients in E5M2, each tensor with one scale.
+"""The ``fp8-ffn`` optimisation: the feed-forward block's forward and data-gradient GEMMs in
+FP8 (``torch._scaled_mm``, Hopper's FP8 tensor cores): activations and weights in E4M3,
+gradients in E5M2, each tensor with one scale; ``fp8-wgrad``: its weight-gradient GEMMs too.
 
 The scales are delayed (Transformer Engine's default recipe): a tensor's scale comes from the
 largest magnitude it had over its last ``HISTORY`` casts, so each cast is one pass that also
-records its magnitude (``fp8_kernels.py``), written beside the bf16 result by the kernels that
-produce it (bias + GELU forward and backward, the bias gradient's column sums in the latter's
-pass) or a pass of its own (the block's input, its output gradient, the weights with their
-transposed copies: FP8 GEMMs take their second operand column-major only). The first training
-step, before any history, scales each tensor by its own magnitude. The weight gradients stay
-bf16 GEMMs: in FP8 they would need transposed FP8 copies of the [tokens, 4 x hidden]
-activations. Evaluation runs the bf16 path.
+records its magnitude (``fp8_kernels.py``): in the bias + GELU kernels forward and backward
+(the bias gradient's column sums in the latter's pass), a pass of its own for the block's
+input, its output gradient and the weights. An FP8 GEMM takes its first operand row-major and
+its second column-major, so the weights' casts write their transposes for the data gradient;
+with ``fp8-wgrad`` every cast does, for the weight gradient, and no bf16 copy of the
+activations is kept for the backward. The first training step, before any history, scales
+each tensor by its own magnitude. Evaluation runs the bf16 path.
 """
 
 from __future__ import annotations
@@ -29,9 +29,11 @@ HISTORY = 16   # casts a delayed scale looks back over
 # the two weights
 X, G, DY, DZ, W1, W2 = range(6)
 FORMATS = (E4M3, E4M3, E5M2, E5M2, E4M3, E4M3)
-# rows, columns and warps of a program: the fastest of 16-64 rows, 64-256 columns and 4 or 8
-# warps for [10240, 4096] on one H200 (the GELU kernels 89 and 122 us, a bf16 copy 44 us)
-CAST, GELU_FORWARD, GELU_BACKWARD = (64, 128, 4), (16, 128, 8), (64, 64, 4)
+# rows, columns and warps of a program (cast, GELU forward, GELU backward): without the
+# transposes the fastest of 16-64 rows, 64-256 columns and 4 or 8 warps for [10240, 4096] on
+# one H200 (the GELU kernels 89 and 122 us, a bf16 copy 44 us); with them (``fp8-wgrad``),
+# 64 x 64 tiles, which store runs of 64 bytes both ways (not measured yet)
+TILES = {False: ((64, 128, 4), (16, 128, 8), (64, 64, 4)), True: ((64, 64, 4),) * 3}
 
 
 def _kernels():
@@ -79,6 +81,7 @@ class Scales:
         self.inverses = torch.ones(n, 4, device=device)
         self.fmax = torch.tensor([torch.finfo(f).max for f in FORMATS] * layers, device=device)
         self.steps = 0   # training forwards so far
+        self.wgrad = False   # fp8-wgrad: the weight-gradient GEMMs in FP8 too
 
     def advance(self) -> None:
         """A training forward begins: the last step's magnitudes join the history."""
@@ -96,69 +99,66 @@ class Scales:
             self.inverses[slot] = 1.0 / self.scales[one]
         return self.scales[one], self.amaxes[one], self.inverses[slot, :1]
 
-    def _record(self, t, amax):
-        if not t.is_cuda:
-            torch.maximum(amax, t.abs().amax().float(), out=amax)
+    def _fp8(self, t, slot: int, transpose: bool = False):
+        """An empty ``t``-shaped tensor in the slot's FP8 format, and (``transpose``) one of
+        the transposed shape, else None."""
+        dtype = FORMATS[slot % len(FORMATS)]
+        out = [torch.empty(s, dtype=dtype, device=t.device)
+               for s in (t.shape, t.shape[::-1])[:1 + transpose]]
+        return out[0], out[1] if transpose else None
 
-    def cast(self, t, slot: int):
-        """``t`` [rows, n] in its slot's format, and the inverse scale."""
+    def cast(self, t, slot: int, transpose: bool):
+        """``t`` [r, c] in its slot's format, (``transpose``) its transpose [c, r] row-major or
+        None, and the inverse scale."""
         scale, amax, inverse = self._slot(t, slot)
         dtype = FORMATS[slot % len(FORMATS)]
-        self._record(t, amax)
         if not t.is_cuda:
-            return _scale_by(t, scale, dtype), inverse
+            torch.maximum(amax, t.abs().amax().float(), out=amax)
+            t8 = _scale_by(t, scale, dtype)
+            return t8, t8.t().contiguous() if transpose else None, inverse
         k, _ = _kernels()
-        y = torch.empty(t.shape, dtype=dtype, device=t.device)
-        _launch(k.cast_kernel, CAST, *t.shape, t, y, scale, amax.view(torch.int32), t.shape[0],
-                N=t.shape[1], FMAX=torch.finfo(dtype).max)
-        return y, inverse
-
-    def cast_weight(self, w, slot: int):
-        """``w`` [r, c] in E4M3, its transpose [c, r] (row-major), and the inverse scale."""
-        scale, amax, inverse = self._slot(w, slot)
-        self._record(w, amax)
-        if not w.is_cuda:
-            w8 = _scale_by(w, scale, E4M3)
-            return w8, w8.t().contiguous(), inverse
-        k, _ = _kernels()
-        w8 = torch.empty(w.shape, dtype=E4M3, device=w.device)
-        w8t = torch.empty(w.shape[::-1], dtype=E4M3, device=w.device)
-        _launch(k.cast_transpose_kernel, CAST, *w.shape, w, w8, w8t, scale,
-                amax.view(torch.int32), R=w.shape[0], C=w.shape[1], FMAX=torch.finfo(E4M3).max)
-        return w8, w8t, inverse
+        t8, t8t = self._fp8(t, slot, transpose)
+        _launch(k.cast_kernel, TILES[self.wgrad][0], *t.shape, t, t8, t8t, scale,
+                amax.view(torch.int32), t.shape[0], C=t.shape[1], FMAX=torch.finfo(dtype).max,
+                TRANSPOSE=transpose)
+        return t8, t8t, inverse
 
     def gelu(self, z, bias, slot: int):
-        """GELU(z + bias) in ``z``'s dtype and in E4M3, and the inverse scale."""
-        if not z.is_cuda:
+        """GELU(z + bias) in E4M3; what the weight gradient needs of it (its FP8 transpose
+        with ``wgrad``, else it in ``z``'s dtype); the inverse scale."""
+        if not z.is_cuda or self.steps < 2:
             g = torch.nn.functional.gelu(z.float() + bias.float())
-            return (g.to(z.dtype), *self.cast(g, slot))
-        scale, amax, inverse = self._slot(
-            torch.nn.functional.gelu(z.float() + bias.float()) if self.steps < 2 else z, slot)
+            if not z.is_cuda:
+                g8, g8t, inverse = self.cast(g, slot, self.wgrad)
+                return g8, g8t if self.wgrad else g.to(z.dtype), inverse
+        scale, amax, inverse = self._slot(g if self.steps < 2 else z, slot)
         k, _ = _kernels()
-        g = torch.empty_like(z)
-        g8 = torch.empty(z.shape, dtype=E4M3, device=z.device)
-        _launch(k.gelu_forward_kernel, GELU_FORWARD, *z.shape, z, bias, g, g8, scale,
-                amax.view(torch.int32), z.shape[0], N=z.shape[1], FMAX=torch.finfo(E4M3).max)
-        return g, g8, inverse
+        g8, keep = self._fp8(z, slot, self.wgrad)
+        keep = keep if self.wgrad else torch.empty_like(z)
+        _launch(k.gelu_forward_kernel, TILES[self.wgrad][1], *z.shape, z, bias, g8, keep,
+                scale, amax.view(torch.int32), z.shape[0], N=z.shape[1],
+                FMAX=torch.finfo(E4M3).max, TRANSPOSE=self.wgrad)
+        return g8, keep, inverse
 
     def gelu_backward(self, dg, z, bias, slot: int):
-        """GELU's input gradient in ``dg``'s dtype and in E5M2, the inverse scale, and the
-        gradient's column sums (fp32: the bias gradient)."""
-        if not dg.is_cuda:
+        """GELU's input gradient in E5M2, what the weight gradient needs of it (as
+        :meth:`gelu`), the inverse scale, and its column sums (fp32: the bias gradient)."""
+        if not dg.is_cuda or self.steps < 2:
             dz = dg.float() * _gelu_slope(z.float() + bias.float())
-            return (dz.to(dg.dtype), *self.cast(dz, slot), dz.sum(0))
-        if self.steps < 2:
-            dz = dg.float() * _gelu_slope(z.float() + bias.float())
+            if not dg.is_cuda:
+                dz8, dz8t, inverse = self.cast(dz, slot, self.wgrad)
+                return dz8, dz8t if self.wgrad else dz.to(dg.dtype), inverse, dz.sum(0)
         scale, amax, inverse = self._slot(dz if self.steps < 2 else dg, slot)
         k, column_sums = _kernels()
         rows, n = dg.shape
-        dz = torch.empty_like(dg)
-        dz8 = torch.empty(dg.shape, dtype=E5M2, device=dg.device)
-        partial = torch.empty(-(-rows // GELU_BACKWARD[0]), n, dtype=torch.float32,
-                              device=dg.device)
-        _launch(k.gelu_backward_kernel, GELU_BACKWARD, rows, n, dg, z, bias, dz, dz8, partial,
-                scale, amax.view(torch.int32), rows, N=n, FMAX=torch.finfo(E5M2).max)
-        return dz, dz8, inverse, column_sums(partial)
+        dz8, keep = self._fp8(dg, slot, self.wgrad)
+        keep = keep if self.wgrad else torch.empty_like(dg)
+        tile = TILES[self.wgrad][2]
+        partial = torch.empty(-(-rows // tile[0]), n, dtype=torch.float32, device=dg.device)
+        _launch(k.gelu_backward_kernel, tile, rows, n, dg, z, bias, dz8, keep, partial, scale,
+                amax.view(torch.int32), rows, N=n, FMAX=torch.finfo(E5M2).max,
+                TRANSPOSE=self.wgrad)
+        return dz8, keep, inverse, column_sums(partial)
 
 
 def _mm(a, b_t, scale_a, scale_b, fast: bool):
@@ -168,8 +168,9 @@ def _mm(a, b_t, scale_a, scale_b, fast: bool):
 
 
 class FeedForward(torch.autograd.Function):
-    """``gelu(x @ w1.T + b1) @ w2.T`` (the output block's bias left to it) with FP8 forward and
-    data-gradient GEMMs; ``x`` [..., hidden], the output in bf16."""
+    """``gelu(x @ w1.T + b1) @ w2.T`` (the output block's bias left to it) with its forward
+    and data-gradient GEMMs in FP8, and its weight-gradient GEMMs too where ``scales.wgrad``;
+    ``x`` [..., hidden], the output in bf16."""
 
     @staticmethod
     def forward(ctx, x, w1, b1, w2, scales: Scales, base: int):
@@ -179,32 +180,39 @@ class FeedForward(torch.autograd.Function):
             raise UserError(f"fp8-ffn: {x2.shape[0]} tokens in a batch; FP8 GEMMs take a "
                             "multiple of 16: add unpad (its token counts are multiples of its "
                             "bucket) or make batch x sequence length a multiple of 16")
-        w1_8, w1t_8, w1_inv = scales.cast_weight(w1, base + W1)
-        w2_8, w2t_8, w2_inv = scales.cast_weight(w2, base + W2)
-        x8, x_inv = scales.cast(x2, base + X)
-        z = _mm(x8, w1_8, x_inv, w1_inv, fast=True)
-        g, g8, g_inv = scales.gelu(z, b1, base + G)
-        y = _mm(g8, w2_8, g_inv, w2_inv, fast=True)
-        ctx.save_for_backward(x2, z, g, b1, w1t_8, w2t_8)
-        # views of the scales' buffer, which later casts write (not ``inverses[slot]``)
-        ctx.inverses = w1_inv, w2_inv
-        ctx.scales, ctx.base, ctx.shape, ctx.dtypes = scales, base, x.shape, (
+        wgrad = scales.wgrad
+        _, w1t_8, w1_inv = w1_cast = scales.cast(w1, base + W1, transpose=True)
+        _, w2t_8, w2_inv = w2_cast = scales.cast(w2, base + W2, transpose=True)
+        x8, x8t, x_inv = scales.cast(x2, base + X, transpose=wgrad)
+        z = _mm(x8, w1_cast[0], x_inv, w1_inv, fast=True)
+        g8, g_kept, g_inv = scales.gelu(z, b1, base + G)
+        y = _mm(g8, w2_cast[0], g_inv, w2_inv, fast=True)
+        ctx.save_for_backward(z, b1, x8t if wgrad else x2, g_kept, w1t_8, w2t_8)
+        # views of the scales' buffer, which later casts write (not saved tensors): a slot's
+        # changes only when the next step begins
+        ctx.inverses = x_inv, g_inv, w1_inv, w2_inv
+        ctx.scales, ctx.base, ctx.wgrad, ctx.shape, ctx.dtypes = scales, base, wgrad, x.shape, (
             x.dtype, w1.dtype, w2.dtype)
         return y.view(x.shape[:-1] + (w2.shape[0],))
 
     @staticmethod
     def backward(ctx, dy):
-        x2, z, g, b1, w1t_8, w2t_8 = ctx.saved_tensors
-        w1_inv, w2_inv = ctx.inverses
-        scales, base = ctx.scales, ctx.base
+        z, b1, x_kept, g_kept, w1t_8, w2t_8 = ctx.saved_tensors
+        x_inv, g_inv, w1_inv, w2_inv = ctx.inverses
+        scales, base, wgrad = ctx.scales, ctx.base, ctx.wgrad
         x_dtype, w1_dtype, w2_dtype = ctx.dtypes
         dy2 = dy.reshape(-1, dy.shape[-1]).to(torch.bfloat16)
-        dy8, dy_inv = scales.cast(dy2, base + DY)
+        dy8, dy8t, dy_inv = scales.cast(dy2, base + DY, transpose=wgrad)
         dg = _mm(dy8, w2t_8, dy_inv, w2_inv, fast=False)
-        dz, dz8, dz_inv, db1 = scales.gelu_backward(dg, z, b1, base + DZ)
+        dz8, dz_kept, dz_inv, db1 = scales.gelu_backward(dg, z, b1, base + DZ)
         dx = _mm(dz8, w1t_8, dz_inv, w1_inv, fast=False)
-        return (dx.view(ctx.shape).to(x_dtype), dz.t().mm(x2).to(w1_dtype),
-                db1.to(b1.dtype), dy2.t().mm(g).to(w2_dtype), None, None)
+        if wgrad:   # [out, tokens] row-major times [tokens, in] column-major
+            dw1 = _mm(dz_kept, x_kept, dz_inv, x_inv, fast=False)
+            dw2 = _mm(dy8t, g_kept, dy_inv, g_inv, fast=False)
+        else:
+            dw1, dw2 = dz_kept.t().mm(x_kept), dy2.t().mm(g_kept)
+        return (dx.view(ctx.shape).to(x_dtype), dw1.to(w1_dtype), db1.to(b1.dtype),
+                dw2.to(w2_dtype), None, None)
 
 
 class Fp8FeedForward:
@@ -244,4 +252,16 @@ FP8_FFN = Optimisation(
     "fp8-ffn", "the feed-forward GEMMs (forward and data gradient) in FP8 with delayed "
     "per-tensor scales, the casts written by the bias + GELU Triton kernels (fp8.py)",
     apply=lambda wl, _: fp8_ffn(wl.net), excludes=("compile",), precisions=("amp-bf16",),
+    compare=None, tested_by="tests/benchmarks/bert/test_fp8.py")
+
+
+def fp8_wgrad(model: torch.nn.Module) -> None:
+    """``model``'s ``fp8-ffn`` blocks run their weight-gradient GEMMs in FP8 too."""
+    model.bert.encoder.layer[0].fp8[0].wgrad = True
+
+
+FP8_WGRAD = Optimisation(
+    "fp8-wgrad", "fp8-ffn's weight-gradient GEMMs in FP8 too: each cast also writes its "
+    "transpose, no bf16 activations kept for the backward (fp8.py)",
+    apply=lambda wl, _: fp8_wgrad(wl.net), requires=("fp8-ffn",), precisions=("amp-bf16",),
     compare=None, tested_by="tests/benchmarks/bert/test_fp8.py")

@@ -118,7 +118,7 @@ class BertWorkload(Workload):
     # compile (GPU, every dropout Inductor's) not measured yet
     optimisations = Registry(
         attention.SDPA, attention.UNPAD, qkv.FUSED_QKV, qkv_triton.TRITON_QKV, fusions.FUSED_GELU,
-        fusions.FUSED_LAYERNORM, layernorm_triton.TRITON_LAYERNORM, fp8.FP8_FFN,
+        fusions.FUSED_LAYERNORM, layernorm_triton.TRITON_LAYERNORM, fp8.FP8_FFN, fp8.FP8_WGRAD,
         flat_lamb.FLAT_PARAMS, flat_lamb.SHARDED_OPTIMIZER, flat_lamb.FUSED_LAMB,
         flat_lamb.BF16_WEIGHTS,
         shared(COMPILE, description="torch.compile the whole model (=MODE: default, tuned, "

@@ -143,6 +143,8 @@ def test_plus_variants_add_each_other_name_less_what_excludes_it():
                  "config-plus-gpu-thing": ["double-lr", "gpu-thing"]}   # no-bias excludes it
     v = plus_variants(OptimisedToy.optimisations, ["double-lr", "gpu-thing"])
     assert v["config-plus-no-bias"] == ["double-lr", "no-bias"]   # it excludes gpu-thing
+    v = plus_variants(OptimisedToy.optimisations, ["no-bias"])
+    assert v["config-plus-halve-lr"] == ["no-bias", "double-lr", "halve-lr"]   # its requirement
 
 
 def test_config_optimisations_reads_the_array(tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
-"""``fp8-ffn`` (``benchmarks/bert/fp8.py``): the FP8 feed-forward block against the same block
-computed in fp32 from operands quantised here by hand (the plumbing: scales, formats, layouts,
+"""``fp8-ffn`` and ``fp8-wgrad`` (``benchmarks/bert/fp8.py``): the FP8 feed-forward block, its
+weight gradients in bf16 or in FP8, against the same block computed in fp32 from operands
+quantised here by hand (the plumbing: scales, formats, layouts,
 the GELU chain, within bf16 rounding), and against the plain fp32 block (FP8's own error: E4M3
 keeps 3 mantissa bits, E5M2 2, about 5% and 9% of a random GEMM's output); the delayed scales'
 history; the model with it (evaluation unchanged, training within FP8's error). On the CPU
@@ -9,13 +10,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from benchmarks.bert.fp8 import E4M3, E5M2, HISTORY, FeedForward, Scales, fp8_ffn
+from benchmarks.bert.fp8 import E4M3, E5M2, HISTORY, FeedForward, Scales, fp8_ffn, fp8_wgrad
 from benchmarks.bert.model import BertConfig
 from tests.benchmarks.bert.test_model import _batch, built
 from tests.benchmarks.bert.test_qkv import _outputs_and_grads
 
 DEVICES = ["cpu"] + ["cuda"] * (torch.cuda.is_available()
                                 and torch.cuda.get_device_capability() >= (8, 9))
+WGRAD = pytest.mark.parametrize("wgrad", [False, True], ids=["fp8-ffn", "fp8-wgrad"])
+
+
+def _scales(device, wgrad=False):
+    scales = Scales(1, device)
+    scales.wgrad = wgrad
+    scales.advance()                       # the first step: each tensor by its own magnitude
+    return scales
 
 
 def _q(t, dtype, scale=None):
@@ -43,12 +52,11 @@ def _rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+@WGRAD
 @pytest.mark.parametrize("device", DEVICES)
-def test_the_block_equals_fp32_over_operands_quantised_by_hand(device):
+def test_the_block_equals_fp32_over_operands_quantised_by_hand(device, wgrad):
     x, w1, b1, w2, dy = _block(device)
-    scales = Scales(1, device)
-    scales.advance()                       # the first step: each tensor by its own magnitude
-    y, (dx, dw1, db1, dw2) = _fp8(x, w1, b1, w2, dy, scales)
+    y, (dx, dw1, db1, dw2) = _fp8(x, w1, b1, w2, dy, _scales(device, wgrad))
 
     x, w1, b1, w2, dy = (t.float() for t in (x, w1, b1, w2, dy))
     z = (_q(x, E4M3) @ _q(w1, E4M3).t()).bfloat16().float().requires_grad_()
@@ -56,19 +64,21 @@ def test_the_block_equals_fp32_over_operands_quantised_by_hand(device):
     want_y = _q(g, E4M3) @ _q(w2, E4M3).t()
     dg = (_q(dy, E5M2) @ _q(w2, E4M3)).bfloat16().float()
     (dz,) = torch.autograd.grad(g, z, dg)
-    want = (_q(dz, E5M2) @ _q(w1, E4M3), dz.bfloat16().float().t() @ x, dz.sum(0),
-            dy.t() @ g.bfloat16().float())
+    if wgrad:
+        dws = _q(dz, E5M2).t() @ _q(x, E4M3), _q(dy, E5M2).t() @ _q(g, E4M3)
+    else:
+        dws = dz.bfloat16().float().t() @ x, dy.t() @ g.bfloat16().float()
+    want = (_q(dz, E5M2) @ _q(w1, E4M3), dws[0], dz.sum(0), dws[1])
     assert _rel(y, want_y) < 1e-2          # 1.6e-3 on the CPU, 5.1e-3 (dx) on an H200
     for name, got, ref in zip(("x", "w1", "b1", "w2"), (dx, dw1, db1, dw2), want):
         assert _rel(got, ref) < 1e-2, name
 
 
+@WGRAD
 @pytest.mark.parametrize("device", DEVICES)
-def test_the_block_is_within_fp8s_error_of_the_plain_block(device):
+def test_the_block_is_within_fp8s_error_of_the_plain_block(device, wgrad):
     x, w1, b1, w2, dy = _block(device, seed=1)
-    scales = Scales(1, device)
-    scales.advance()
-    y, grads = _fp8(x, w1, b1, w2, dy, scales)
+    y, grads = _fp8(x, w1, b1, w2, dy, _scales(device, wgrad))
     ins = [t.float().requires_grad_() for t in (x, w1, b1, w2)]
     want_y = F.gelu(ins[0] @ ins[1].t() + ins[2]) @ ins[3].t()
     want = torch.autograd.grad(want_y, ins, dy.float())
@@ -77,11 +87,11 @@ def test_the_block_is_within_fp8s_error_of_the_plain_block(device):
         assert _rel(got, ref) < 0.12, name   # E5M2 gradients
 
 
+@WGRAD
 @pytest.mark.parametrize("device", DEVICES)
-def test_delayed_scales_come_from_the_last_casts(device):
+def test_delayed_scales_come_from_the_last_casts(device, wgrad):
     x, w1, b1, w2, dy = _block(device, seed=2)
-    scales = Scales(1, device)
-    scales.advance()
+    scales = _scales(device, wgrad)
     first = _fp8(x, w1, b1, w2, dy, scales)
     amax = scales.amaxes.clone()
     assert amax[0] == x.float().abs().max() and amax[4] == w1.float().abs().max()
@@ -104,14 +114,17 @@ def test_delayed_scales_come_from_the_last_casts(device):
     assert (scales.history[:, 0] == 0).all()   # the last steps cast nothing
 
 
+@WGRAD
 @pytest.mark.parametrize("device", DEVICES)
-def test_the_model_with_it_trains_within_fp8s_error_and_evaluates_unchanged(device):
+def test_the_model_with_it_trains_within_fp8s_error_and_evaluates_unchanged(device, wgrad):
     torch.manual_seed(0)
     c = BertConfig(vocab_size=61, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                    intermediate_size=256, max_position_embeddings=16)
     ref = built(c=c).to(device)
     fast = built(None, ref, c=c).to(device)
     fp8_ffn(fast)                          # as the workload applies it: built on the device
+    if wgrad:
+        fp8_wgrad(fast)
     assert type(fast.bert.encoder.layer[0]).__name__ == "Fp8FeedForwardLayer"
     ids, seg, mask, pos = _batch()
     batch = [torch.cat([t] * 16) .to(device) for t in (ids, seg, mask, pos)]   # 768 tokens
@@ -135,6 +148,6 @@ def test_the_model_with_it_trains_within_fp8s_error_and_evaluates_unchanged(devi
         if g.norm() < 1e-6 * largest:      # the key bias: no gradient through a softmax
             assert grads_f[name].norm() < 1e-6 * largest, name
         else:
-            assert _rel(grads_f[name], g) < 0.1, name   # up to 5.2e-2 on the CPU
+            assert _rel(grads_f[name], g) < 0.12, name   # up to 7.4e-2 on the CPU
     scales = fast.bert.encoder.layer[0].fp8[0]
     assert scales.steps == 1 and (scales.amaxes > 0).all()

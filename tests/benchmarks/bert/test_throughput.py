@@ -57,12 +57,14 @@ def test_variants_are_the_registry_s():
         "fused-qkv", "triton-qkv", "fused-gelu", "triton-layernorm", "flat-params",
         "sharded-optimizer", "fused-lamb", "bf16-weights", "cuda-graph", "sdpa"]
     assert throughput.OURS["config-plus-fp8-ffn"] == [*config, "fp8-ffn"]
+    assert throughput.OURS["config-plus-fp8-wgrad"] == [*config, "fp8-ffn", "fp8-wgrad"]
     assert throughput.OURS["config-plus-fused-layernorm"] == [   # in triton-layernorm's place
         *(c for c in config if c != "triton-layernorm"), "fused-layernorm"]
     assert set(throughput.VARIANTS) == {
         "plain", "config", "hf-sdpa", "hf-sdpa-compiled",
         *(f"config-minus-{n}" for n in config),
-        *(f"config-plus-{n}" for n in ("sdpa", "compile", "fused-layernorm", "fp8-ffn"))}
+        *(f"config-plus-{n}" for n in ("sdpa", "compile", "fused-layernorm", "fp8-ffn",
+                                                 "fp8-wgrad"))}
 
 
 # the config's step without its CUDA-only optimisations: what runs on the CPU
