@@ -181,12 +181,12 @@ class FeedForward(torch.autograd.Function):
                             "multiple of 16: add unpad (its token counts are multiples of its "
                             "bucket) or make batch x sequence length a multiple of 16")
         wgrad = scales.wgrad
-        _, w1t_8, w1_inv = w1_cast = scales.cast(w1, base + W1, transpose=True)
-        _, w2t_8, w2_inv = w2_cast = scales.cast(w2, base + W2, transpose=True)
+        w1_8, w1t_8, w1_inv = scales.cast(w1, base + W1, transpose=True)
+        w2_8, w2t_8, w2_inv = scales.cast(w2, base + W2, transpose=True)
         x8, x8t, x_inv = scales.cast(x2, base + X, transpose=wgrad)
-        z = _mm(x8, w1_cast[0], x_inv, w1_inv, fast=True)
+        z = _mm(x8, w1_8, x_inv, w1_inv, fast=True)
         g8, g_kept, g_inv = scales.gelu(z, b1, base + G)
-        y = _mm(g8, w2_cast[0], g_inv, w2_inv, fast=True)
+        y = _mm(g8, w2_8, g_inv, w2_inv, fast=True)
         ctx.save_for_backward(z, b1, x8t if wgrad else x2, g_kept, w1t_8, w2t_8)
         # views of the scales' buffer, which later casts write (not saved tensors): a slot's
         # changes only when the next step begins

@@ -4,7 +4,7 @@ quantised here by hand (the plumbing: scales, formats, layouts,
 the GELU chain, within bf16 rounding), and against the plain fp32 block (FP8's own error: E4M3
 keeps 3 mantissa bits, E5M2 2, about 5% and 9% of a random GEMM's output); the delayed scales'
 history; the model with it (evaluation unchanged, training within FP8's error). On the CPU
-(eager casts) and on the GPU (Inductor's casts, cuBLASLt's FP8 GEMMs)."""
+(torch's casts and GEMMs) and on the GPU (the Triton casts, cuBLASLt's FP8 GEMMs)."""
 
 import pytest
 import torch

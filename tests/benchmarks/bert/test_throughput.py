@@ -64,7 +64,7 @@ def test_variants_are_the_registry_s():
         "plain", "config", "hf-sdpa", "hf-sdpa-compiled",
         *(f"config-minus-{n}" for n in config),
         *(f"config-plus-{n}" for n in ("sdpa", "compile", "fused-layernorm", "fp8-ffn",
-                                                 "fp8-wgrad"))}
+                                       "fp8-wgrad"))}
 
 
 # the config's step without its CUDA-only optimisations: what runs on the CPU
