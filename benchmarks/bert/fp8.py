@@ -31,9 +31,10 @@ X, G, DY, DZ, W1, W2 = range(6)
 FORMATS = (E4M3, E4M3, E5M2, E5M2, E4M3, E4M3)
 # rows, columns and warps of a program (cast, GELU forward, GELU backward): without the
 # transposes the fastest of 16-64 rows, 64-256 columns and 4 or 8 warps for [10240, 4096] on
-# one H200 (the GELU kernels 89 and 122 us, a bf16 copy 44 us); with them (``fp8-wgrad``),
-# 64 x 64 tiles, which store runs of 64 bytes both ways (not measured yet)
-TILES = {False: ((64, 128, 4), (16, 128, 8), (64, 64, 4)), True: ((64, 64, 4),) * 3}
+# one H200 (the GELU kernels 89 and 122 us, a bf16 copy 44 us); with them (``fp8-wgrad``: cast,
+# GELU forward, the transpose of GELU's input gradient), the same sweep's (forward 136 us)
+TILES = {False: ((64, 128, 4), (16, 128, 8), (64, 64, 4)),
+         True: ((64, 64, 4), (64, 128, 8), (64, 64, 4))}
 
 
 def _kernels():
@@ -151,14 +152,15 @@ class Scales:
         scale, amax, inverse = self._slot(dz if self.steps < 2 else dg, slot)
         k, column_sums = _kernels()
         rows, n = dg.shape
-        dz8, keep = self._fp8(dg, slot, self.wgrad)
-        keep = keep if self.wgrad else torch.empty_like(dg)
-        tile = TILES[self.wgrad][2]
+        dz8, dz8t = self._fp8(dg, slot, self.wgrad)
+        keep = None if self.wgrad else torch.empty_like(dg)
+        tile = TILES[False][2]
         partial = torch.empty(-(-rows // tile[0]), n, dtype=torch.float32, device=dg.device)
         _launch(k.gelu_backward_kernel, tile, rows, n, dg, z, bias, dz8, keep, partial, scale,
-                amax.view(torch.int32), rows, N=n, FMAX=torch.finfo(E5M2).max,
-                TRANSPOSE=self.wgrad)
-        return dz8, keep, inverse, column_sums(partial)
+                amax.view(torch.int32), rows, N=n, FMAX=torch.finfo(E5M2).max)
+        if self.wgrad:   # a pass of its own (fp8_kernels.py says why)
+            _launch(k.transpose_kernel, TILES[True][2], rows, n, dz8, dz8t, rows, C=n)
+        return dz8, dz8t if self.wgrad else keep, inverse, column_sums(partial)
 
 
 def _mm(a, b_t, scale_a, scale_b, fast: bool):

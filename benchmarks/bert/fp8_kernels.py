@@ -3,7 +3,9 @@ multiplies by a slot's scale, saturates, stores, and folds the tile's largest ma
 the slot's amax (the float's bits as an int32: the order of non-negative floats). What the
 weight gradient needs is stored beside it, into ``keep``: with ``TRANSPOSE`` (``fp8-wgrad``)
 the FP8 tile transposed (an FP8 GEMM's operands are row-major on one side, column-major on the
-other), else the bf16 result of the bias + GELU kernels."""
+other), else the bf16 result of the bias + GELU kernels. GELU's input gradient is transposed by
+a pass of its own (``transpose_kernel``): with its column sums in the same program, the
+transposed store wrote a quarter of the tile wrong on an H200 (Triton 3.x)."""
 
 from __future__ import annotations
 
@@ -63,10 +65,10 @@ def gelu_forward_kernel(z_ptr, bias_ptr, g8_ptr, keep_ptr, scale_ptr, amax_ptr, 
 
 @triton.jit
 def gelu_backward_kernel(dg_ptr, z_ptr, bias_ptr, dz8_ptr, keep_ptr, partial_ptr, scale_ptr,
-                         amax_ptr, rows, N: tl.constexpr, FMAX: tl.constexpr,
-                         TRANSPOSE: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
-    """``dz = dg * gelu'(z + bias)`` scaled in ``dz8``'s FP8, ``keep`` as ``_store``; the
-    tile's column sums (fp32) to ``partial[row block]``."""
+                         amax_ptr, rows, N: tl.constexpr, FMAX: tl.constexpr, BR: tl.constexpr,
+                         BC: tl.constexpr):
+    """``dz = dg * gelu'(z + bias)`` scaled in ``dz8``'s FP8, and in ``keep``'s dtype unless
+    ``keep`` is None; the tile's column sums (fp32) to ``partial[row block]``."""
     rb = tl.program_id(0)
     r = rb * BR + tl.arange(0, BR)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
@@ -78,5 +80,15 @@ def gelu_backward_kernel(dg_ptr, z_ptr, bias_ptr, dz8_ptr, keep_ptr, partial_ptr
         -0.5 * u * u) * 0.3989422804014327
     dz = tl.where(ok, tl.load(dg_ptr + at, mask=ok, other=0.0).to(tl.float32) * slope, 0.0)
     _store(dz8_ptr, keep_ptr, dz, _scaled(dz, ok, scale_ptr, amax_ptr, FMAX), r, c, ok, rows,
-           N, TRANSPOSE)
+           N, False)
     tl.store(partial_ptr + rb.to(tl.int64) * N + c, tl.sum(dz, 0), mask=c < N)
+
+
+@triton.jit
+def transpose_kernel(x_ptr, y_ptr, R, C: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    """``y`` [C, R] = ``x`` [R, C] transposed, both row-major."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    c = tl.program_id(1) * BC + tl.arange(0, BC)
+    ok = (r[:, None] < R) & (c[None, :] < C)
+    t = tl.load(x_ptr + r[:, None].to(tl.int64) * C + c[None, :], mask=ok)
+    tl.store(y_ptr + c[:, None].to(tl.int64) * R + r[None, :], tl.trans(t), mask=tl.trans(ok))
