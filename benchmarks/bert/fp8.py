@@ -8,9 +8,10 @@ records its magnitude (``fp8_kernels.py``): in the bias + GELU kernels forward a
 (the bias gradient's column sums in the latter's pass), a pass of its own for the block's
 input, its output gradient and the weights. An FP8 GEMM takes its first operand row-major and
 its second column-major, so the weights' casts write their transposes for the data gradient;
-with ``fp8-wgrad`` every cast does, for the weight gradient, and no bf16 copy of the
-activations is kept for the backward. The first training step, before any history, scales
-each tensor by its own magnitude. Evaluation runs the bf16 path.
+with ``fp8-wgrad`` every cast does, for the weight gradient (GELU's input gradient by a
+transpose pass of its own), and no bf16 copy of the activations is kept for the backward.
+The first training step, before any history, scales each tensor by its own magnitude.
+Evaluation runs the bf16 path.
 """
 
 from __future__ import annotations
