@@ -265,6 +265,7 @@ def fp8_wgrad(model: torch.nn.Module) -> None:
 
 FP8_WGRAD = Optimisation(
     "fp8-wgrad", "fp8-ffn's weight-gradient GEMMs in FP8 too: each cast also writes its "
-    "transpose, no bf16 activations kept for the backward (fp8.py)",
+    "transpose (GELU's input gradient by a transpose pass), no bf16 activations kept for the "
+    "backward (fp8.py)",
     apply=lambda wl, _: fp8_wgrad(wl.net), requires=("fp8-ffn",), precisions=("amp-bf16",),
     compare=None, tested_by="tests/benchmarks/bert/test_fp8.py")
