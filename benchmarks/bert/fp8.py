@@ -7,9 +7,10 @@ largest magnitude it had over its last ``HISTORY`` casts, so each cast is one pa
 records its magnitude (``fp8_kernels.py``): in the bias + GELU kernels forward and backward
 (the bias gradient's column sums in the latter's pass), a pass of its own for the block's
 input, its output gradient and the weights. An FP8 GEMM takes its first operand row-major and
-its second column-major, so the weights' casts write their transposes for the data gradient;
-with ``fp8-wgrad`` every cast does, for the weight gradient (GELU's input gradient by a
-transpose pass of its own), and no bf16 copy of the activations is kept for the backward.
+its second column-major, so the weights' FP8 copies are transposed for the data gradient;
+with ``fp8-wgrad`` the activations' and gradients' are too, for the weight gradient, and no
+bf16 copy of the activations is kept for the backward. Each transpose is a pass of its own
+over the FP8 tensor.
 The first training step, before any history, scales each tensor by its own magnitude.
 Evaluation runs the bf16 path.
 """
@@ -30,12 +31,10 @@ HISTORY = 16   # casts a delayed scale looks back over
 # the two weights
 X, G, DY, DZ, W1, W2 = range(6)
 FORMATS = (E4M3, E4M3, E5M2, E5M2, E4M3, E4M3)
-# rows, columns and warps of a program (cast, GELU forward, GELU backward): without the
-# transposes the fastest of 16-64 rows, 64-256 columns and 4 or 8 warps for [10240, 4096] on
-# one H200 (the GELU kernels 89 and 122 us, a bf16 copy 44 us); with them (``fp8-wgrad``: cast,
-# GELU forward, the transpose of GELU's input gradient), the same sweep's (forward 136 us)
-TILES = {False: ((64, 128, 4), (16, 128, 8), (64, 64, 4)),
-         True: ((64, 64, 4), (64, 128, 8), (64, 64, 4))}
+# rows, columns and warps of a program (cast, GELU forward, GELU backward, FP8 transpose): the
+# fastest of 16-64 rows, 64-256 columns and 4 or 8 warps for [10240, 4096] on one H200 (the
+# GELU kernels 89 and 122 us, the transpose 26.5 us, a bf16 copy 44 us)
+CAST, GELU, GELU_BACKWARD, TRANSPOSE = (64, 128, 4), (16, 128, 8), (64, 64, 4), (64, 64, 4)
 
 
 def _kernels():
@@ -101,13 +100,17 @@ class Scales:
             self.inverses[slot] = 1.0 / self.scales[one]
         return self.scales[one], self.amaxes[one], self.inverses[slot, :1]
 
-    def _fp8(self, t, slot: int, transpose: bool = False):
-        """An empty ``t``-shaped tensor in the slot's FP8 format, and (``transpose``) one of
-        the transposed shape, else None."""
-        dtype = FORMATS[slot % len(FORMATS)]
-        out = [torch.empty(s, dtype=dtype, device=t.device)
-               for s in (t.shape, t.shape[::-1])[:1 + transpose]]
-        return out[0], out[1] if transpose else None
+    def _fp8(self, t, slot: int):
+        """An empty ``t``-shaped tensor in the slot's FP8 format."""
+        return torch.empty(t.shape, dtype=FORMATS[slot % len(FORMATS)], device=t.device)
+
+    @staticmethod
+    def _transposed(t8):
+        """The FP8 [r, c] ``t8``'s transpose [c, r], row-major (``transpose_kernel``)."""
+        k, _ = _kernels()
+        t8t = torch.empty(t8.shape[::-1], dtype=t8.dtype, device=t8.device)
+        _launch(k.transpose_kernel, TRANSPOSE, *t8.shape, t8, t8t, t8.shape[0], C=t8.shape[1])
+        return t8t
 
     def cast(self, t, slot: int, transpose: bool):
         """``t`` [r, c] in its slot's format, (``transpose``) its transpose [c, r] row-major or
@@ -119,11 +122,10 @@ class Scales:
             t8 = _scale_by(t, scale, dtype)
             return t8, t8.t().contiguous() if transpose else None, inverse
         k, _ = _kernels()
-        t8, t8t = self._fp8(t, slot, transpose)
-        _launch(k.cast_kernel, TILES[self.wgrad][0], *t.shape, t, t8, t8t, scale,
-                amax.view(torch.int32), t.shape[0], C=t.shape[1], FMAX=torch.finfo(dtype).max,
-                TRANSPOSE=transpose)
-        return t8, t8t, inverse
+        t8 = self._fp8(t, slot)
+        _launch(k.cast_kernel, CAST, *t.shape, t, t8, scale, amax.view(torch.int32),
+                t.shape[0], C=t.shape[1], FMAX=torch.finfo(dtype).max)
+        return t8, self._transposed(t8) if transpose else None, inverse
 
     def gelu(self, z, bias, slot: int):
         """GELU(z + bias) in E4M3; what the weight gradient needs of it (its FP8 transpose
@@ -135,12 +137,11 @@ class Scales:
                 return g8, g8t if self.wgrad else g.to(z.dtype), inverse
         scale, amax, inverse = self._slot(g if self.steps < 2 else z, slot)
         k, _ = _kernels()
-        g8, keep = self._fp8(z, slot, self.wgrad)
-        keep = keep if self.wgrad else torch.empty_like(z)
-        _launch(k.gelu_forward_kernel, TILES[self.wgrad][1], *z.shape, z, bias, g8, keep,
-                scale, amax.view(torch.int32), z.shape[0], N=z.shape[1],
-                FMAX=torch.finfo(E4M3).max, TRANSPOSE=self.wgrad)
-        return g8, keep, inverse
+        g8 = self._fp8(z, slot)
+        keep = None if self.wgrad else torch.empty_like(z)
+        _launch(k.gelu_forward_kernel, GELU, *z.shape, z, bias, g8, keep, scale,
+                amax.view(torch.int32), z.shape[0], N=z.shape[1], FMAX=torch.finfo(E4M3).max)
+        return g8, self._transposed(g8) if self.wgrad else keep, inverse
 
     def gelu_backward(self, dg, z, bias, slot: int):
         """GELU's input gradient in E5M2, what the weight gradient needs of it (as
@@ -153,15 +154,14 @@ class Scales:
         scale, amax, inverse = self._slot(dz if self.steps < 2 else dg, slot)
         k, column_sums = _kernels()
         rows, n = dg.shape
-        dz8, dz8t = self._fp8(dg, slot, self.wgrad)
+        dz8 = self._fp8(dg, slot)
         keep = None if self.wgrad else torch.empty_like(dg)
-        tile = TILES[False][2]
-        partial = torch.empty(-(-rows // tile[0]), n, dtype=torch.float32, device=dg.device)
-        _launch(k.gelu_backward_kernel, tile, rows, n, dg, z, bias, dz8, keep, partial, scale,
-                amax.view(torch.int32), rows, N=n, FMAX=torch.finfo(E5M2).max)
-        if self.wgrad:   # a pass of its own (fp8_kernels.py says why)
-            _launch(k.transpose_kernel, TILES[True][2], rows, n, dz8, dz8t, rows, C=n)
-        return dz8, dz8t if self.wgrad else keep, inverse, column_sums(partial)
+        partial = torch.empty(-(-rows // GELU_BACKWARD[0]), n, dtype=torch.float32,
+                              device=dg.device)
+        _launch(k.gelu_backward_kernel, GELU_BACKWARD, rows, n, dg, z, bias, dz8, keep, partial,
+                scale, amax.view(torch.int32), rows, N=n, FMAX=torch.finfo(E5M2).max)
+        return (dz8, self._transposed(dz8) if self.wgrad else keep, inverse,
+                column_sums(partial))
 
 
 def _mm(a, b_t, scale_a, scale_b, fast: bool):
@@ -264,8 +264,8 @@ def fp8_wgrad(model: torch.nn.Module) -> None:
 
 
 FP8_WGRAD = Optimisation(
-    "fp8-wgrad", "fp8-ffn's weight-gradient GEMMs in FP8 too: each cast also writes its "
-    "transpose (GELU's input gradient by a transpose pass), no bf16 activations kept for the "
-    "backward (fp8.py)",
+    "fp8-wgrad", "fp8-ffn's weight-gradient GEMMs in FP8 too: each FP8 activation and "
+    "gradient transposed by a pass of its own, no bf16 activations kept for the backward "
+    "(fp8.py)",
     apply=lambda wl, _: fp8_wgrad(wl.net), requires=("fp8-ffn",), precisions=("amp-bf16",),
     compare=None, tested_by="tests/benchmarks/bert/test_fp8.py")

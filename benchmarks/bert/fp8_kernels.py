@@ -1,11 +1,11 @@
 """Triton kernels of ``fp8-ffn`` and ``fp8-wgrad`` (``fp8.py``): each cast to FP8 one pass that
 multiplies by a slot's scale, saturates, stores, and folds the tile's largest magnitude into
-the slot's amax (the float's bits as an int32: the order of non-negative floats). What the
-weight gradient needs is stored beside it, into ``keep``: with ``TRANSPOSE`` (``fp8-wgrad``)
-the FP8 tile transposed (an FP8 GEMM's operands are row-major on one side, column-major on the
-other), else the bf16 result of the bias + GELU kernels. GELU's input gradient is transposed by
-a pass of its own (``transpose_kernel``): with its column sums in the same program, the
-transposed store wrote a quarter of the tile wrong on an H200 (Triton 3.x)."""
+the slot's amax (the float's bits as an int32: the order of non-negative floats); the bias +
+GELU kernels can also store their result in bf16 (``keep``: what the weight gradient needs of
+it without ``fp8-wgrad``). The FP8 transposes the weight gradient needs (an FP8 GEMM's operands
+are row-major on one side, column-major on the other) are a pass of their own
+(``transpose_kernel``): stored from the casts' own programs, they came out wrong on an H200
+(Triton 3.x) for some tiles and input dtypes (docs/history/bert.md)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,12 @@ import triton.language as tl
 
 
 @triton.jit
-def _store(y_ptr, keep_ptr, t, t8, r, c, ok, R, C: tl.constexpr, TRANSPOSE: tl.constexpr):
-    """The tile ``t8`` (rows ``r``, columns ``c``) into ``y`` [R, C], in its FP8 format; into
-    ``keep`` its transpose ([C, R], with ``TRANSPOSE``) or ``t`` in ``keep``'s dtype."""
+def _store(y_ptr, keep_ptr, t, t8, r, c, ok, C: tl.constexpr):
+    """The tile ``t8`` (rows ``r``, columns ``c``) into ``y`` [R, C] in its FP8 format, and
+    ``t`` into ``keep`` in its dtype unless ``keep`` is None."""
     at = r[:, None].to(tl.int64) * C + c[None, :]
-    y = t8.to(y_ptr.dtype.element_ty)
-    tl.store(y_ptr + at, y, mask=ok)
-    if TRANSPOSE:
-        tl.store(keep_ptr + c[:, None].to(tl.int64) * R + r[None, :], tl.trans(y),
-                 mask=tl.trans(ok))
-    elif keep_ptr is not None:
+    tl.store(y_ptr + at, t8.to(y_ptr.dtype.element_ty), mask=ok)
+    if keep_ptr is not None:
         tl.store(keep_ptr + at, t.to(keep_ptr.dtype.element_ty), mask=ok)
 
 
@@ -36,22 +32,21 @@ def _scaled(t, ok, scale_ptr, amax_ptr, FMAX: tl.constexpr):
 
 
 @triton.jit
-def cast_kernel(x_ptr, y_ptr, yt_ptr, scale_ptr, amax_ptr, R, C: tl.constexpr,
-                FMAX: tl.constexpr, TRANSPOSE: tl.constexpr, BR: tl.constexpr,
-                BC: tl.constexpr):
-    """``y = x * scale`` [R, C] row-major, with ``TRANSPOSE`` its transpose ``yt`` [C, R]."""
+def cast_kernel(x_ptr, y_ptr, scale_ptr, amax_ptr, R, C: tl.constexpr, FMAX: tl.constexpr,
+                BR: tl.constexpr, BC: tl.constexpr):
+    """``y = x * scale`` [R, C] row-major."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
     ok = (r[:, None] < R) & (c[None, :] < C)
     t = tl.load(x_ptr + r[:, None].to(tl.int64) * C + c[None, :], mask=ok, other=0.0)
     t8 = _scaled(t.to(tl.float32), ok, scale_ptr, amax_ptr, FMAX)
-    _store(y_ptr, yt_ptr, t8, t8, r, c, ok, R, C, TRANSPOSE)
+    _store(y_ptr, None, t8, t8, r, c, ok, C)
 
 
 @triton.jit
 def gelu_forward_kernel(z_ptr, bias_ptr, g8_ptr, keep_ptr, scale_ptr, amax_ptr, rows,
-                        N: tl.constexpr, FMAX: tl.constexpr, TRANSPOSE: tl.constexpr,
-                        BR: tl.constexpr, BC: tl.constexpr):
+                        N: tl.constexpr, FMAX: tl.constexpr, BR: tl.constexpr,
+                        BC: tl.constexpr):
     """``g = gelu(z + bias)`` [rows, N] scaled in ``g8``'s FP8; ``keep`` as ``_store``."""
     r = tl.program_id(0) * BR + tl.arange(0, BR)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
@@ -59,8 +54,7 @@ def gelu_forward_kernel(z_ptr, bias_ptr, g8_ptr, keep_ptr, scale_ptr, amax_ptr, 
     u = tl.load(z_ptr + r[:, None].to(tl.int64) * N + c[None, :], mask=ok, other=0.0).to(
         tl.float32) + tl.load(bias_ptr + c, mask=c < N, other=0.0).to(tl.float32)[None, :]
     g = 0.5 * u * (1.0 + tl.math.erf(u * 0.7071067811865476))
-    _store(g8_ptr, keep_ptr, g, _scaled(g, ok, scale_ptr, amax_ptr, FMAX), r, c, ok, rows, N,
-           TRANSPOSE)
+    _store(g8_ptr, keep_ptr, g, _scaled(g, ok, scale_ptr, amax_ptr, FMAX), r, c, ok, N)
 
 
 @triton.jit
@@ -79,8 +73,7 @@ def gelu_backward_kernel(dg_ptr, z_ptr, bias_ptr, dz8_ptr, keep_ptr, partial_ptr
     slope = 0.5 * (1.0 + tl.math.erf(u * 0.7071067811865476)) + u * tl.exp(
         -0.5 * u * u) * 0.3989422804014327
     dz = tl.where(ok, tl.load(dg_ptr + at, mask=ok, other=0.0).to(tl.float32) * slope, 0.0)
-    _store(dz8_ptr, keep_ptr, dz, _scaled(dz, ok, scale_ptr, amax_ptr, FMAX), r, c, ok, rows,
-           N, False)
+    _store(dz8_ptr, keep_ptr, dz, _scaled(dz, ok, scale_ptr, amax_ptr, FMAX), r, c, ok, N)
     tl.store(partial_ptr + rb.to(tl.int64) * N + c, tl.sum(dz, 0), mask=c < N)
 
 

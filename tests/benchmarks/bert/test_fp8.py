@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from benchmarks.bert import fp8
 from benchmarks.bert.fp8 import E4M3, E5M2, HISTORY, FeedForward, Scales, fp8_ffn, fp8_wgrad
 from benchmarks.bert.model import BertConfig
 from tests.benchmarks.bert.test_model import _batch, built
@@ -50,6 +51,27 @@ def _fp8(x, w1, b1, w2, dy, scales):
 
 def _rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.skipif(len(DEVICES) < 2, reason="the Triton kernels: a GPU with FP8")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(256, 64), (64, 256), (250, 64), (768, 4096)])
+def test_each_kernel_and_its_transpose_match_torch_byte_for_byte(shape, dtype):
+    """The casts (fp32 weights under autocast, bf16 activations) against torch's casts, each
+    transpose against the kernel's own FP8 tensor transposed (a transposed store inside the
+    casts' programs came out wrong for fp32 inputs on an H200)."""
+    x = (torch.randn(shape, generator=torch.Generator().manual_seed(3)) * 0.05).to("cuda", dtype)
+    scales = _scales("cuda", wgrad=True)
+    for slot in (0, 2, 4):
+        t8, t8t, _ = scales.cast(x, slot, transpose=True)
+        want = fp8._scale_by(x, scales.scales[slot], fp8.FORMATS[slot])
+        assert torch.equal(t8.view(torch.uint8), want.view(torch.uint8)), slot
+        assert torch.equal(t8t.view(torch.uint8), t8.view(torch.uint8).t()), slot
+    bias = torch.randn(shape[1], device="cuda") * 0.1
+    g8, g8t, _ = scales.gelu(x, bias, 1)
+    assert torch.equal(g8t.view(torch.uint8), g8.view(torch.uint8).t())
+    dz8, dz8t, _, _ = scales.gelu_backward(x.bfloat16() * 1e-3, x, bias, 3)
+    assert torch.equal(dz8t.view(torch.uint8), dz8.view(torch.uint8).t())
 
 
 @WGRAD
