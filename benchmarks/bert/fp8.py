@@ -162,11 +162,13 @@ class Scales:
 
     def gelu_backward(self, dg, z, bias, slot: int):
         """GELU's input gradient in E5M2, what the weight gradient needs of it (as
-        :meth:`gelu`), the inverse scale, and its column sums (fp32: the bias gradient)."""
+        :meth:`gelu`), the inverse scale, and its column sums (the bias gradient: summed in
+        fp32, in ``bias``'s dtype)."""
         if not dg.is_cuda:
             dz = dg.float() * _gelu_slope(z.float() + bias.float())
             dz8, dz8t, inverse = self.cast(dz, slot, self.wgrad)
-            return dz8, dz8t if self.wgrad else dz.to(dg.dtype), inverse, dz.sum(0)
+            return (dz8, dz8t if self.wgrad else dz.to(dg.dtype), inverse,
+                    dz.sum(0).to(bias.dtype))
         k, column_sums = _kernels()
         rows, n = dg.shape
         dz8 = self._fp8(dg, slot)
@@ -182,7 +184,7 @@ class Scales:
         scale, amax, inverse = self._slot(slot, launch)
         launch(scale, amax)
         return (dz8, self._transposed(dz8) if self.wgrad else keep, inverse,
-                column_sums(partial))
+                column_sums(partial, bias.dtype))
 
 
 def _mm(a, b_t, scale_a, scale_b, fast: bool):
@@ -235,7 +237,7 @@ class FeedForward(torch.autograd.Function):
             dw2 = _mm(dy8t, g_kept, dy_inv, g_inv, fast=False)
         else:
             dw1, dw2 = dz_kept.t().mm(x_kept), dy2.t().mm(g_kept)
-        return (dx.view(ctx.shape).to(x_dtype), dw1.to(w1_dtype), db1.to(b1.dtype),
+        return (dx.view(ctx.shape).to(x_dtype), dw1.to(w1_dtype), db1,
                 dw2.to(w2_dtype), None, None)
 
 

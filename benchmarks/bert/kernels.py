@@ -10,7 +10,8 @@ next_power_of_2 = triton.next_power_of_2
 
 @triton.jit
 def column_sum_kernel(partial_ptr, out_ptr, p, n, BP: tl.constexpr, BN: tl.constexpr):
-    """``out[c] = sum over rows of partial[:, c]`` for a BN-wide strip of columns."""
+    """``out[c] = sum over rows of partial[:, c]`` for a BN-wide strip of columns, in ``out``'s
+    dtype."""
     c = tl.program_id(0) * BN + tl.arange(0, BN)
     total = tl.zeros([BN], tl.float32)
     for r0 in range(0, p, BP):
@@ -18,14 +19,15 @@ def column_sum_kernel(partial_ptr, out_ptr, p, n, BP: tl.constexpr, BN: tl.const
         ok = (r[:, None] < p) & (c[None, :] < n)
         total += tl.sum(tl.load(partial_ptr + r[:, None].to(tl.int64) * n + c[None, :],
                                 mask=ok, other=0.0), 0)
-    tl.store(out_ptr + c, total, mask=c < n)
+    tl.store(out_ptr + c, total.to(out_ptr.dtype.element_ty), mask=c < n)
 
 
-def column_sums(partial: torch.Tensor) -> torch.Tensor:
-    """The column sums (fp32) of the programs' partial sums ``partial`` [programs, n] (fp32), a
-    program a strip of 32 columns."""
+def column_sums(partial: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """The column sums of the programs' partial sums ``partial`` [programs, n] (fp32), summed
+    in fp32 and stored in ``dtype`` (a parameter's: no conversion kernel after), a program a
+    strip of 32 columns."""
     p, n = partial.shape
-    out = torch.empty(n, dtype=torch.float32, device=partial.device)
+    out = torch.empty(n, dtype=dtype, device=partial.device)
     column_sum_kernel[(triton.cdiv(n, 32),)](partial, out, p, n, BP=64, BN=32, num_warps=4)
     return out
 

@@ -85,8 +85,8 @@ class DropoutAddLayerNorm(torch.autograd.Function):
                                          dres, dx, partial, rows, ctx.scale, H=h,
                                          Q=next_pow2(h // 4), ROWS=ROWS, DROPOUT=ctx.p > 0,
                                          FORKED=dfork is not None, num_warps=WARPS[1])
-        dbias, dweight, dln_bias = column_sums(partial.view(programs, 3 * h)).view(3, h).to(
-            weight.dtype)
+        dbias, dweight, dln_bias = column_sums(partial.view(programs, 3 * h),
+                                               weight.dtype).view(3, h)
         return (dx.view(shape), dbias.to(bias.dtype), dres.view(shape), dweight, dln_bias,
                 None, None)
 
