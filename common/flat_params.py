@@ -28,7 +28,9 @@ class FlatParameters:
     """Moves ``module``'s parameters into ``self.data`` and their gradients into ``self.grad``.
 
     Tied parameters appear once. Backward accumulates into the gradient views
-    in place, so ``zero_grad`` must zero the buffer rather than drop the views.
+    in place, so ``zero_grad`` must zero the buffer rather than drop the views;
+    :meth:`backward` instead lets autograd keep each gradient apart and writes them
+    all into the buffer with a few multi-tensor kernels.
     With a low-precision ``dtype`` (bf16) the model's weights and gradients are
     kept in it (no autocast weight casts, half the gradient traffic) and
     ``self.master`` holds the fp32 weights the optimizer updates; in fp32,
@@ -56,8 +58,30 @@ class FlatParameters:
             p.data = self.data[offset:offset + n].view_as(p)
             offset += n
         self._refresh_data()
-        for p, off, n in zip(self.params, self.offsets, self.sizes):
-            p.grad = self.grad[off:off + n].view_as(p)
+        self.grads = [self.grad[off:off + n].view_as(p)
+                      for p, off, n in zip(self.params, self.offsets, self.sizes)]
+        self._attach_grads()
+
+    def _attach_grads(self) -> None:
+        for p, g in zip(self.params, self.grads):
+            p.grad = g
+
+    def backward(self, loss: torch.Tensor, accumulate: bool) -> None:
+        """``loss.backward()``, each gradient then copied into the buffer (added to it with
+        ``accumulate``: a later micro-batch of a step) by multi-tensor kernels, where
+        autograd would add each into its view with a kernel of its own (hundreds a step,
+        each with its launch gap in a CUDA graph). A parameter without a gradient keeps
+        its view (zeroed unless ``accumulate``)."""
+        for p in self.params:
+            p.grad = None
+        loss.backward()
+        have = [(g, p.grad) for p, g in zip(self.params, self.grads) if p.grad is not None]
+        if have:
+            views, grads = map(list, zip(*have))
+            (torch._foreach_add_ if accumulate else torch._foreach_copy_)(views, grads)
+        if not accumulate and len(have) < len(self.params):
+            torch._foreach_zero_([g for p, g in zip(self.params, self.grads) if p.grad is None])
+        self._attach_grads()
 
     def broadcast(self, src: int = 0) -> None:
         """Every rank takes rank ``src``'s weights (master and model copy)."""

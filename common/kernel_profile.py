@@ -216,7 +216,9 @@ def profiled(run: Callable[[], object], steps: int, top: int = 15) -> str:
     for name, us in kernels.items():
         families[family(name)] += us
     total = sum(families.values()) or 1.0
-    lines = [f"GPU kernel time per step: {total / 1e3:.2f} ms"]
+    launches = sum(1 for _ in filter(_is_kernel, events)) / steps
+    lines = [f"GPU kernel time per step: {total / 1e3:.2f} ms in {launches:.0f} kernels and "
+             "copies"]
     lines += [f"  {name:22s} {us / 1e3:7.2f} ms {100 * us / total:5.1f}%"
               for name, us in families.most_common()]
     lines += [f"    {us / 1e3:6.3f} ms  {name[:100]}" for name, us in kernels.most_common(top)]

@@ -11,7 +11,8 @@ its second column-major, so the weights' FP8 copies are transposed for the data 
 with ``fp8-wgrad`` the activations' and gradients' are too, for the weight gradient, and no
 bf16 copy of the activations is kept for the backward. Each transpose is a pass of its own
 over the FP8 tensor.
-The first training step, before any history, scales each tensor by its own magnitude.
+The first training step, before any history, scales each tensor by its own magnitude (as
+the kernel computes it: a measuring run of the cast first).
 Evaluation runs the bf16 path.
 """
 
@@ -92,12 +93,15 @@ class Scales:
             on_gpu(_advance, self.history, self.amaxes, self.scales, self.inverses, self.fmax)
         self.steps += 1
 
-    def _slot(self, t, slot: int):
-        """The slot's scale (by ``t``'s own magnitude while there is no history), its amax
-        and its inverse scale, each a one-element view."""
+    def _slot(self, slot: int, launch):
+        """The slot's scale, its amax and its inverse scale, each a one-element view; while
+        there is no history, the scale is by the magnitude that ``launch(scale, amax)`` (the
+        cast about to run) records first in a measuring run, so the kernel's own arithmetic
+        sets it."""
         one = slice(slot, slot + 1)
         if self.steps < 2:
-            amax = t.abs().amax().float()
+            launch(self.scales[one], self.amaxes[one])
+            amax = self.amaxes[one]
             self.scales[one] = torch.where(amax > 0, self.fmax[slot] / amax, 1.0)
             self.inverses[slot] = 1.0 / self.scales[one]
         return self.scales[one], self.amaxes[one], self.inverses[slot, :1]
@@ -117,53 +121,70 @@ class Scales:
     def cast(self, t, slot: int, transpose: bool):
         """``t`` [r, c] in its slot's format, (``transpose``) its transpose [c, r] row-major or
         None, and the inverse scale."""
-        scale, amax, inverse = self._slot(t, slot)
         dtype = FORMATS[slot % len(FORMATS)]
-        if not t.is_cuda:
-            torch.maximum(amax, t.abs().amax().float(), out=amax)
-            t8 = _scale_by(t, scale, dtype)
-            return t8, t8.t().contiguous() if transpose else None, inverse
-        k, _ = _kernels()
-        t8 = self._fp8(t, slot)
-        _launch(k.cast_kernel, CAST, *t.shape, t, t8, scale, amax.view(torch.int32),
-                t.shape[0], C=t.shape[1], FMAX=torch.finfo(dtype).max)
-        return t8, self._transposed(t8) if transpose else None, inverse
+        if t.is_cuda:
+            k, _ = _kernels()
+            t8 = self._fp8(t, slot)
+
+            def launch(scale, amax):
+                _launch(k.cast_kernel, CAST, *t.shape, t, t8, scale, amax.view(torch.int32),
+                        t.shape[0], C=t.shape[1], FMAX=torch.finfo(dtype).max)
+                return t8
+        else:
+            def launch(scale, amax):
+                torch.maximum(amax, t.abs().amax().float(), out=amax)
+                return _scale_by(t, scale, dtype)
+        scale, amax, inverse = self._slot(slot, launch)
+        t8 = launch(scale, amax)
+        if transpose:
+            return t8, self._transposed(t8) if t.is_cuda else t8.t().contiguous(), inverse
+        return t8, None, inverse
 
     def gelu(self, z, bias, slot: int):
         """GELU(z + bias) in E4M3; what the weight gradient needs of it (its FP8 transpose
         with ``wgrad``, else it in ``z``'s dtype); the inverse scale."""
-        if not z.is_cuda or self.steps < 2:
+        if not z.is_cuda:
             g = torch.nn.functional.gelu(z.float() + bias.float())
-            if not z.is_cuda:
-                g8, g8t, inverse = self.cast(g, slot, self.wgrad)
-                return g8, g8t if self.wgrad else g.to(z.dtype), inverse
-        scale, amax, inverse = self._slot(g if self.steps < 2 else z, slot)
+            g8, g8t, inverse = self.cast(g, slot, self.wgrad)
+            return g8, g8t if self.wgrad else g.to(z.dtype), inverse
         k, _ = _kernels()
         g8 = self._fp8(z, slot)
         keep = None if self.wgrad else torch.empty_like(z)
-        _launch(k.gelu_forward_kernel, GELU[keep is not None], *z.shape, z, bias, g8, keep, scale,
-                amax.view(torch.int32), z.shape[0], N=z.shape[1], FMAX=torch.finfo(E4M3).max)
+
+        def launch(scale, amax):
+            _launch(k.gelu_forward_kernel, GELU[keep is not None], *z.shape, z, bias, g8, keep,
+                    scale, amax.view(torch.int32), z.shape[0], N=z.shape[1],
+                    FMAX=torch.finfo(E4M3).max)
+
+        scale, amax, inverse = self._slot(slot, launch)
+        launch(scale, amax)
         return g8, self._transposed(g8) if self.wgrad else keep, inverse
 
     def gelu_backward(self, dg, z, bias, slot: int):
         """GELU's input gradient in E5M2, what the weight gradient needs of it (as
-        :meth:`gelu`), the inverse scale, and its column sums (fp32: the bias gradient)."""
-        if not dg.is_cuda or self.steps < 2:
+        :meth:`gelu`), the inverse scale, and its column sums (the bias gradient: summed in
+        fp32, in ``bias``'s dtype)."""
+        if not dg.is_cuda:
             dz = dg.float() * _gelu_slope(z.float() + bias.float())
-            if not dg.is_cuda:
-                dz8, dz8t, inverse = self.cast(dz, slot, self.wgrad)
-                return dz8, dz8t if self.wgrad else dz.to(dg.dtype), inverse, dz.sum(0)
-        scale, amax, inverse = self._slot(dz if self.steps < 2 else dg, slot)
+            dz8, dz8t, inverse = self.cast(dz, slot, self.wgrad)
+            return (dz8, dz8t if self.wgrad else dz.to(dg.dtype), inverse,
+                    dz.sum(0).to(bias.dtype))
         k, column_sums = _kernels()
         rows, n = dg.shape
         dz8 = self._fp8(dg, slot)
         keep = None if self.wgrad else torch.empty_like(dg)
         partial = torch.empty(-(-rows // GELU_BACKWARD[0]), n, dtype=torch.float32,
                               device=dg.device)
-        _launch(k.gelu_backward_kernel, GELU_BACKWARD, rows, n, dg, z, bias, dz8, keep, partial,
-                scale, amax.view(torch.int32), rows, N=n, FMAX=torch.finfo(E5M2).max)
+
+        def launch(scale, amax):
+            _launch(k.gelu_backward_kernel, GELU_BACKWARD, rows, n, dg, z, bias, dz8, keep,
+                    partial, scale, amax.view(torch.int32), rows, N=n,
+                    FMAX=torch.finfo(E5M2).max)
+
+        scale, amax, inverse = self._slot(slot, launch)
+        launch(scale, amax)
         return (dz8, self._transposed(dz8) if self.wgrad else keep, inverse,
-                column_sums(partial))
+                column_sums(partial, bias.dtype))
 
 
 def _mm(a, b_t, scale_a, scale_b, fast: bool):
@@ -216,7 +237,7 @@ class FeedForward(torch.autograd.Function):
             dw2 = _mm(dy8t, g_kept, dy_inv, g_inv, fast=False)
         else:
             dw1, dw2 = dz_kept.t().mm(x_kept), dy2.t().mm(g_kept)
-        return (dx.view(ctx.shape).to(x_dtype), dw1.to(w1_dtype), db1.to(b1.dtype),
+        return (dx.view(ctx.shape).to(x_dtype), dw1.to(w1_dtype), db1,
                 dw2.to(w2_dtype), None, None)
 
 

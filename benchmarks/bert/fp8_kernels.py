@@ -5,7 +5,13 @@ GELU kernels can also store their result in bf16 (``keep``: what the weight grad
 it without ``fp8-wgrad``). The FP8 transposes the weight gradient needs (an FP8 GEMM's operands
 are row-major on one side, column-major on the other) are a pass of their own
 (``transpose_kernel``): stored from the casts' own programs, they came out wrong on an H200
-(Triton 3.x) for some tiles and input dtypes (docs/history/bert.md)."""
+(Triton 3.x) for some tiles and input dtypes (docs/history/bert.md).
+
+The GELU kernels take erf from Abramowitz and Stegun's 7.1.26 (one exponential, a reciprocal
+and a polynomial; absolute error under 1.5e-7, below the bf16 input's rounding and far below
+FP8's), not libdevice's ``erff``, the backward sharing its exponential with the derivative's
+own term; the amax is an atomic maximum with relaxed ordering (only a later kernel reads it).
+Together about 10% of either kernel's time ([10240, 4096] on an H100)."""
 
 from __future__ import annotations
 
@@ -27,8 +33,24 @@ def _store(y_ptr, keep_ptr, t, t8, r, c, ok, C: tl.constexpr):
 def _scaled(t, ok, scale_ptr, amax_ptr, FMAX: tl.constexpr):
     """``t`` (fp32) times the slot's scale, saturated at ``FMAX``; its magnitude recorded."""
     tl.atomic_max(amax_ptr, tl.max(tl.max(tl.where(ok, tl.abs(t), 0.0), 1), 0).to(
-        tl.int32, bitcast=True))
+        tl.int32, bitcast=True), sem="relaxed")
     return tl.minimum(tl.maximum(t * tl.load(scale_ptr), -FMAX), FMAX)
+
+
+@triton.jit
+def _half_erf(a, e):
+    """``0.5 * erf(a)`` for ``a >= 0`` given ``e = exp(-a * a)`` (A&S 7.1.26)."""
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    p = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027
+                                                                     + t * 1.061405429))))
+    return 0.5 - 0.5 * p * e
+
+
+@triton.jit
+def _gelu_cdf(u, e):
+    """``Phi(u) = 0.5 * (1 + erf(u / sqrt 2))`` given ``e = exp(-u * u / 2)``."""
+    half = _half_erf(tl.abs(u) * 0.7071067811865476, e)
+    return 0.5 + tl.where(u < 0, -half, half)
 
 
 @triton.jit
@@ -53,7 +75,7 @@ def gelu_forward_kernel(z_ptr, bias_ptr, g8_ptr, keep_ptr, scale_ptr, amax_ptr, 
     ok = (r[:, None] < rows) & (c[None, :] < N)
     u = tl.load(z_ptr + r[:, None].to(tl.int64) * N + c[None, :], mask=ok, other=0.0).to(
         tl.float32) + tl.load(bias_ptr + c, mask=c < N, other=0.0).to(tl.float32)[None, :]
-    g = 0.5 * u * (1.0 + tl.math.erf(u * 0.7071067811865476))
+    g = u * _gelu_cdf(u, tl.exp(-0.5 * u * u))
     _store(g8_ptr, keep_ptr, g, _scaled(g, ok, scale_ptr, amax_ptr, FMAX), r, c, ok, N)
 
 
@@ -70,8 +92,8 @@ def gelu_backward_kernel(dg_ptr, z_ptr, bias_ptr, dz8_ptr, keep_ptr, partial_ptr
     at = r[:, None].to(tl.int64) * N + c[None, :]
     u = tl.load(z_ptr + at, mask=ok, other=0.0).to(tl.float32) + tl.load(
         bias_ptr + c, mask=c < N, other=0.0).to(tl.float32)[None, :]
-    slope = 0.5 * (1.0 + tl.math.erf(u * 0.7071067811865476)) + u * tl.exp(
-        -0.5 * u * u) * 0.3989422804014327
+    e = tl.exp(-0.5 * u * u)
+    slope = _gelu_cdf(u, e) + u * e * 0.3989422804014327
     dz = tl.where(ok, tl.load(dg_ptr + at, mask=ok, other=0.0).to(tl.float32) * slope, 0.0)
     _store(dz8_ptr, keep_ptr, dz, _scaled(dz, ok, scale_ptr, amax_ptr, FMAX), r, c, ok, N)
     tl.store(partial_ptr + rb.to(tl.int64) * N + c, tl.sum(dz, 0), mask=c < N)

@@ -10,7 +10,8 @@ next_power_of_2 = triton.next_power_of_2
 
 @triton.jit
 def column_sum_kernel(partial_ptr, out_ptr, p, n, BP: tl.constexpr, BN: tl.constexpr):
-    """``out[c] = sum over rows of partial[:, c]`` for a BN-wide strip of columns."""
+    """``out[c] = sum over rows of partial[:, c]`` for a BN-wide strip of columns, in ``out``'s
+    dtype."""
     c = tl.program_id(0) * BN + tl.arange(0, BN)
     total = tl.zeros([BN], tl.float32)
     for r0 in range(0, p, BP):
@@ -18,14 +19,15 @@ def column_sum_kernel(partial_ptr, out_ptr, p, n, BP: tl.constexpr, BN: tl.const
         ok = (r[:, None] < p) & (c[None, :] < n)
         total += tl.sum(tl.load(partial_ptr + r[:, None].to(tl.int64) * n + c[None, :],
                                 mask=ok, other=0.0), 0)
-    tl.store(out_ptr + c, total, mask=c < n)
+    tl.store(out_ptr + c, total.to(out_ptr.dtype.element_ty), mask=c < n)
 
 
-def column_sums(partial: torch.Tensor) -> torch.Tensor:
-    """The column sums (fp32) of the programs' partial sums ``partial`` [programs, n] (fp32), a
-    program a strip of 32 columns."""
+def column_sums(partial: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    """The column sums of the programs' partial sums ``partial`` [programs, n] (fp32), summed
+    in fp32 and stored in ``dtype`` (a parameter's: no conversion kernel after), a program a
+    strip of 32 columns."""
     p, n = partial.shape
-    out = torch.empty(n, dtype=torch.float32, device=partial.device)
+    out = torch.empty(n, dtype=dtype, device=partial.device)
     column_sum_kernel[(triton.cdiv(n, 32),)](partial, out, p, n, BP=64, BN=32, num_warps=4)
     return out
 
@@ -98,15 +100,18 @@ def layer_norm_forward_kernel(x_ptr, bias_ptr, res_ptr, w_ptr, b_ptr, y_ptr, mas
 
 
 @triton.jit
-def _quarter(dy_ptr, x_ptr, bias_ptr, res_ptr, w_ptr, mask_ptr, base, c, ok, mean, rstd,
-             scale, DROPOUT: tl.constexpr):
-    """The quarter row's normalised sum, output gradient, gradient times weight, mask."""
+def _quarter(dy_ptr, fork_ptr, x_ptr, bias_ptr, res_ptr, w_ptr, mask_ptr, base, c, ok, mean,
+             rstd, scale, DROPOUT: tl.constexpr, FORKED: tl.constexpr):
+    """The quarter row's normalised sum, output gradient (plus the fork's with ``FORKED``),
+    gradient times weight, mask."""
     keep = ok
     if DROPOUT:
         keep = tl.load(mask_ptr + base + c, mask=ok, other=0) != 0
     s = _sum_in(x_ptr, bias_ptr, res_ptr, keep, base + c, c, ok, scale, DROPOUT)
     xh = tl.where(ok, (s - mean) * rstd, 0.0)
     dy = tl.load(dy_ptr + base + c, mask=ok, other=0.0).to(tl.float32)
+    if FORKED:
+        dy += tl.load(fork_ptr + base + c, mask=ok, other=0.0).to(tl.float32)
     g = dy * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
     return xh, dy, g, keep
 
@@ -132,10 +137,10 @@ def _column_sums(out, sx, sw, sb, c, ok, H: tl.constexpr):
 
 
 @triton.jit
-def layer_norm_backward_kernel(dy_ptr, x_ptr, bias_ptr, res_ptr, w_ptr, mask_ptr, mean_ptr,
-                               rstd_ptr, dres_ptr, dx_ptr, partial_ptr, rows, scale,
+def layer_norm_backward_kernel(dy_ptr, fork_ptr, x_ptr, bias_ptr, res_ptr, w_ptr, mask_ptr,
+                               mean_ptr, rstd_ptr, dres_ptr, dx_ptr, partial_ptr, rows, scale,
                                H: tl.constexpr, Q: tl.constexpr, ROWS: tl.constexpr,
-                               DROPOUT: tl.constexpr):
+                               DROPOUT: tl.constexpr, FORKED: tl.constexpr):
     pid = tl.program_id(0)
     q = tl.arange(0, Q)
     ok = q < H // 4
@@ -163,14 +168,18 @@ def layer_norm_backward_kernel(dy_ptr, x_ptr, bias_ptr, res_ptr, w_ptr, mask_ptr
         base = row.to(tl.int64) * H
         mean = tl.load(mean_ptr + row)
         rstd = tl.load(rstd_ptr + row)
-        xh0, dy0, g0, k0 = _quarter(dy_ptr, x_ptr, bias_ptr, res_ptr, w_ptr, mask_ptr, base,
-                                    c0, live, mean, rstd, scale, DROPOUT)
-        xh1, dy1, g1, k1 = _quarter(dy_ptr, x_ptr, bias_ptr, res_ptr, w_ptr, mask_ptr, base,
-                                    c1, live, mean, rstd, scale, DROPOUT)
-        xh2, dy2, g2, k2 = _quarter(dy_ptr, x_ptr, bias_ptr, res_ptr, w_ptr, mask_ptr, base,
-                                    c2, live, mean, rstd, scale, DROPOUT)
-        xh3, dy3, g3, k3 = _quarter(dy_ptr, x_ptr, bias_ptr, res_ptr, w_ptr, mask_ptr, base,
-                                    c3, live, mean, rstd, scale, DROPOUT)
+        xh0, dy0, g0, k0 = _quarter(dy_ptr, fork_ptr, x_ptr, bias_ptr, res_ptr, w_ptr,
+                                    mask_ptr, base, c0, live, mean, rstd, scale, DROPOUT,
+                                    FORKED)
+        xh1, dy1, g1, k1 = _quarter(dy_ptr, fork_ptr, x_ptr, bias_ptr, res_ptr, w_ptr,
+                                    mask_ptr, base, c1, live, mean, rstd, scale, DROPOUT,
+                                    FORKED)
+        xh2, dy2, g2, k2 = _quarter(dy_ptr, fork_ptr, x_ptr, bias_ptr, res_ptr, w_ptr,
+                                    mask_ptr, base, c2, live, mean, rstd, scale, DROPOUT,
+                                    FORKED)
+        xh3, dy3, g3, k3 = _quarter(dy_ptr, fork_ptr, x_ptr, bias_ptr, res_ptr, w_ptr,
+                                    mask_ptr, base, c3, live, mean, rstd, scale, DROPOUT,
+                                    FORKED)
         cx = (tl.sum(g0 * xh0, 0) + tl.sum(g1 * xh1, 0) + tl.sum(g2 * xh2, 0)
               + tl.sum(g3 * xh3, 0)) / H
         cg = (tl.sum(g0, 0) + tl.sum(g1, 0) + tl.sum(g2, 0) + tl.sum(g3, 0)) / H

@@ -8,6 +8,11 @@ the inputs, and with LayerNorm's input gradient (the residual's, and through the
 dense output's) writes each block of rows' column sums for the three bias-like gradients
 (the dense bias, LayerNorm's weight and bias), which a small kernel adds up. The mask's
 seed is drawn on the device each call, so a captured step draws new masks each replay.
+
+A block's output feeds two consumers, the next GEMM and the next block's residual: it goes
+to the GEMM, and an alias of it (a second output of the same autograd node, ``fork``) to the
+residual, so that the two gradients reach the backward kernel apart and are summed as it
+loads them, not by a separate add of autograd's.
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ def _kernels():
 
 class DropoutAddLayerNorm(torch.autograd.Function):
     """``layer_norm(dropout(x + bias, p) + residual, weight, ln_bias, eps)`` over the last
-    dimension (a multiple of 4) of CUDA tensors; the output in ``weight``'s dtype."""
+    dimension (a multiple of 4) of CUDA tensors; the output in ``weight``'s dtype, and an
+    alias of it whose gradient the backward adds to the output's."""
 
     @staticmethod
     def forward(ctx, x, bias, residual, weight, ln_bias, p: float, eps: float):
@@ -54,26 +60,33 @@ class DropoutAddLayerNorm(torch.autograd.Function):
                                     DROPOUT=p > 0, num_warps=WARPS[0])
         ctx.save_for_backward(x2, bias, res2, weight, mask, mean, rstd)
         ctx.p, ctx.scale, ctx.shapes = p, scale, (x.shape, residual.dtype)
-        return y.view(x.shape[:-1] + (h,))
+        ctx.set_materialize_grads(False)   # an unused output's gradient: None, not zeros
+        y = y.view(x.shape[:-1] + (h,))
+        return y, y.view_as(y)
 
     @staticmethod
-    def backward(ctx, dy):
+    def backward(ctx, dy, dfork):
         x2, bias, res2, weight, mask, mean, rstd = ctx.saved_tensors
         shape, res_dtype = ctx.shapes
         rows, h = x2.shape
         next_pow2, _, backward_kernel, column_sums = _kernels()
+        if dy is None:
+            dy, dfork = dfork, None
+        if dy is None:
+            dy = torch.zeros(rows, h, dtype=weight.dtype, device=x2.device)
         dy2 = dy.reshape(rows, h).contiguous()
+        df2 = dy2 if dfork is None else dfork.reshape(rows, h).contiguous()
         dres = torch.empty(rows, h, dtype=res_dtype, device=dy.device)
         dx = torch.empty_like(x2)
         programs = -(-rows // ROWS)
         partial = torch.empty(programs, 3, h, dtype=torch.float32, device=dy.device)
         if rows:
-            backward_kernel[(programs,)](dy2, x2, bias, res2, weight, mask, mean, rstd, dres,
-                                         dx, partial, rows, ctx.scale, H=h,
+            backward_kernel[(programs,)](dy2, df2, x2, bias, res2, weight, mask, mean, rstd,
+                                         dres, dx, partial, rows, ctx.scale, H=h,
                                          Q=next_pow2(h // 4), ROWS=ROWS, DROPOUT=ctx.p > 0,
-                                         num_warps=WARPS[1])
-        dbias, dweight, dln_bias = column_sums(partial.view(programs, 3 * h)).view(3, h).to(
-            weight.dtype)
+                                         FORKED=dfork is not None, num_warps=WARPS[1])
+        dbias, dweight, dln_bias = column_sums(partial.view(programs, 3 * h),
+                                               weight.dtype).view(3, h)
         return (dx.view(shape), dbias.to(bias.dtype), dres.view(shape), dweight, dln_bias,
                 None, None)
 
@@ -83,16 +96,20 @@ class TritonDenseLayerNorm(DenseLayerNorm):
         return self.after_dense(F.linear(x, self.dense.weight), residual)
 
     def after_dense(self, y, residual):
+        """The output carries its ``fork``, which a later block takes as its residual."""
         p = self.dropout.p if self.training else 0.0
         ln = self.LayerNorm
-        return DropoutAddLayerNorm.apply(y, self.dense.bias, residual, ln.weight, ln.bias, p,
-                                         ln.eps)
+        out, out.fork = DropoutAddLayerNorm.apply(y, self.dense.bias,
+                                                  getattr(residual, "fork", residual),
+                                                  ln.weight, ln.bias, p, ln.eps)
+        return out
 
 
 TRITON_LAYERNORM = Optimisation(
     "triton-layernorm", "bias + dropout + residual + LayerNorm after the output GEMMs as one "
     "Triton kernel each way, the dropout mask drawn in the kernel, the bias and LayerNorm "
-    "gradients' column sums in the backward's pass (layernorm_triton.py)",
+    "gradients' column sums and the residual branch's gradient in the backward's pass "
+    "(layernorm_triton.py)",
     apply=lambda wl, _: swap_class(wl.net, DenseLayerNorm, TritonDenseLayerNorm),
     excludes=("fused-layernorm",), cuda=True, precisions=("amp-bf16",), compare=None,
     tested_by="tests/benchmarks/bert/test_layernorm_triton.py")

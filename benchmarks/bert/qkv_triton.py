@@ -50,7 +50,7 @@ class ProjectQkv(torch.autograd.Function):
             join_kernel[(blocks, 3 * h // cols)](*parts, dy, partial, rows,
                                                  *(g.stride(0) for g in parts), H=h, BR=ROWS,
                                                  BC=cols, num_warps=4)
-        db = column_sums(partial).to(w.dtype) if rows else partial.sum(0).to(w.dtype)
+        db = column_sums(partial, w.dtype) if rows else partial.sum(0).to(w.dtype)
         return (dy.mm(w).view(ctx.shape), dy.t().mm(x2), db)
 
 

@@ -282,7 +282,9 @@ class BertWorkload(Workload):
         hp = self.hp
         self.lr.copy_(bert_lr(self.step_count, hp.lr, hp.max_steps, hp.warmup_steps,
                               hp.start_warmup_step))
-        self.optimizer.zero_grad()
+        flat = getattr(self.optimizer, "flat", None)
+        if flat is None:
+            self.optimizer.zero_grad()
         total = torch.zeros((), device=ids.device)
         micro = [t.chunk(hp.grad_accum) for t in (ids, segments, mask, positions, mlm_ids,
                                                    nsp_labels)]
@@ -297,7 +299,10 @@ class BertWorkload(Workload):
                 labels = torch.where(p != 0, y, -100).flatten()
                 loss = (F.cross_entropy(mlm.float().flatten(0, 1), labels, ignore_index=-100)
                         + F.cross_entropy(nsp.float(), n)) / hp.grad_accum
-                loss.backward()
+                if flat is None:
+                    loss.backward()
+                else:
+                    flat.backward(loss, accumulate=i > 0)
             total += loss.detach()
         self.optimizer.step(self.lr)
         self.step_count += 1
