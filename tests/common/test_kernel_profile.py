@@ -7,6 +7,7 @@ from common.kernel_profile import (
     family,
     idle_by_host_op,
     idle_by_region,
+    kernel_launches,
     kernel_times,
     overlap_summary,
     region,
@@ -68,6 +69,7 @@ def test_kernel_times_leave_out_the_gpu_spans_of_annotations():
     events = [event("gemm", 10.0), event("gemm", 6.0), event("region:proposals", 30.0, True),
               event("Optimizer.step#SGD.step", 5.0, True), event("aten::mm", 4.0, device="CPU")]
     assert kernel_times(events, steps=2) == {"gemm": 8.0}
+    assert kernel_launches(events, steps=2) == {"gemm": 1.0}
 
 
 def test_overlap_summary_splits_the_timeline_into_hidden_and_exposed_communication():
