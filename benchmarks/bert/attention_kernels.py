@@ -11,8 +11,8 @@ Dropout: the entry of head ``h``, query token ``t`` (packed) and key ``j`` (with
 sequence) is kept where the top 16 bits of a hash of its index ``(h * tokens + t) * S + j``
 and the call's seed reach ``threshold`` (``p * 2**16``). The draw is a function of the entry
 alone, so the backward's kernels redraw the forward's mask with tiles of their own and in
-either orientation. The hash is ``lowbias32`` (two multiply-xorshift rounds, a bijection of
-32-bit words with full avalanche) of the index times the golden ratio, xor the seed: a Philox
+either orientation. The hash is ``lowbias32`` (multiply-xorshift rounds, a bijection of
+32-bit words with full avalanche) of the index times the golden ratio plus the seed: a Philox
 call (ten rounds) an entry cost the forward twice its time, and one Philox call spread over
 eight entries needs a shuffle of the tile that cost as much.
 """
@@ -24,14 +24,16 @@ import triton.language as tl
 @triton.jit
 def _keep(seed, tok, key, head, T, S, threshold):
     """Whether the entries of query tokens ``tok`` and keys ``key`` (broadcast against each
-    other) of head ``head`` are kept."""
-    x = (((head * T + tok) * S + key).to(tl.uint32) * 0x9E3779B9) ^ seed
+    other) of head ``head`` are kept. The index times the golden ratio is split into a row
+    term (with the seed) and a key term, so an entry costs one add before the mixing; the
+    final xorshift of ``lowbias32`` leaves the top 16 bits as they are, so it is left out."""
+    row = ((head * T + tok) * S).to(tl.uint32) * 0x9E3779B9 + seed
+    x = row + key.to(tl.uint32) * 0x9E3779B9
     x ^= x >> 16
     x *= 0x7FEB352D
     x ^= x >> 15
     x *= 0x846CA68B
-    x ^= x >> 16
-    return (x >> 16).to(tl.int32) >= threshold
+    return x >= threshold.to(tl.uint32) << 16
 
 
 @triton.jit

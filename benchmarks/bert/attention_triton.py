@@ -1,7 +1,7 @@
 """The ``triton-attention`` optimisation: ``unpad``'s flash attention as Triton kernels
 (``attention_kernels.py``) whose tiles use Hopper's tensor-core instructions, the attention
-dropout drawn inside them (16-bit draws, eight from a Philox call) and redrawn by the
-backward; ATen's flash attention is the reference. The query, key and value gradients are
+dropout drawn inside them (a 16-bit hash of each entry's index and the step's seed) and
+redrawn by the backward; ATen's flash attention is the reference. The query, key and value gradients are
 written side by side in one [tokens, 3, heads, dim] buffer, the layout of ``fused-qkv``'s
 projection output."""
 
@@ -16,9 +16,9 @@ from benchmarks.bert.model import mix_in
 from common.optimisations import Optimisation
 
 # (rows, keys, warps, stages) of a program's tile: forward, key/value and query gradients
-FORWARD = 128, 64, 4, 2
-DKDV = 64, 128, 8, 2
-DQ = 128, 64, 8, 2
+FORWARD = 64, 64, 4, 3
+DKDV = 32, 64, 4, 3
+DQ = 64, 64, 4, 3
 DELTA_ROWS = 64
 
 
