@@ -110,12 +110,16 @@ class UnpaddedSelfAttention(SelfAttention):
         q, k, v = (y.view(t, self.heads, self.head_dim) for y in self.project(x))
         p = self.dropout_p if self.training else 0.0
         if x.is_cuda:
-            return FlashVarlen.apply(q, k, v, packing.offsets, packing.max_len, p).reshape(t, h)
+            return self.flash(q, k, v, packing, p).reshape(t, h)
         bounds = packing.offsets.tolist()
         pieces = [F.scaled_dot_product_attention(*(y[a:b].transpose(0, 1) for y in (q, k, v)),
                                                  dropout_p=p).transpose(0, 1)
                   for a, b in zip(bounds, bounds[1:]) if b > a]
         return torch.cat(pieces).reshape(t, h)
+
+    def flash(self, q, k, v, packing: Packing, p: float):
+        """Attention within each packed sequence of ``q, k, v`` [tokens, heads, dim] on CUDA."""
+        return FlashVarlen.apply(q, k, v, packing.offsets, packing.max_len, p)
 
 
 class UnpaddedBertForPreTraining(BertForPreTraining):

@@ -2,8 +2,8 @@
 # convergence point for batch 256 (13700 steps). Needs DATADIR and INIT_CHECKPOINT (README.md).
 NPROC=1
 PRECISION=${PRECISION:-amp-bf16}
-OPTIMISATIONS=(unpad fused-qkv triton-qkv fused-gelu triton-layernorm flat-params sharded-optimizer
-               fused-lamb bf16-weights cuda-graph)
+OPTIMISATIONS=(unpad triton-attention fused-qkv triton-qkv fused-gelu triton-layernorm flat-params
+               sharded-optimizer fused-lamb bf16-weights cuda-graph)
 TRAIN_ARGS=(
     --precision "$PRECISION" --init-checkpoint "${INIT_CHECKPOINT:?INIT_CHECKPOINT: the phase-1 checkpoint}"
     --batch-size 256 --grad-accum 4 --max-steps 13700

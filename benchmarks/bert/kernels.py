@@ -208,9 +208,10 @@ def layer_norm_backward_kernel(dy_ptr, fork_ptr, x_ptr, bias_ptr, res_ptr, w_ptr
 
 @triton.jit
 def join_kernel(q_ptr, k_ptr, v_ptr, out_ptr, partial_ptr, rows, q_stride, k_stride, v_stride,
-                H: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+                H: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, COPY: tl.constexpr):
     """Program (row block, column block) of ``out = cat((q, k, v), -1)`` [rows, 3H]: copies
-    its [BR, BC] tile and writes the tile's column sums to ``partial[row block]`` (fp32)."""
+    its [BR, BC] tile (unless ``COPY`` is false: ``q, k, v`` already are ``out``'s thirds)
+    and writes the tile's column sums to ``partial[row block]`` (fp32)."""
     rb = tl.program_id(0)
     c = tl.program_id(1) * BC + tl.arange(0, BC)   # a column of out; a block lies in one part
     r = rb * BR + tl.arange(0, BR)
@@ -224,6 +225,7 @@ def join_kernel(q_ptr, k_ptr, v_ptr, out_ptr, partial_ptr, rows, q_stride, k_str
         tile = tl.load(k_ptr + r64 * k_stride + src_col[None, :], mask=ok, other=0.0)
     else:
         tile = tl.load(v_ptr + r64 * v_stride + src_col[None, :], mask=ok, other=0.0)
-    tl.store(out_ptr + r64 * (3 * H) + c[None, :], tile, mask=ok)
+    if COPY:
+        tl.store(out_ptr + r64 * (3 * H) + c[None, :], tile, mask=ok)
     tl.store(partial_ptr + rb.to(tl.int64) * (3 * H) + c, tl.sum(tile.to(tl.float32), 0),
              mask=c < 3 * H)

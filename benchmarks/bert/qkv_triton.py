@@ -1,8 +1,9 @@
 """The ``triton-qkv`` optimisation: ``fused-qkv``'s backward joins the query, key and value
 gradients into the projection's output gradient and sums the bias gradient in one Triton
 pass, where autograd takes two (the split's backward concatenates, then the linear's
-backward reduces the [tokens, 3 * hidden] gradient again for the bias). The data and weight
-gradients stay two cuBLAS GEMMs."""
+backward reduces the [tokens, 3 * hidden] gradient again for the bias); gradients already
+side by side (``triton-attention``'s) are only summed. The data and weight gradients stay two
+cuBLAS GEMMs."""
 
 from __future__ import annotations
 
@@ -42,16 +43,28 @@ class ProjectQkv(torch.autograd.Function):
         join_kernel, column_sums = _kernels()
         parts = [g.reshape(rows, h) for g in (dq, dk, dv)]
         parts = [g if g.stride(-1) == 1 else g.contiguous() for g in parts]
-        dy = torch.empty(rows, 3 * h, dtype=x2.dtype, device=x2.device)
+        joined = _side_by_side(parts)
+        dy = (parts[0].as_strided((rows, 3 * h), (3 * h, 1)) if joined else
+              torch.empty(rows, 3 * h, dtype=x2.dtype, device=x2.device))
         blocks = -(-rows // ROWS)
         partial = torch.empty(blocks, 3 * h, dtype=torch.float32, device=x2.device)
         cols = min(128, h & -h)
         if rows:
             join_kernel[(blocks, 3 * h // cols)](*parts, dy, partial, rows,
                                                  *(g.stride(0) for g in parts), H=h, BR=ROWS,
-                                                 BC=cols, num_warps=4)
+                                                 BC=cols, COPY=not joined, num_warps=4)
         db = column_sums(partial, w.dtype) if rows else partial.sum(0).to(w.dtype)
         return (dy.mm(w).view(ctx.shape), dy.t().mm(x2), db)
+
+
+def _side_by_side(parts: list[torch.Tensor]) -> bool:
+    """Whether the three [rows, h] gradients are the thirds of one [rows, 3h] matrix (as
+    ``triton-attention`` writes them): then they need no join."""
+    q, k, v = parts
+    rows, h = q.shape
+    step = h * q.element_size()
+    return (all(g.stride() == (3 * h, 1) and g.dtype == q.dtype for g in parts)
+            and k.data_ptr() == q.data_ptr() + step and v.data_ptr() == q.data_ptr() + 2 * step)
 
 
 class TritonQkv:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from benchmarks.bert import (
     attention,
+    attention_triton,
     data,
     flat_lamb,
     fp8,
@@ -117,8 +118,9 @@ class BertWorkload(Workload):
     # flat-params 2.2e-7 off; unpad 9.4e-4 and fused-layernorm 1.1e-3 (other dropout masks);
     # compile (GPU, every dropout Inductor's) not measured yet
     optimisations = Registry(
-        attention.SDPA, attention.UNPAD, qkv.FUSED_QKV, qkv_triton.TRITON_QKV, fusions.FUSED_GELU,
-        fusions.FUSED_LAYERNORM, layernorm_triton.TRITON_LAYERNORM, fp8.FP8_FFN, fp8.FP8_WGRAD,
+        attention.SDPA, attention.UNPAD, attention_triton.TRITON_ATTENTION, qkv.FUSED_QKV,
+        qkv_triton.TRITON_QKV, fusions.FUSED_GELU, fusions.FUSED_LAYERNORM,
+        layernorm_triton.TRITON_LAYERNORM, fp8.FP8_FFN, fp8.FP8_WGRAD,
         flat_lamb.FLAT_PARAMS, flat_lamb.SHARDED_OPTIMIZER, flat_lamb.FUSED_LAMB,
         flat_lamb.BF16_WEIGHTS,
         shared(COMPILE, description="torch.compile the whole model (=MODE: default, tuned, "

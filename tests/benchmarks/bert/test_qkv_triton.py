@@ -1,8 +1,9 @@
 """``triton-qkv`` (``benchmarks/bert/qkv_triton.py``) against ``fused-qkv``'s autograd path,
 ``F.linear(x, w, b).chunk(3)``: the three outputs and the data, weight and bias gradients,
 for a hidden size that is a power of two and one that is not, a row count that is not a
-multiple of a join program's and gradients that are strided views; then the whole model's
-gradients. On the GPU, or on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``)."""
+multiple of a join program's and gradients that are strided views or already joined; then
+the whole model's gradients. On the GPU, or on the CPU under Triton's interpreter
+(``TRITON_INTERPRET=1``)."""
 
 import os
 
@@ -22,16 +23,20 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize("rows, h", [(130, 64), (70, 40)])
-@pytest.mark.parametrize("strided", [False, True], ids=["contiguous", "strided"])
-def test_the_join_equals_autograd(rows, h, strided):
-    from benchmarks.bert.qkv_triton import ProjectQkv
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "thirds"])
+def test_the_join_equals_autograd(rows, h, layout):
+    from benchmarks.bert.qkv_triton import ProjectQkv, _side_by_side
 
     g = torch.Generator().manual_seed(0)
     x, w, b = (torch.randn(s, generator=g).to(DEVICE).requires_grad_()
                for s in ((2, rows, h), (3 * h, h), (3 * h,)))
-    # output gradients: contiguous, or each a column slice of a wider matrix
+    # output gradients: contiguous, each a column slice of a wider matrix, or the thirds of
+    # one [rows, 3h] matrix (triton-attention's, not joined again)
     wide = torch.randn(3, 2, rows, 2 * h, generator=g).to(DEVICE)
-    dys = [d[..., :h] if strided else d[..., :h].contiguous() for d in wide]
+    dys = [d[..., :h] if layout == "strided" else d[..., :h].contiguous() for d in wide]
+    if layout == "thirds":
+        dys = list(torch.cat(dys, -1).chunk(3, -1))
+    assert _side_by_side([d.reshape(-1, h) for d in dys]) == (layout == "thirds")
     got = ProjectQkv.apply(x, w, b)
     want = F.linear(x, w, b).chunk(3, dim=-1)
     for a, e in zip(got, want):

@@ -47,13 +47,15 @@ def stubs(monkeypatch):
 
 
 def test_variants_are_the_registry_s():
-    config = ["unpad", "fused-qkv", "triton-qkv", "fused-gelu", "triton-layernorm", "flat-params",
-              "sharded-optimizer", "fused-lamb", "bf16-weights", "cuda-graph"]
+    config = ["unpad", "triton-attention", "fused-qkv", "triton-qkv", "fused-gelu",
+              "triton-layernorm", "flat-params", "sharded-optimizer", "fused-lamb", "bf16-weights",
+              "cuda-graph"]
     assert throughput.OURS["plain"] == [] and throughput.OURS["config"] == config
     assert throughput.OURS["config-minus-flat-params"] == [   # and what requires it
-        "unpad", "fused-qkv", "triton-qkv", "fused-gelu", "triton-layernorm", "cuda-graph"]
+        "unpad", "triton-attention", "fused-qkv", "triton-qkv", "fused-gelu", "triton-layernorm",
+        "cuda-graph"]
     assert throughput.OURS["config-plus-compile"] == [*config, "compile"]
-    assert throughput.OURS["config-plus-sdpa"] == [   # unpad excludes it
+    assert throughput.OURS["config-plus-sdpa"] == [   # unpad (and what needs it) excludes it
         "fused-qkv", "triton-qkv", "fused-gelu", "triton-layernorm", "flat-params",
         "sharded-optimizer", "fused-lamb", "bf16-weights", "cuda-graph", "sdpa"]
     assert throughput.OURS["config-plus-fp8-ffn"] == [*config, "fp8-ffn"]

@@ -1,0 +1,183 @@
+"""``triton-attention``'s Triton kernels: flash attention over packed sequences with the
+attention dropout drawn inside them. Imported on first use, so that the CPU tests need no
+Triton.
+
+Layout: ``q, k, v`` rows are tokens (``stride`` elements apart), a head's ``D`` values at
+``head * D``; sequence ``i`` is tokens ``offsets[i]:offsets[i + 1]``, none longer than ``S``.
+The softmax runs in base 2 (``qk_scale`` folds ``log2 e`` into the softmax scale) and ``lse``
+[heads, tokens] holds each row's base-2 log-sum-exp for the backward.
+
+Dropout: the entry of head ``h``, query token ``t`` (packed) and key ``j`` (within its
+sequence) is kept where the top 16 bits of a hash of its index ``(h * tokens + t) * S + j``
+and the call's seed reach ``threshold`` (``p * 2**16``). The draw is a function of the entry
+alone, so the backward's kernels redraw the forward's mask with tiles of their own and in
+either orientation. The hash is ``lowbias32`` (multiply-xorshift rounds, a bijection of
+32-bit words with full avalanche) of the index times the golden ratio plus the seed: a Philox
+call (ten rounds) an entry cost the forward twice its time, and one Philox call spread over
+eight entries needs a shuffle of the tile that cost as much.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _keep(seed, tok, key, head, T, S, threshold):
+    """Whether the entries of query tokens ``tok`` and keys ``key`` (broadcast against each
+    other) of head ``head`` are kept. The index times the golden ratio is split into a row
+    term (with the seed) and a key term, so an entry costs one add before the mixing; the
+    final xorshift of ``lowbias32`` leaves the top 16 bits as they are, so it is left out."""
+    row = ((head * T + tok) * S).to(tl.uint32) * 0x9E3779B9 + seed
+    x = row + key.to(tl.uint32) * 0x9E3779B9
+    x ^= x >> 16
+    x *= 0x7FEB352D
+    x ^= x >> 15
+    x *= 0x846CA68B
+    return x >= threshold.to(tl.uint32) << 16
+
+
+@triton.jit
+def _rows(ptr, tok, stride, head, ok, D: tl.constexpr):
+    at = tok[:, None].to(tl.int64) * stride + head * D + tl.arange(0, D)[None, :]
+    return tl.load(ptr + at, mask=ok[:, None], other=0.0)
+
+
+@triton.jit
+def _store_rows(ptr, x, tok, stride, head, ok, D: tl.constexpr):
+    at = tok[:, None].to(tl.int64) * stride + head * D + tl.arange(0, D)[None, :]
+    tl.store(ptr + at, x.to(ptr.dtype.element_ty), mask=ok[:, None])
+
+
+@triton.jit
+def _sequence(offsets_ptr):
+    seq = tl.program_id(1)
+    start = tl.load(offsets_ptr + seq)
+    return start, tl.load(offsets_ptr + seq + 1) - start
+
+
+@triton.jit
+def attention_forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, offsets_ptr, seed_ptr,
+                             sq, sk, sv, so, T, S, threshold, inv_keep, qk_scale,
+                             D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                             DROPOUT: tl.constexpr):
+    """Output rows ``BM * program_id(0) ...`` of sequence ``program_id(1)``, head
+    ``program_id(2)``: ``softmax(q k^T * scale)``, dropped out, times ``v``."""
+    m0 = tl.program_id(0) * BM
+    head = tl.program_id(2)
+    start, L = _sequence(offsets_ptr)
+    if m0 >= L:
+        return
+    rows = m0 + tl.arange(0, BM)
+    ok = rows < L
+    tok = start + rows
+    q = _rows(q_ptr, tok, sq, head, ok, D)
+    m = tl.full([BM], float("-inf"), tl.float32)
+    l = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, D], tl.float32)
+    seed = tl.load(seed_ptr).to(tl.uint32) if DROPOUT else 0
+    for n0 in range(0, L, BN):
+        cols = n0 + tl.arange(0, BN)
+        cok = cols < L
+        k = _rows(k_ptr, start + cols, sk, head, cok, D)
+        v = _rows(v_ptr, start + cols, sv, head, cok, D)
+        s = tl.where(cok[None, :], tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.math.exp2(m - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)
+        if DROPOUT:
+            p = tl.where(_keep(seed, tok[:, None], cols[None, :], head, T, S, threshold), p, 0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+    _store_rows(o_ptr, acc * (inv_keep / l)[:, None], tok, so, head, ok, D)
+    tl.store(lse_ptr + head * T + tok, m + tl.math.log2(l), mask=ok)
+
+
+@triton.jit
+def attention_delta_kernel(o_ptr, do_ptr, delta_ptr, so, sdo, T, H: tl.constexpr,
+                           D: tl.constexpr, BR: tl.constexpr):
+    """``delta[h, t] = sum(dO * O)`` over a head's values: rows ``BR * program_id(0) ...``."""
+    tok = tl.program_id(0) * BR + tl.arange(0, BR)
+    ok = tok < T
+    for head in range(H):
+        o = _rows(o_ptr, tok, so, head, ok, D).to(tl.float32)
+        do = _rows(do_ptr, tok, sdo, head, ok, D).to(tl.float32)
+        tl.store(delta_ptr + head * T + tok, tl.sum(o * do, 1), mask=ok)
+
+
+@triton.jit
+def attention_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
+                          offsets_ptr, seed_ptr, sq, sk, sv, sdo, sdk, sdv, T, S, threshold,
+                          inv_keep, qk_scale, sm_scale, D: tl.constexpr, BM: tl.constexpr,
+                          BN: tl.constexpr, DROPOUT: tl.constexpr):
+    """The key and value gradients of keys ``BN * program_id(0) ...`` of sequence
+    ``program_id(1)``, head ``program_id(2)``, over transposed [keys, rows] tiles. Rows and
+    keys past the sequence load as zeros, which add nothing to the kept gradients."""
+    n0 = tl.program_id(0) * BN
+    head = tl.program_id(2)
+    start, L = _sequence(offsets_ptr)
+    if n0 >= L:
+        return
+    cols = n0 + tl.arange(0, BN)
+    cok = cols < L
+    k = _rows(k_ptr, start + cols, sk, head, cok, D)
+    v = _rows(v_ptr, start + cols, sv, head, cok, D)
+    dk = tl.zeros([BN, D], tl.float32)
+    dv = tl.zeros([BN, D], tl.float32)
+    seed = tl.load(seed_ptr).to(tl.uint32) if DROPOUT else 0
+    for m0 in range(0, L, BM):
+        rows = m0 + tl.arange(0, BM)
+        ok = rows < L
+        tok = start + rows
+        q = _rows(q_ptr, tok, sq, head, ok, D)
+        do = _rows(do_ptr, tok, sdo, head, ok, D)
+        lse = tl.load(lse_ptr + head * T + tok, mask=ok, other=0.0)
+        delta = tl.load(delta_ptr + head * T + tok, mask=ok, other=0.0)
+        pt = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse[None, :])
+        dpt = tl.dot(v, tl.trans(do))
+        kept = pt
+        if DROPOUT:
+            keep = _keep(seed, tok[None, :], cols[:, None], head, T, S, threshold)
+            kept = tl.where(keep, pt, 0.0)
+            dpt = tl.where(keep, dpt * inv_keep, 0.0)
+        dv += tl.dot(kept.to(do.dtype), do)
+        dk += tl.dot((pt * (dpt - delta[None, :])).to(q.dtype), q)
+    _store_rows(dk_ptr, dk * sm_scale, start + cols, sdk, head, cok, D)
+    _store_rows(dv_ptr, dv * inv_keep, start + cols, sdv, head, cok, D)
+
+
+@triton.jit
+def attention_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, offsets_ptr,
+                        seed_ptr, sq, sk, sv, sdo, sdq, T, S, threshold, inv_keep, qk_scale,
+                        sm_scale, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                        DROPOUT: tl.constexpr):
+    """The query gradients of rows ``BM * program_id(0) ...`` of sequence ``program_id(1)``,
+    head ``program_id(2)``."""
+    m0 = tl.program_id(0) * BM
+    head = tl.program_id(2)
+    start, L = _sequence(offsets_ptr)
+    if m0 >= L:
+        return
+    rows = m0 + tl.arange(0, BM)
+    ok = rows < L
+    tok = start + rows
+    q = _rows(q_ptr, tok, sq, head, ok, D)
+    do = _rows(do_ptr, tok, sdo, head, ok, D)
+    lse = tl.load(lse_ptr + head * T + tok, mask=ok, other=0.0)
+    delta = tl.load(delta_ptr + head * T + tok, mask=ok, other=0.0)
+    dq = tl.zeros([BM, D], tl.float32)
+    seed = tl.load(seed_ptr).to(tl.uint32) if DROPOUT else 0
+    for n0 in range(0, L, BN):
+        cols = n0 + tl.arange(0, BN)
+        cok = cols < L
+        k = _rows(k_ptr, start + cols, sk, head, cok, D)
+        v = _rows(v_ptr, start + cols, sv, head, cok, D)
+        # keys past the sequence: zeros, but their probabilities are not (exp2(-lse))
+        p = tl.where(cok[None, :], tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale
+                                                - lse[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v))
+        if DROPOUT:
+            keep = _keep(seed, tok[:, None], cols[None, :], head, T, S, threshold)
+            dp = tl.where(keep, dp * inv_keep, 0.0)
+        dq += tl.dot((p * (dp - delta[:, None])).to(k.dtype), k)
+    _store_rows(dq_ptr, dq * sm_scale, tok, sdq, head, ok, D)
