@@ -56,6 +56,26 @@ def _sequence(offsets_ptr):
 
 
 @triton.jit
+def _span(start, L, first, B: tl.constexpr):
+    """Positions ``first ... first + B - 1`` of a sequence of ``L`` tokens from token
+    ``start``: the positions, which of them lie in it, their tokens."""
+    pos = first + tl.arange(0, B)
+    return pos, pos < L, start + pos
+
+
+@triton.jit
+def _keys_values(k_ptr, v_ptr, tok, sk, sv, head, ok, D: tl.constexpr):
+    return _rows(k_ptr, tok, sk, head, ok, D), _rows(v_ptr, tok, sv, head, ok, D)
+
+
+@triton.jit
+def _row_stats(lse_ptr, delta_ptr, head, T, tok, ok):
+    """The rows' log-sum-exp and ``delta``."""
+    return (tl.load(lse_ptr + head * T + tok, mask=ok, other=0.0),
+            tl.load(delta_ptr + head * T + tok, mask=ok, other=0.0))
+
+
+@triton.jit
 def attention_forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, offsets_ptr, seed_ptr,
                              sq, sk, sv, so, T, S, threshold, inv_keep, qk_scale,
                              D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
@@ -67,19 +87,15 @@ def attention_forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, offsets_ptr, s
     start, L = _sequence(offsets_ptr)
     if m0 >= L:
         return
-    rows = m0 + tl.arange(0, BM)
-    ok = rows < L
-    tok = start + rows
+    rows, ok, tok = _span(start, L, m0, BM)
     q = _rows(q_ptr, tok, sq, head, ok, D)
     m = tl.full([BM], float("-inf"), tl.float32)
     l = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, D], tl.float32)
     seed = tl.load(seed_ptr).to(tl.uint32) if DROPOUT else 0
     for n0 in range(0, L, BN):
-        cols = n0 + tl.arange(0, BN)
-        cok = cols < L
-        k = _rows(k_ptr, start + cols, sk, head, cok, D)
-        v = _rows(v_ptr, start + cols, sv, head, cok, D)
+        cols, cok, keys = _span(start, L, n0, BN)
+        k, v = _keys_values(k_ptr, v_ptr, keys, sk, sv, head, cok, D)
         s = tl.where(cok[None, :], tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.math.exp2(m - m_new)
@@ -118,21 +134,16 @@ def attention_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr, 
     start, L = _sequence(offsets_ptr)
     if n0 >= L:
         return
-    cols = n0 + tl.arange(0, BN)
-    cok = cols < L
-    k = _rows(k_ptr, start + cols, sk, head, cok, D)
-    v = _rows(v_ptr, start + cols, sv, head, cok, D)
+    cols, cok, keys = _span(start, L, n0, BN)
+    k, v = _keys_values(k_ptr, v_ptr, keys, sk, sv, head, cok, D)
     dk = tl.zeros([BN, D], tl.float32)
     dv = tl.zeros([BN, D], tl.float32)
     seed = tl.load(seed_ptr).to(tl.uint32) if DROPOUT else 0
     for m0 in range(0, L, BM):
-        rows = m0 + tl.arange(0, BM)
-        ok = rows < L
-        tok = start + rows
+        rows, ok, tok = _span(start, L, m0, BM)
         q = _rows(q_ptr, tok, sq, head, ok, D)
         do = _rows(do_ptr, tok, sdo, head, ok, D)
-        lse = tl.load(lse_ptr + head * T + tok, mask=ok, other=0.0)
-        delta = tl.load(delta_ptr + head * T + tok, mask=ok, other=0.0)
+        lse, delta = _row_stats(lse_ptr, delta_ptr, head, T, tok, ok)
         pt = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse[None, :])
         dpt = tl.dot(v, tl.trans(do))
         kept = pt
@@ -142,8 +153,8 @@ def attention_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr, 
             dpt = tl.where(keep, dpt * inv_keep, 0.0)
         dv += tl.dot(kept.to(do.dtype), do)
         dk += tl.dot((pt * (dpt - delta[None, :])).to(q.dtype), q)
-    _store_rows(dk_ptr, dk * sm_scale, start + cols, sdk, head, cok, D)
-    _store_rows(dv_ptr, dv * inv_keep, start + cols, sdv, head, cok, D)
+    _store_rows(dk_ptr, dk * sm_scale, keys, sdk, head, cok, D)
+    _store_rows(dv_ptr, dv * inv_keep, keys, sdv, head, cok, D)
 
 
 @triton.jit
@@ -158,20 +169,15 @@ def attention_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr,
     start, L = _sequence(offsets_ptr)
     if m0 >= L:
         return
-    rows = m0 + tl.arange(0, BM)
-    ok = rows < L
-    tok = start + rows
+    rows, ok, tok = _span(start, L, m0, BM)
     q = _rows(q_ptr, tok, sq, head, ok, D)
     do = _rows(do_ptr, tok, sdo, head, ok, D)
-    lse = tl.load(lse_ptr + head * T + tok, mask=ok, other=0.0)
-    delta = tl.load(delta_ptr + head * T + tok, mask=ok, other=0.0)
+    lse, delta = _row_stats(lse_ptr, delta_ptr, head, T, tok, ok)
     dq = tl.zeros([BM, D], tl.float32)
     seed = tl.load(seed_ptr).to(tl.uint32) if DROPOUT else 0
     for n0 in range(0, L, BN):
-        cols = n0 + tl.arange(0, BN)
-        cok = cols < L
-        k = _rows(k_ptr, start + cols, sk, head, cok, D)
-        v = _rows(v_ptr, start + cols, sv, head, cok, D)
+        cols, cok, keys = _span(start, L, n0, BN)
+        k, v = _keys_values(k_ptr, v_ptr, keys, sk, sv, head, cok, D)
         # keys past the sequence: zeros, but their probabilities are not (exp2(-lse))
         p = tl.where(cok[None, :], tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale
                                                 - lse[:, None]), 0.0)
