@@ -26,7 +26,9 @@ def _keep(seed, tok, key, head, T, S, threshold):
     """Whether the entries of query tokens ``tok`` and keys ``key`` (broadcast against each
     other) of head ``head`` are kept. The index times the golden ratio is split into a row
     term (with the seed) and a key term, so an entry costs one add before the mixing; the
-    final xorshift of ``lowbias32`` leaves the top 16 bits as they are, so it is left out."""
+    final xorshift of ``lowbias32`` leaves the top 16 bits as they are, so it is left out.
+    At p = 1 the threshold (2**16) shifts out to 0 and every entry is kept, but ``inv_keep``
+    = 0 then zeroes the output and every gradient."""
     row = ((head * T + tok) * S).to(tl.uint32) * 0x9E3779B9 + seed
     x = row + key.to(tl.uint32) * 0x9E3779B9
     x ^= x >> 16

@@ -61,7 +61,7 @@ def _side_by_side(parts: list[torch.Tensor]) -> bool:
     """Whether the three [rows, h] gradients are the thirds of one [rows, 3h] matrix (as
     ``triton-attention`` writes them): then they need no join."""
     q, k, v = parts
-    rows, h = q.shape
+    h = q.shape[1]
     step = h * q.element_size()
     return (all(g.stride() == (3 * h, 1) and g.dtype == q.dtype for g in parts)
             and k.data_ptr() == q.data_ptr() + step and v.data_ptr() == q.data_ptr() + 2 * step)

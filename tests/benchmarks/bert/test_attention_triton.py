@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.gpu,
                                  reason="needs CUDA (or TRITON_INTERPRET=1 and Triton)")]
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
-from benchmarks.bert.attention_kernels import _keep  # noqa: E402
+from benchmarks.bert.attention_kernels import _keep, _sequence, _span  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float32
@@ -29,19 +29,15 @@ HEADS, DIM = 2, 16
 def _mask_kernel(out_ptr, offsets_ptr, seed_ptr, T, threshold, max_len,
                  BM: tl.constexpr, BN: tl.constexpr):
     """``out[head, token, key]``: 1 where the kernels keep the probability."""
-    m0 = tl.program_id(0) * BM
-    seq = tl.program_id(1)
     head = tl.program_id(2)
-    start = tl.load(offsets_ptr + seq)
-    L = tl.load(offsets_ptr + seq + 1) - start
-    rows = m0 + tl.arange(0, BM)
-    tok = start + rows
+    start, L = _sequence(offsets_ptr)
+    rows, ok, tok = _span(start, L, tl.program_id(0) * BM, BM)
     for n0 in range(0, L, BN):
-        cols = n0 + tl.arange(0, BN)
+        cols, cok, _ = _span(start, L, n0, BN)
         keep = _keep(tl.load(seed_ptr).to(tl.uint32), tok[:, None], cols[None, :], head, T,
                      max_len, threshold)
         at = (head * T + tok)[:, None] * max_len + cols[None, :]
-        tl.store(out_ptr + at, keep.to(tl.int8), mask=(rows < L)[:, None] & (cols < L)[None, :])
+        tl.store(out_ptr + at, keep.to(tl.int8), mask=ok[:, None] & cok[None, :])
 
 
 def _drawn_mask(offsets, seed, t, max_len, p, tiles):
