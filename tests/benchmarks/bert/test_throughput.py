@@ -65,8 +65,8 @@ def test_variants_are_the_registry_s():
     assert set(throughput.VARIANTS) == {
         "plain", "config", "hf-sdpa", "hf-sdpa-compiled",
         *(f"config-minus-{n}" for n in config),
-        *(f"config-plus-{n}" for n in ("sdpa", "compile", "fused-layernorm", "fp8-ffn",
-                                       "fp8-wgrad"))}
+        *(f"config-plus-{n}" for n in ("sdpa", "compile", "triton-gelu", "fused-layernorm",
+                                       "fp8-ffn", "fp8-wgrad"))}
 
 
 # the config's step without its CUDA-only optimisations: what runs on the CPU
