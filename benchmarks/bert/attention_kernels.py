@@ -8,34 +8,46 @@ The softmax runs in base 2 (``qk_scale`` folds ``log2 e`` into the softmax scale
 [heads, tokens] holds each row's base-2 log-sum-exp for the backward.
 
 Dropout: the entry of head ``h``, query token ``t`` (packed) and key ``j`` (within its
-sequence) is kept where the top 16 bits of a hash of its index ``(h * tokens + t) * S + j``
-and the call's seed reach ``threshold`` (``p * 2**16``). The draw is a function of the entry
-alone, so the backward's kernels redraw the forward's mask with tiles of their own and in
-either orientation. The hash is ``lowbias32`` (multiply-xorshift rounds, a bijection of
-32-bit words with full avalanche) of the index times the golden ratio plus the seed: a Philox
-call (ten rounds) an entry cost the forward twice its time, and one Philox call spread over
-eight entries needs a shuffle of the tile that cost as much.
+sequence) is kept where 16 bits of a hash of the index ``(h * tokens + t) * S + j // 16 * 8 +
+j % 8`` and the call's seed reach ``threshold`` (``p * 2**16``): the low half for ``j % 16 <
+8``, the high half for the others, so one hash serves keys ``j`` and ``j + 8``, which a
+thread's tensor-core tile holds in either orientation. The draw is a function of the entry
+alone, so the backward's kernels redraw the forward's mask with tiles of their own (key
+blocks of a multiple of 16) and in either orientation. The hash is ``lowbias32``
+(multiply-xorshift rounds, a bijection of 32-bit words with full avalanche) of the index times
+the golden ratio plus the seed: a Philox call (ten rounds) an entry cost the forward twice its
+time, and one Philox call spread over eight entries needs a shuffle of the tile that cost as
+much.
 """
 
 import triton
 import triton.language as tl
 
+from benchmarks.bert.kernels import _mix
+
 
 @triton.jit
-def _keep(seed, tok, key, head, T, S, threshold):
-    """Whether the entries of query tokens ``tok`` and keys ``key`` (broadcast against each
-    other) of head ``head`` are kept. The index times the golden ratio is split into a row
-    term (with the seed) and a key term, so an entry costs one add before the mixing; the
-    final xorshift of ``lowbias32`` leaves the top 16 bits as they are, so it is left out.
-    At p = 1 the threshold (2**16) shifts out to 0 and every entry is kept, but ``inv_keep``
-    = 0 then zeroes the output and every gradient."""
+def _keep(seed, tok, n0, head, T, S, threshold, BN: tl.constexpr, KEYS_FIRST: tl.constexpr):
+    """[rows, BN] (``KEYS_FIRST``: [BN, rows]) keep flags of query tokens ``tok`` and keys
+    ``n0 ... n0 + BN - 1`` (n0 and BN multiples of 16). One hash serves keys k and k + 8 of a
+    16-aligned block: its low and high 16 bits."""
+    R: tl.constexpr = tok.shape[0]
+    pair = (n0 // 2 + tl.arange(0, BN // 2)).to(tl.uint32) * 0x9E3779B9
     row = ((head * T + tok) * S).to(tl.uint32) * 0x9E3779B9 + seed
-    x = row + key.to(tl.uint32) * 0x9E3779B9
-    x ^= x >> 16
-    x *= 0x7FEB352D
-    x ^= x >> 15
-    x *= 0x846CA68B
-    return x >= threshold.to(tl.uint32) << 16
+    if KEYS_FIRST:
+        x = pair[:, None] + row[None, :]
+    else:
+        x = row[:, None] + pair[None, :]
+    x = _mix(x)
+    x ^= x >> 16   # lowbias32's last xorshift: the low half mixed too
+    d = tl.join(x & 0xFFFF, x >> 16)
+    if KEYS_FIRST:   # [BN/2, R, 2] -> [BN/16, 2, 8, R]
+        d = tl.permute(tl.reshape(d, [BN // 16, 8, R, 2]), (0, 3, 1, 2))
+        d = tl.reshape(d, [BN, R])
+    else:            # [R, BN/2, 2] -> [R, BN/16, 2, 8]
+        d = tl.permute(tl.reshape(d, [R, BN // 16, 8, 2]), (0, 1, 3, 2))
+        d = tl.reshape(d, [R, BN])
+    return d >= threshold.to(tl.uint32)
 
 
 @triton.jit
@@ -71,13 +83,6 @@ def _keys_values(k_ptr, v_ptr, tok, sk, sv, head, ok, D: tl.constexpr):
 
 
 @triton.jit
-def _row_stats(lse_ptr, delta_ptr, head, T, tok, ok):
-    """The rows' log-sum-exp and ``delta``."""
-    return (tl.load(lse_ptr + head * T + tok, mask=ok, other=0.0),
-            tl.load(delta_ptr + head * T + tok, mask=ok, other=0.0))
-
-
-@triton.jit
 def attention_forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, offsets_ptr, seed_ptr,
                              sq, sk, sv, so, T, S, threshold, inv_keep, qk_scale,
                              D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
@@ -104,23 +109,11 @@ def attention_forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, offsets_ptr, s
         p = tl.math.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, 1)
         if DROPOUT:
-            p = tl.where(_keep(seed, tok[:, None], cols[None, :], head, T, S, threshold), p, 0.0)
+            p = tl.where(_keep(seed, tok, n0, head, T, S, threshold, BN, False), p, 0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
     _store_rows(o_ptr, acc * (inv_keep / l)[:, None], tok, so, head, ok, D)
     tl.store(lse_ptr + head * T + tok, m + tl.math.log2(l), mask=ok)
-
-
-@triton.jit
-def attention_delta_kernel(o_ptr, do_ptr, delta_ptr, so, sdo, T, H: tl.constexpr,
-                           D: tl.constexpr, BR: tl.constexpr):
-    """``delta[h, t] = sum(dO * O)`` over a head's values: rows ``BR * program_id(0) ...``."""
-    tok = tl.program_id(0) * BR + tl.arange(0, BR)
-    ok = tok < T
-    for head in range(H):
-        o = _rows(o_ptr, tok, so, head, ok, D).to(tl.float32)
-        do = _rows(do_ptr, tok, sdo, head, ok, D).to(tl.float32)
-        tl.store(delta_ptr + head * T + tok, tl.sum(o * do, 1), mask=ok)
 
 
 @triton.jit
@@ -145,12 +138,13 @@ def attention_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr, 
         rows, ok, tok = _span(start, L, m0, BM)
         q = _rows(q_ptr, tok, sq, head, ok, D)
         do = _rows(do_ptr, tok, sdo, head, ok, D)
-        lse, delta = _row_stats(lse_ptr, delta_ptr, head, T, tok, ok)
+        lse = tl.load(lse_ptr + head * T + tok, mask=ok, other=0.0)
+        delta = tl.load(delta_ptr + head * T + tok, mask=ok, other=0.0)
         pt = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse[None, :])
         dpt = tl.dot(v, tl.trans(do))
         kept = pt
         if DROPOUT:
-            keep = _keep(seed, tok[None, :], cols[:, None], head, T, S, threshold)
+            keep = _keep(seed, tok, n0, head, T, S, threshold, BN, True)
             kept = tl.where(keep, pt, 0.0)
             dpt = tl.where(keep, dpt * inv_keep, 0.0)
         dv += tl.dot(kept.to(do.dtype), do)
@@ -160,12 +154,13 @@ def attention_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr, 
 
 
 @triton.jit
-def attention_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr, offsets_ptr,
-                        seed_ptr, sq, sk, sv, sdo, sdq, T, S, threshold, inv_keep, qk_scale,
-                        sm_scale, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                        DROPOUT: tl.constexpr):
+def attention_dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr,
+                        offsets_ptr, seed_ptr, sq, sk, sv, so, sdo, sdq, T, S, threshold,
+                        inv_keep, qk_scale, sm_scale, D: tl.constexpr, BM: tl.constexpr,
+                        BN: tl.constexpr, DROPOUT: tl.constexpr):
     """The query gradients of rows ``BM * program_id(0) ...`` of sequence ``program_id(1)``,
-    head ``program_id(2)``."""
+    head ``program_id(2)``, and their ``delta = sum(dO * O)`` over the head's values, which
+    it stores for the key and value gradients' kernel."""
     m0 = tl.program_id(0) * BM
     head = tl.program_id(2)
     start, L = _sequence(offsets_ptr)
@@ -174,7 +169,9 @@ def attention_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr,
     rows, ok, tok = _span(start, L, m0, BM)
     q = _rows(q_ptr, tok, sq, head, ok, D)
     do = _rows(do_ptr, tok, sdo, head, ok, D)
-    lse, delta = _row_stats(lse_ptr, delta_ptr, head, T, tok, ok)
+    delta = tl.sum(_rows(o_ptr, tok, so, head, ok, D).to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(delta_ptr + head * T + tok, delta, mask=ok)
+    lse = tl.load(lse_ptr + head * T + tok, mask=ok, other=0.0)
     dq = tl.zeros([BM, D], tl.float32)
     seed = tl.load(seed_ptr).to(tl.uint32) if DROPOUT else 0
     for n0 in range(0, L, BN):
@@ -185,7 +182,7 @@ def attention_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr,
                                                 - lse[:, None]), 0.0)
         dp = tl.dot(do, tl.trans(v))
         if DROPOUT:
-            keep = _keep(seed, tok[:, None], cols[None, :], head, T, S, threshold)
+            keep = _keep(seed, tok, n0, head, T, S, threshold, BN, False)
             dp = tl.where(keep, dp * inv_keep, 0.0)
         dq += tl.dot((p * (dp - delta[:, None])).to(k.dtype), k)
     _store_rows(dq_ptr, dq * sm_scale, tok, sdq, head, ok, D)

@@ -19,7 +19,6 @@ from common.optimisations import Optimisation
 FORWARD = 64, 64, 4, 3
 DKDV = 32, 64, 4, 3
 DQ = 64, 64, 4, 3
-DELTA_ROWS = 64
 
 
 def _kernels():
@@ -62,22 +61,19 @@ class TritonFlashVarlen(torch.autograd.Function):
         grads = torch.empty(t, 3, heads, d, dtype=q.dtype, device=q.device)
         dq, dk, dv = grads.unbind(1)
         if t:
-            kern.attention_delta_kernel[(-(-t // DELTA_ROWS),)](
-                o, do, delta, o.stride(0), do.stride(0), t, H=heads, D=d, BR=DELTA_ROWS,
-                num_warps=4)
             args = _common(t, ctx.max_len, ctx.dropout_p, d)
             dropout = ctx.dropout_p > 0
             sequences = offsets.numel() - 1
+            bm, bn, warps, stages = DQ   # first: it writes delta
+            kern.attention_dq_kernel[(-(-ctx.max_len // bm), sequences, heads)](
+                q, k, v, o, do, dq, lse, delta, offsets, seed, q.stride(0), k.stride(0),
+                v.stride(0), o.stride(0), do.stride(0), dq.stride(0), t, *args, D=d, BM=bm,
+                BN=bn, DROPOUT=dropout, num_warps=warps, num_stages=stages)
             bm, bn, warps, stages = DKDV
             kern.attention_dkdv_kernel[(-(-ctx.max_len // bn), sequences, heads)](
                 q, k, v, do, dk, dv, lse, delta, offsets, seed, q.stride(0), k.stride(0),
                 v.stride(0), do.stride(0), dk.stride(0), dv.stride(0), t, *args, D=d, BM=bm,
                 BN=bn, DROPOUT=dropout, num_warps=warps, num_stages=stages)
-            bm, bn, warps, stages = DQ
-            kern.attention_dq_kernel[(-(-ctx.max_len // bm), sequences, heads)](
-                q, k, v, do, dq, lse, delta, offsets, seed, q.stride(0), k.stride(0),
-                v.stride(0), do.stride(0), dq.stride(0), t, *args, D=d, BM=bm, BN=bn,
-                DROPOUT=dropout, num_warps=warps, num_stages=stages)
         return dq, dk, dv, None, None, None
 
 

@@ -2,7 +2,7 @@
 # convergence point for batch 256 (13700 steps). Needs DATADIR and INIT_CHECKPOINT (README.md).
 NPROC=1
 PRECISION=${PRECISION:-amp-bf16}
-OPTIMISATIONS=(unpad triton-attention fused-qkv triton-qkv fused-gelu triton-layernorm flat-params
+OPTIMISATIONS=(unpad triton-attention fused-qkv triton-qkv triton-gelu triton-layernorm flat-params
                sharded-optimizer fused-lamb bf16-weights cuda-graph)
 TRAIN_ARGS=(
     --precision "$PRECISION" --init-checkpoint "${INIT_CHECKPOINT:?INIT_CHECKPOINT: the phase-1 checkpoint}"

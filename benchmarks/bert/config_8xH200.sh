@@ -2,7 +2,7 @@
 # the hyper-parameters' defaults: 56 sequences per GPU (global 448).
 NPROC=8
 PRECISION=${PRECISION:-amp-bf16}
-OPTIMISATIONS=(unpad triton-attention fused-qkv triton-qkv fused-gelu triton-layernorm flat-params
+OPTIMISATIONS=(unpad triton-attention fused-qkv triton-qkv triton-gelu triton-layernorm flat-params
                sharded-optimizer fused-lamb bf16-weights cuda-graph)
 TRAIN_ARGS=(
     --precision "$PRECISION" --init-checkpoint "${INIT_CHECKPOINT:?INIT_CHECKPOINT: the phase-1 checkpoint}"

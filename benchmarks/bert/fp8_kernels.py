@@ -7,16 +7,16 @@ are row-major on one side, column-major on the other) are a pass of their own
 (``transpose_kernel``): stored from the casts' own programs, they came out wrong on an H200
 (Triton 3.x) for some tiles and input dtypes (docs/history/bert.md).
 
-The GELU kernels take erf from Abramowitz and Stegun's 7.1.26 (one exponential, a reciprocal
-and a polynomial; absolute error under 1.5e-7, below the bf16 input's rounding and far below
-FP8's), not libdevice's ``erff``, the backward sharing its exponential with the derivative's
-own term; the amax is an atomic maximum with relaxed ordering (only a later kernel reads it).
-Together about 10% of either kernel's time ([10240, 4096] on an H100)."""
+The GELU kernels take erf from ``kernels._gelu_cdf`` (as ``triton-gelu``'s); the amax is an
+atomic maximum with relaxed ordering (only a later kernel reads it). Together about 10% of
+either kernel's time ([10240, 4096] on an H100)."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from benchmarks.bert.kernels import _gelu_cdf
 
 
 @triton.jit
@@ -35,22 +35,6 @@ def _scaled(t, ok, scale_ptr, amax_ptr, FMAX: tl.constexpr):
     tl.atomic_max(amax_ptr, tl.max(tl.max(tl.where(ok, tl.abs(t), 0.0), 1), 0).to(
         tl.int32, bitcast=True), sem="relaxed")
     return tl.minimum(tl.maximum(t * tl.load(scale_ptr), -FMAX), FMAX)
-
-
-@triton.jit
-def _half_erf(a, e):
-    """``0.5 * erf(a)`` for ``a >= 0`` given ``e = exp(-a * a)`` (A&S 7.1.26)."""
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    p = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027
-                                                                     + t * 1.061405429))))
-    return 0.5 - 0.5 * p * e
-
-
-@triton.jit
-def _gelu_cdf(u, e):
-    """``Phi(u) = 0.5 * (1 + erf(u / sqrt 2))`` given ``e = exp(-u * u / 2)``."""
-    half = _half_erf(tl.abs(u) * 0.7071067811865476, e)
-    return 0.5 + tl.where(u < 0, -half, half)
 
 
 @triton.jit

@@ -1,5 +1,10 @@
-"""BERT's Triton kernels (``triton-layernorm``, ``triton-qkv``): imported on first use, so
-that the CPU tests need no Triton."""
+"""BERT's Triton kernels (``triton-layernorm``, ``triton-qkv``, ``triton-gelu``): imported on
+first use, so that the CPU tests need no Triton.
+
+The GELU kernels (and ``fp8-ffn``'s) take erf from Abramowitz and Stegun's 7.1.26 (one
+exponential, a reciprocal and a polynomial; absolute error under 1.5e-7, below the bf16
+input's rounding), not libdevice's ``erff``, the backward sharing its exponential with the
+derivative's own term."""
 
 import torch
 import triton
@@ -25,10 +30,11 @@ def column_sum_kernel(partial_ptr, out_ptr, p, n, BP: tl.constexpr, BN: tl.const
 def column_sums(partial: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     """The column sums of the programs' partial sums ``partial`` [programs, n] (fp32), summed
     in fp32 and stored in ``dtype`` (a parameter's: no conversion kernel after), a program a
-    strip of 32 columns."""
+    strip of 32 columns, 256 rows at a time (the fastest tile on an H200 at [640, 3072], [160,
+    3072] and [640, 12288])."""
     p, n = partial.shape
     out = torch.empty(n, dtype=dtype, device=partial.device)
-    column_sum_kernel[(triton.cdiv(n, 32),)](partial, out, p, n, BP=64, BN=32, num_warps=4)
+    column_sum_kernel[(triton.cdiv(n, 32),)](partial, out, p, n, BP=256, BN=32, num_warps=8)
     return out
 
 
@@ -43,11 +49,21 @@ def _sum_in(x_ptr, bias_ptr, res_ptr, keep, at, cols, ok, scale, DROPOUT: tl.con
 
 
 @triton.jit
-def _draw(mask_ptr, r, at, ok, threshold):
-    """Keep where the word's top 24 bits reach ``threshold``; stored as bytes."""
-    keep = (r >> 8).to(tl.int32) >= threshold
-    tl.store(mask_ptr + at, keep.to(tl.int8), mask=ok)
-    return keep
+def _mix(x):
+    """``lowbias32``'s multiply-xorshift rounds (a bijection of 32-bit words with full
+    avalanche) but its last xorshift, which leaves the top 16 bits as they are."""
+    x ^= x >> 16
+    x *= 0x7FEB352D
+    x ^= x >> 15
+    return x * 0x846CA68B
+
+
+@triton.jit
+def _kept(seed, at, threshold):
+    """Whether the dropout keeps element ``at`` (its index in the [rows, H] input): the top
+    24 bits of ``_mix`` of the index times the golden ratio plus the seed reach
+    ``threshold``. A function of the index alone: the backward redraws it, no mask kept."""
+    return _mix(at.to(tl.uint32) * 0x9E3779B9 + seed) >= threshold.to(tl.uint32) << 8
 
 
 @triton.jit
@@ -58,8 +74,8 @@ def _normed(y_ptr, w_ptr, b_ptr, d, rstd, at, c, ok):
 
 
 @triton.jit
-def layer_norm_forward_kernel(x_ptr, bias_ptr, res_ptr, w_ptr, b_ptr, y_ptr, mask_ptr,
-                              mean_ptr, rstd_ptr, seed_ptr, threshold, scale, eps,
+def layer_norm_forward_kernel(x_ptr, bias_ptr, res_ptr, w_ptr, b_ptr, y_ptr, mean_ptr,
+                              rstd_ptr, seed_ptr, threshold, scale, eps,
                               H: tl.constexpr, Q: tl.constexpr, DROPOUT: tl.constexpr):
     row = tl.program_id(0)
     q = tl.arange(0, Q)
@@ -74,11 +90,11 @@ def layer_norm_forward_kernel(x_ptr, bias_ptr, res_ptr, w_ptr, b_ptr, y_ptr, mas
     k2 = ok
     k3 = ok
     if DROPOUT:
-        r0, r1, r2, r3 = tl.randint4x(tl.load(seed_ptr), row * (H // 4) + q)
-        k0 = _draw(mask_ptr, r0, base + c0, ok, threshold)
-        k1 = _draw(mask_ptr, r1, base + c1, ok, threshold)
-        k2 = _draw(mask_ptr, r2, base + c2, ok, threshold)
-        k3 = _draw(mask_ptr, r3, base + c3, ok, threshold)
+        seed = tl.load(seed_ptr).to(tl.uint32)
+        k0 = _kept(seed, base + c0, threshold)
+        k1 = _kept(seed, base + c1, threshold)
+        k2 = _kept(seed, base + c2, threshold)
+        k3 = _kept(seed, base + c3, threshold)
     s0 = _sum_in(x_ptr, bias_ptr, res_ptr, k0, base + c0, c0, ok, scale, DROPOUT)
     s1 = _sum_in(x_ptr, bias_ptr, res_ptr, k1, base + c1, c1, ok, scale, DROPOUT)
     s2 = _sum_in(x_ptr, bias_ptr, res_ptr, k2, base + c2, c2, ok, scale, DROPOUT)
@@ -100,13 +116,13 @@ def layer_norm_forward_kernel(x_ptr, bias_ptr, res_ptr, w_ptr, b_ptr, y_ptr, mas
 
 
 @triton.jit
-def _quarter(dy_ptr, fork_ptr, x_ptr, bias_ptr, res_ptr, w_ptr, mask_ptr, base, c, ok, mean,
-             rstd, scale, DROPOUT: tl.constexpr, FORKED: tl.constexpr):
+def _quarter(dy_ptr, fork_ptr, x_ptr, bias_ptr, res_ptr, w_ptr, seed, threshold, base, c, ok,
+             mean, rstd, scale, DROPOUT: tl.constexpr, FORKED: tl.constexpr):
     """The quarter row's normalised sum, output gradient (plus the fork's with ``FORKED``),
     gradient times weight, mask."""
     keep = ok
     if DROPOUT:
-        keep = tl.load(mask_ptr + base + c, mask=ok, other=0) != 0
+        keep = _kept(seed, base + c, threshold)
     s = _sum_in(x_ptr, bias_ptr, res_ptr, keep, base + c, c, ok, scale, DROPOUT)
     xh = tl.where(ok, (s - mean) * rstd, 0.0)
     dy = tl.load(dy_ptr + base + c, mask=ok, other=0.0).to(tl.float32)
@@ -137,11 +153,12 @@ def _column_sums(out, sx, sw, sb, c, ok, H: tl.constexpr):
 
 
 @triton.jit
-def layer_norm_backward_kernel(dy_ptr, fork_ptr, x_ptr, bias_ptr, res_ptr, w_ptr, mask_ptr,
-                               mean_ptr, rstd_ptr, dres_ptr, dx_ptr, partial_ptr, rows, scale,
-                               H: tl.constexpr, Q: tl.constexpr, ROWS: tl.constexpr,
-                               DROPOUT: tl.constexpr, FORKED: tl.constexpr):
+def layer_norm_backward_kernel(dy_ptr, fork_ptr, x_ptr, bias_ptr, res_ptr, w_ptr, seed_ptr,
+                               mean_ptr, rstd_ptr, dres_ptr, dx_ptr, partial_ptr, rows,
+                               threshold, scale, H: tl.constexpr, Q: tl.constexpr,
+                               ROWS: tl.constexpr, DROPOUT: tl.constexpr, FORKED: tl.constexpr):
     pid = tl.program_id(0)
+    seed = tl.load(seed_ptr).to(tl.uint32) if DROPOUT else 0
     q = tl.arange(0, Q)
     ok = q < H // 4
     c0 = q
@@ -169,16 +186,16 @@ def layer_norm_backward_kernel(dy_ptr, fork_ptr, x_ptr, bias_ptr, res_ptr, w_ptr
         mean = tl.load(mean_ptr + row)
         rstd = tl.load(rstd_ptr + row)
         xh0, dy0, g0, k0 = _quarter(dy_ptr, fork_ptr, x_ptr, bias_ptr, res_ptr, w_ptr,
-                                    mask_ptr, base, c0, live, mean, rstd, scale, DROPOUT,
+                                    seed, threshold, base, c0, live, mean, rstd, scale, DROPOUT,
                                     FORKED)
         xh1, dy1, g1, k1 = _quarter(dy_ptr, fork_ptr, x_ptr, bias_ptr, res_ptr, w_ptr,
-                                    mask_ptr, base, c1, live, mean, rstd, scale, DROPOUT,
+                                    seed, threshold, base, c1, live, mean, rstd, scale, DROPOUT,
                                     FORKED)
         xh2, dy2, g2, k2 = _quarter(dy_ptr, fork_ptr, x_ptr, bias_ptr, res_ptr, w_ptr,
-                                    mask_ptr, base, c2, live, mean, rstd, scale, DROPOUT,
+                                    seed, threshold, base, c2, live, mean, rstd, scale, DROPOUT,
                                     FORKED)
         xh3, dy3, g3, k3 = _quarter(dy_ptr, fork_ptr, x_ptr, bias_ptr, res_ptr, w_ptr,
-                                    mask_ptr, base, c3, live, mean, rstd, scale, DROPOUT,
+                                    seed, threshold, base, c3, live, mean, rstd, scale, DROPOUT,
                                     FORKED)
         cx = (tl.sum(g0 * xh0, 0) + tl.sum(g1 * xh1, 0) + tl.sum(g2 * xh2, 0)
               + tl.sum(g3 * xh3, 0)) / H
@@ -229,3 +246,54 @@ def join_kernel(q_ptr, k_ptr, v_ptr, out_ptr, partial_ptr, rows, q_stride, k_str
         tl.store(out_ptr + r64 * (3 * H) + c[None, :], tile, mask=ok)
     tl.store(partial_ptr + rb.to(tl.int64) * (3 * H) + c, tl.sum(tile.to(tl.float32), 0),
              mask=c < 3 * H)
+
+
+@triton.jit
+def _half_erf(a, e):
+    """``0.5 * erf(a)`` for ``a >= 0`` given ``e = exp(-a * a)`` (A&S 7.1.26)."""
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    p = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027
+                                                                     + t * 1.061405429))))
+    return 0.5 - 0.5 * p * e
+
+
+@triton.jit
+def _gelu_cdf(u, e):
+    """``Phi(u) = 0.5 * (1 + erf(u / sqrt 2))`` given ``e = exp(-u * u / 2)``."""
+    half = _half_erf(tl.abs(u) * 0.7071067811865476, e)
+    return 0.5 + tl.where(u < 0, -half, half)
+
+
+@triton.jit
+def _biased(z_ptr, bias_ptr, rows, N: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
+    """Program (row block, column block)'s tile of ``z + bias`` in fp32: it, its rows, the
+    offsets and which lie in [rows, N]."""
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    c = tl.program_id(1) * BC + tl.arange(0, BC)
+    ok = (r[:, None] < rows) & (c[None, :] < N)
+    at = r[:, None].to(tl.int64) * N + c[None, :]
+    u = tl.load(z_ptr + at, mask=ok, other=0.0).to(tl.float32) + tl.load(
+        bias_ptr + c, mask=c < N, other=0.0).to(tl.float32)[None, :]
+    return u, c, at, ok
+
+
+@triton.jit
+def gelu_kernel(z_ptr, bias_ptr, h_ptr, rows, N: tl.constexpr, BR: tl.constexpr,
+                BC: tl.constexpr):
+    """``h = gelu(z + bias)`` [rows, N], in ``h``'s dtype."""
+    u, c, at, ok = _biased(z_ptr, bias_ptr, rows, N, BR, BC)
+    h = u * _gelu_cdf(u, tl.exp(-0.5 * u * u))
+    tl.store(h_ptr + at, h.to(h_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def gelu_backward_kernel(dh_ptr, z_ptr, bias_ptr, dz_ptr, partial_ptr, rows, N: tl.constexpr,
+                         BR: tl.constexpr, BC: tl.constexpr):
+    """``dz = dh * gelu'(z + bias)`` in ``dz``'s dtype, and the tile's column sums of ``dz``
+    (fp32, before rounding) to ``partial[row block]``."""
+    u, c, at, ok = _biased(z_ptr, bias_ptr, rows, N, BR, BC)
+    e = tl.exp(-0.5 * u * u)
+    slope = _gelu_cdf(u, e) + u * e * 0.3989422804014327
+    dz = tl.where(ok, tl.load(dh_ptr + at, mask=ok, other=0.0).to(tl.float32) * slope, 0.0)
+    tl.store(dz_ptr + at, dz.to(dz_ptr.dtype.element_ty), mask=ok)
+    tl.store(partial_ptr + tl.program_id(0).to(tl.int64) * N + c, tl.sum(dz, 0), mask=c < N)

@@ -1,13 +1,13 @@
 """The ``triton-layernorm`` optimisation: ``LayerNorm(dropout(x + bias) + residual)`` after the
 attention-output and output GEMMs as one Triton kernel forward and one backward.
 
-The dropout mask is drawn in the forward kernel, one Philox call giving the words of four
-quarters of a row (Inductor's chain, ``fused-layernorm``, draws a call an element). The forward
-keeps the mask (bytes) and the row statistics; the backward recomputes the sum in fp32 from
-the inputs, and with LayerNorm's input gradient (the residual's, and through the mask the
-dense output's) writes each block of rows' column sums for the three bias-like gradients
-(the dense bias, LayerNorm's weight and bias), which a small kernel adds up. The mask's
-seed is drawn on the device each call, so a captured step draws new masks each replay.
+The dropout mask is drawn in the forward kernel from a hash of each element's index and the
+call's seed (``kernels._kept``) and redrawn by the backward, so no mask is kept. The forward
+keeps the row statistics; the backward recomputes the sum in fp32 from the inputs, and with
+LayerNorm's input gradient (the residual's, and through the mask the dense output's) writes
+each block of rows' column sums for the three bias-like gradients (the dense bias,
+LayerNorm's weight and bias), which a small kernel adds up. The mask's seed is drawn on the
+device each call, so a captured step draws new masks each replay.
 
 A block's output feeds two consumers, the next GEMM and the next block's residual: it goes
 to the GEMM, and an alias of it (a second output of the same autograd node, ``fork``) to the
@@ -48,25 +48,25 @@ class DropoutAddLayerNorm(torch.autograd.Function):
         rows = x2.shape[0]
         next_pow2, forward_kernel, _, _ = _kernels()
         y = torch.empty(rows, h, dtype=weight.dtype, device=x.device)
-        mask = torch.empty(rows, h, dtype=torch.int8, device=x.device) if p > 0 else x2
         mean = torch.empty(rows, dtype=torch.float32, device=x.device)
         rstd = torch.empty_like(mean)
         seed = torch.randint(2**31 - 1, (1,), device=x.device) if p > 0 else mean
         threshold = round(p * 2**24)   # of a word's top 24 bits: kept with probability 1 - p
         scale = 1.0 / (1.0 - p) if p < 1 else 0.0
         if rows:
-            forward_kernel[(rows,)](x2, bias, res2, weight, ln_bias, y, mask, mean, rstd, seed,
+            forward_kernel[(rows,)](x2, bias, res2, weight, ln_bias, y, mean, rstd, seed,
                                     threshold, scale, eps, H=h, Q=next_pow2(h // 4),
                                     DROPOUT=p > 0, num_warps=WARPS[0])
-        ctx.save_for_backward(x2, bias, res2, weight, mask, mean, rstd)
-        ctx.p, ctx.scale, ctx.shapes = p, scale, (x.shape, residual.dtype)
+        ctx.save_for_backward(x2, bias, res2, weight, seed, mean, rstd)
+        ctx.p, ctx.threshold, ctx.scale = p, threshold, scale
+        ctx.shapes = x.shape, residual.dtype
         ctx.set_materialize_grads(False)   # an unused output's gradient: None, not zeros
         y = y.view(x.shape[:-1] + (h,))
         return y, y.view_as(y)
 
     @staticmethod
     def backward(ctx, dy, dfork):
-        x2, bias, res2, weight, mask, mean, rstd = ctx.saved_tensors
+        x2, bias, res2, weight, seed, mean, rstd = ctx.saved_tensors
         shape, res_dtype = ctx.shapes
         rows, h = x2.shape
         next_pow2, _, backward_kernel, column_sums = _kernels()
@@ -81,8 +81,8 @@ class DropoutAddLayerNorm(torch.autograd.Function):
         programs = -(-rows // ROWS)
         partial = torch.empty(programs, 3, h, dtype=torch.float32, device=dy.device)
         if rows:
-            backward_kernel[(programs,)](dy2, df2, x2, bias, res2, weight, mask, mean, rstd,
-                                         dres, dx, partial, rows, ctx.scale, H=h,
+            backward_kernel[(programs,)](dy2, df2, x2, bias, res2, weight, seed, mean, rstd,
+                                         dres, dx, partial, rows, ctx.threshold, ctx.scale, H=h,
                                          Q=next_pow2(h // 4), ROWS=ROWS, DROPOUT=ctx.p > 0,
                                          FORKED=dfork is not None, num_warps=WARPS[1])
         dbias, dweight, dln_bias = column_sums(partial.view(programs, 3 * h),

@@ -22,6 +22,7 @@ from benchmarks.bert import (
     flat_lamb,
     fp8,
     fusions,
+    gelu_triton,
     layernorm_triton,
     qkv,
     qkv_triton,
@@ -119,7 +120,8 @@ class BertWorkload(Workload):
     # compile (GPU, every dropout Inductor's) not measured yet
     optimisations = Registry(
         attention.SDPA, attention.UNPAD, attention_triton.TRITON_ATTENTION, qkv.FUSED_QKV,
-        qkv_triton.TRITON_QKV, fusions.FUSED_GELU, fusions.FUSED_LAYERNORM,
+        qkv_triton.TRITON_QKV, fusions.FUSED_GELU, gelu_triton.TRITON_GELU,
+        fusions.FUSED_LAYERNORM,
         layernorm_triton.TRITON_LAYERNORM, fp8.FP8_FFN, fp8.FP8_WGRAD,
         flat_lamb.FLAT_PARAMS, flat_lamb.SHARDED_OPTIMIZER, flat_lamb.FUSED_LAMB,
         flat_lamb.BF16_WEIGHTS,

@@ -74,6 +74,23 @@ def test_each_call_draws_a_new_mask_and_bf16_rounds_once():
     torch.testing.assert_close(got.float(), want, atol=0.02, rtol=0.01)
 
 
+def test_the_draws_are_uncorrelated_between_neighbours_and_calls():
+    """The mask (read back from the dense output's gradient) at p = 1/2: kept half the time,
+    uncorrelated between neighbouring elements and rows and between two calls."""
+    from benchmarks.bert.layernorm_triton import DropoutAddLayerNorm
+
+    inputs = _inputs(512, 96)   # 49,152 draws: a mean of 0.02 is 4.4 standard deviations
+    masks = []
+    for _ in range(2):
+        out, _ = DropoutAddLayerNorm.apply(*inputs, 0.5, 1e-12)
+        dx = torch.autograd.grad(out, inputs[0], torch.ones_like(out))[0]
+        masks.append((dx != 0).float() * 2 - 1)
+    m = masks[0]
+    assert abs(m.mean().item()) < 0.02
+    for pairs in (m[:, 1:] * m[:, :-1], m[1:] * m[:-1], masks[0] * masks[1]):
+        assert abs(pairs.mean().item()) < 0.03
+
+
 def test_a_layer_sends_its_residual_gradient_through_the_fork():
     """Two plain layers against the same layers with ``triton-layernorm`` (no dropout): the
     outputs and every gradient; between the layers, the hidden state's gradient comes only

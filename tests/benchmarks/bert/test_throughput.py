@@ -47,16 +47,16 @@ def stubs(monkeypatch):
 
 
 def test_variants_are_the_registry_s():
-    config = ["unpad", "triton-attention", "fused-qkv", "triton-qkv", "fused-gelu",
+    config = ["unpad", "triton-attention", "fused-qkv", "triton-qkv", "triton-gelu",
               "triton-layernorm", "flat-params", "sharded-optimizer", "fused-lamb", "bf16-weights",
               "cuda-graph"]
     assert throughput.OURS["plain"] == [] and throughput.OURS["config"] == config
     assert throughput.OURS["config-minus-flat-params"] == [   # and what requires it
-        "unpad", "triton-attention", "fused-qkv", "triton-qkv", "fused-gelu", "triton-layernorm",
+        "unpad", "triton-attention", "fused-qkv", "triton-qkv", "triton-gelu", "triton-layernorm",
         "cuda-graph"]
     assert throughput.OURS["config-plus-compile"] == [*config, "compile"]
     assert throughput.OURS["config-plus-sdpa"] == [   # unpad (and what needs it) excludes it
-        "fused-qkv", "triton-qkv", "fused-gelu", "triton-layernorm", "flat-params",
+        "fused-qkv", "triton-qkv", "triton-gelu", "triton-layernorm", "flat-params",
         "sharded-optimizer", "fused-lamb", "bf16-weights", "cuda-graph", "sdpa"]
     assert throughput.OURS["config-plus-fp8-ffn"] == [*config, "fp8-ffn"]
     assert throughput.OURS["config-plus-fp8-wgrad"] == [*config, "fp8-ffn", "fp8-wgrad"]
@@ -65,8 +65,8 @@ def test_variants_are_the_registry_s():
     assert set(throughput.VARIANTS) == {
         "plain", "config", "hf-sdpa", "hf-sdpa-compiled",
         *(f"config-minus-{n}" for n in config),
-        *(f"config-plus-{n}" for n in ("sdpa", "compile", "fused-layernorm", "fp8-ffn",
-                                       "fp8-wgrad"))}
+        *(f"config-plus-{n}" for n in ("sdpa", "compile", "fused-gelu", "fused-layernorm",
+                                       "fp8-ffn", "fp8-wgrad"))}
 
 
 # the config's step without its CUDA-only optimisations: what runs on the CPU
