@@ -1,9 +1,9 @@
 """The ``triton-attention`` optimisation: ``unpad``'s flash attention as Triton kernels
 (``attention_kernels.py``) whose tiles use Hopper's tensor-core instructions, the attention
-dropout drawn inside them (a 16-bit hash of each entry's index and the step's seed) and
-redrawn by the backward; ATen's flash attention is the reference. The query, key and value
-gradients are written side by side in one [tokens, 3, heads, dim] buffer, the layout of
-``fused-qkv``'s projection output."""
+dropout drawn inside them (16 bits of a hash of each entry's index and the step's seed, one
+hash for two entries) and redrawn by the backward; ATen's flash attention is the reference.
+The query, key and value gradients are written side by side in one [tokens, 3, heads, dim]
+buffer, the layout of ``fused-qkv``'s projection output."""
 
 from __future__ import annotations
 
