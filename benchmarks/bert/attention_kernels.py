@@ -101,7 +101,7 @@ def attention_forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, offsets_ptr, s
     acc = tl.zeros([BM, D], tl.float32)
     seed = tl.load(seed_ptr).to(tl.uint32) if DROPOUT else 0
     for n0 in range(0, L, BN):
-        cols, cok, keys = _span(start, L, n0, BN)
+        _, cok, keys = _span(start, L, n0, BN)
         k, v = _keys_values(k_ptr, v_ptr, keys, sk, sv, head, cok, D)
         s = tl.where(cok[None, :], tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
@@ -129,7 +129,7 @@ def attention_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr, 
     start, L = _sequence(offsets_ptr)
     if n0 >= L:
         return
-    cols, cok, keys = _span(start, L, n0, BN)
+    _, cok, keys = _span(start, L, n0, BN)
     k, v = _keys_values(k_ptr, v_ptr, keys, sk, sv, head, cok, D)
     dk = tl.zeros([BN, D], tl.float32)
     dv = tl.zeros([BN, D], tl.float32)
@@ -175,7 +175,7 @@ def attention_dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, dq_ptr, lse_ptr, del
     dq = tl.zeros([BM, D], tl.float32)
     seed = tl.load(seed_ptr).to(tl.uint32) if DROPOUT else 0
     for n0 in range(0, L, BN):
-        cols, cok, keys = _span(start, L, n0, BN)
+        _, cok, keys = _span(start, L, n0, BN)
         k, v = _keys_values(k_ptr, v_ptr, keys, sk, sv, head, cok, D)
         # keys past the sequence: zeros, but their probabilities are not (exp2(-lse))
         p = tl.where(cok[None, :], tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale

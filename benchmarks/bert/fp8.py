@@ -41,15 +41,10 @@ GELU = {True: (16, 128, 8), False: (32, 128, 4)}   # by whether the bf16 copy is
 
 
 def _kernels():
+    """This module's kernels, and BERT's shared ones (``launch``, ``column_sums``)."""
     from benchmarks.bert import fp8_kernels as k
-    from benchmarks.bert.kernels import column_sums
-    return k, column_sums
-
-
-def _launch(kernel, tile, rows: int, cols: int, *args, **constants):
-    """``kernel`` over [rows, cols] in ``tile``'s programs."""
-    br, bc, warps = tile
-    kernel[(-(-rows // br), -(-cols // bc))](*args, BR=br, BC=bc, num_warps=warps, **constants)
+    from benchmarks.bert import kernels as shared
+    return k, shared
 
 
 def _scale_by(t, scale, dtype):
@@ -113,9 +108,10 @@ class Scales:
     @staticmethod
     def _transposed(t8):
         """The FP8 [r, c] ``t8``'s transpose [c, r], row-major (``transpose_kernel``)."""
-        k, _ = _kernels()
+        k, shared = _kernels()
         t8t = torch.empty(t8.shape[::-1], dtype=t8.dtype, device=t8.device)
-        _launch(k.transpose_kernel, TRANSPOSE, *t8.shape, t8, t8t, t8.shape[0], C=t8.shape[1])
+        shared.launch(k.transpose_kernel, TRANSPOSE, *t8.shape, t8, t8t, t8.shape[0],
+                      C=t8.shape[1])
         return t8t
 
     def cast(self, t, slot: int, transpose: bool):
@@ -123,12 +119,13 @@ class Scales:
         None, and the inverse scale."""
         dtype = FORMATS[slot % len(FORMATS)]
         if t.is_cuda:
-            k, _ = _kernels()
+            k, shared = _kernels()
             t8 = self._fp8(t, slot)
 
             def launch(scale, amax):
-                _launch(k.cast_kernel, CAST, *t.shape, t, t8, scale, amax.view(torch.int32),
-                        t.shape[0], C=t.shape[1], FMAX=torch.finfo(dtype).max)
+                shared.launch(k.cast_kernel, CAST, *t.shape, t, t8, scale,
+                              amax.view(torch.int32), t.shape[0], C=t.shape[1],
+                              FMAX=torch.finfo(dtype).max)
                 return t8
         else:
             def launch(scale, amax):
@@ -147,14 +144,14 @@ class Scales:
             g = torch.nn.functional.gelu(z.float() + bias.float())
             g8, g8t, inverse = self.cast(g, slot, self.wgrad)
             return g8, g8t if self.wgrad else g.to(z.dtype), inverse
-        k, _ = _kernels()
+        k, shared = _kernels()
         g8 = self._fp8(z, slot)
         keep = None if self.wgrad else torch.empty_like(z)
 
         def launch(scale, amax):
-            _launch(k.gelu_forward_kernel, GELU[keep is not None], *z.shape, z, bias, g8, keep,
-                    scale, amax.view(torch.int32), z.shape[0], N=z.shape[1],
-                    FMAX=torch.finfo(E4M3).max)
+            shared.launch(k.gelu_forward_kernel, GELU[keep is not None], *z.shape, z, bias, g8,
+                          keep, scale, amax.view(torch.int32), z.shape[0], N=z.shape[1],
+                          FMAX=torch.finfo(E4M3).max)
 
         scale, amax, inverse = self._slot(slot, launch)
         launch(scale, amax)
@@ -169,7 +166,7 @@ class Scales:
             dz8, dz8t, inverse = self.cast(dz, slot, self.wgrad)
             return (dz8, dz8t if self.wgrad else dz.to(dg.dtype), inverse,
                     dz.sum(0).to(bias.dtype))
-        k, column_sums = _kernels()
+        k, shared = _kernels()
         rows, n = dg.shape
         dz8 = self._fp8(dg, slot)
         keep = None if self.wgrad else torch.empty_like(dg)
@@ -177,14 +174,14 @@ class Scales:
                               device=dg.device)
 
         def launch(scale, amax):
-            _launch(k.gelu_backward_kernel, GELU_BACKWARD, rows, n, dg, z, bias, dz8, keep,
-                    partial, scale, amax.view(torch.int32), rows, N=n,
-                    FMAX=torch.finfo(E5M2).max)
+            shared.launch(k.gelu_backward_kernel, GELU_BACKWARD, rows, n, dg, z, bias, dz8,
+                          keep, partial, scale, amax.view(torch.int32), rows, N=n,
+                          FMAX=torch.finfo(E5M2).max)
 
         scale, amax, inverse = self._slot(slot, launch)
         launch(scale, amax)
         return (dz8, self._transposed(dz8) if self.wgrad else keep, inverse,
-                column_sums(partial, bias.dtype))
+                shared.column_sums(partial, bias.dtype))
 
 
 def _mm(a, b_t, scale_a, scale_b, fast: bool):

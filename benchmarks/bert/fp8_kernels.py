@@ -16,14 +16,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from benchmarks.bert.kernels import _gelu_cdf
+from benchmarks.bert.kernels import _biased, _gelu_cdf, _gelu_slope
 
 
 @triton.jit
-def _store(y_ptr, keep_ptr, t, t8, r, c, ok, C: tl.constexpr):
-    """The tile ``t8`` (rows ``r``, columns ``c``) into ``y`` [R, C] in its FP8 format, and
-    ``t`` into ``keep`` in its dtype unless ``keep`` is None."""
-    at = r[:, None].to(tl.int64) * C + c[None, :]
+def _store(y_ptr, keep_ptr, t, t8, at, ok):
+    """The tile ``t8`` (offsets ``at``) into ``y`` in its FP8 format, and ``t`` into ``keep``
+    in its dtype unless ``keep`` is None."""
     tl.store(y_ptr + at, t8.to(y_ptr.dtype.element_ty), mask=ok)
     if keep_ptr is not None:
         tl.store(keep_ptr + at, t.to(keep_ptr.dtype.element_ty), mask=ok)
@@ -46,7 +45,9 @@ def cast_kernel(x_ptr, y_ptr, scale_ptr, amax_ptr, R, C: tl.constexpr, FMAX: tl.
     ok = (r[:, None] < R) & (c[None, :] < C)
     t = tl.load(x_ptr + r[:, None].to(tl.int64) * C + c[None, :], mask=ok, other=0.0)
     t8 = _scaled(t.to(tl.float32), ok, scale_ptr, amax_ptr, FMAX)
-    _store(y_ptr, None, t8, t8, r, c, ok, C)
+    # the offsets again, not kept from the load: kept, the sm_90 code computes each 64-bit
+    # address twice over
+    _store(y_ptr, None, t8, t8, r[:, None].to(tl.int64) * C + c[None, :], ok)
 
 
 @triton.jit
@@ -54,13 +55,9 @@ def gelu_forward_kernel(z_ptr, bias_ptr, g8_ptr, keep_ptr, scale_ptr, amax_ptr, 
                         N: tl.constexpr, FMAX: tl.constexpr, BR: tl.constexpr,
                         BC: tl.constexpr):
     """``g = gelu(z + bias)`` [rows, N] scaled in ``g8``'s FP8; ``keep`` as ``_store``."""
-    r = tl.program_id(0) * BR + tl.arange(0, BR)
-    c = tl.program_id(1) * BC + tl.arange(0, BC)
-    ok = (r[:, None] < rows) & (c[None, :] < N)
-    u = tl.load(z_ptr + r[:, None].to(tl.int64) * N + c[None, :], mask=ok, other=0.0).to(
-        tl.float32) + tl.load(bias_ptr + c, mask=c < N, other=0.0).to(tl.float32)[None, :]
+    u, c, at, ok = _biased(z_ptr, bias_ptr, rows, N, BR, BC)
     g = u * _gelu_cdf(u, tl.exp(-0.5 * u * u))
-    _store(g8_ptr, keep_ptr, g, _scaled(g, ok, scale_ptr, amax_ptr, FMAX), r, c, ok, N)
+    _store(g8_ptr, keep_ptr, g, _scaled(g, ok, scale_ptr, amax_ptr, FMAX), at, ok)
 
 
 @triton.jit
@@ -69,18 +66,11 @@ def gelu_backward_kernel(dg_ptr, z_ptr, bias_ptr, dz8_ptr, keep_ptr, partial_ptr
                          BC: tl.constexpr):
     """``dz = dg * gelu'(z + bias)`` scaled in ``dz8``'s FP8, and in ``keep``'s dtype unless
     ``keep`` is None; the tile's column sums (fp32) to ``partial[row block]``."""
-    rb = tl.program_id(0)
-    r = rb * BR + tl.arange(0, BR)
-    c = tl.program_id(1) * BC + tl.arange(0, BC)
-    ok = (r[:, None] < rows) & (c[None, :] < N)
-    at = r[:, None].to(tl.int64) * N + c[None, :]
-    u = tl.load(z_ptr + at, mask=ok, other=0.0).to(tl.float32) + tl.load(
-        bias_ptr + c, mask=c < N, other=0.0).to(tl.float32)[None, :]
-    e = tl.exp(-0.5 * u * u)
-    slope = _gelu_cdf(u, e) + u * e * 0.3989422804014327
+    u, c, at, ok = _biased(z_ptr, bias_ptr, rows, N, BR, BC)
+    slope = _gelu_slope(u)
     dz = tl.where(ok, tl.load(dg_ptr + at, mask=ok, other=0.0).to(tl.float32) * slope, 0.0)
-    _store(dz8_ptr, keep_ptr, dz, _scaled(dz, ok, scale_ptr, amax_ptr, FMAX), r, c, ok, N)
-    tl.store(partial_ptr + rb.to(tl.int64) * N + c, tl.sum(dz, 0), mask=c < N)
+    _store(dz8_ptr, keep_ptr, dz, _scaled(dz, ok, scale_ptr, amax_ptr, FMAX), at, ok)
+    tl.store(partial_ptr + tl.program_id(0).to(tl.int64) * N + c, tl.sum(dz, 0), mask=c < N)
 
 
 @triton.jit

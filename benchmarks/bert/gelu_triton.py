@@ -22,11 +22,6 @@ def _kernels():
     return k
 
 
-def _launch(kernel, tile, rows: int, n: int, *args) -> None:
-    br, bc, warps = tile
-    kernel[(-(-rows // br), -(-n // bc))](*args, rows, N=n, BR=br, BC=bc, num_warps=warps)
-
-
 class BiasGelu(torch.autograd.Function):
     """``gelu(z + bias)`` (erf form) over the last dimension of CUDA tensors, in ``z``'s dtype;
     the bias gradient summed in fp32 and returned in ``bias``'s dtype."""
@@ -37,7 +32,8 @@ class BiasGelu(torch.autograd.Function):
         z2 = z.reshape(-1, n).contiguous()
         h = torch.empty_like(z2)
         if z2.shape[0]:
-            _launch(_kernels().gelu_kernel, FORWARD, z2.shape[0], n, z2, bias, h)
+            k = _kernels()
+            k.launch(k.gelu_kernel, FORWARD, z2.shape[0], n, z2, bias, h, z2.shape[0], N=n)
         ctx.save_for_backward(z2, bias)
         ctx.shape = z.shape
         return h.view(z.shape)
@@ -51,8 +47,8 @@ class BiasGelu(torch.autograd.Function):
         partial = torch.empty(-(-rows // BACKWARD[0]), n, dtype=torch.float32,
                               device=z2.device)
         if rows:
-            _launch(k.gelu_backward_kernel, BACKWARD, rows, n,
-                    dh.reshape(rows, n).contiguous(), z2, bias, dz, partial)
+            k.launch(k.gelu_backward_kernel, BACKWARD, rows, n, dh.reshape(rows, n).contiguous(),
+                     z2, bias, dz, partial, rows, N=n)
         return dz.view(ctx.shape), k.column_sums(partial, bias.dtype)
 
 

@@ -13,6 +13,12 @@ import triton.language as tl
 next_power_of_2 = triton.next_power_of_2
 
 
+def launch(kernel, tile, rows: int, cols: int, *args, **constants) -> None:
+    """``kernel`` over [rows, cols] in ``tile``'s (rows, columns, warps) programs."""
+    br, bc, warps = tile
+    kernel[(-(-rows // br), -(-cols // bc))](*args, BR=br, BC=bc, num_warps=warps, **constants)
+
+
 @triton.jit
 def column_sum_kernel(partial_ptr, out_ptr, p, n, BP: tl.constexpr, BN: tl.constexpr):
     """``out[c] = sum over rows of partial[:, c]`` for a BN-wide strip of columns, in ``out``'s
@@ -265,6 +271,13 @@ def _gelu_cdf(u, e):
 
 
 @triton.jit
+def _gelu_slope(u):
+    """``gelu'(u)``, the exponential shared by its two terms."""
+    e = tl.exp(-0.5 * u * u)
+    return _gelu_cdf(u, e) + u * e * 0.3989422804014327
+
+
+@triton.jit
 def _biased(z_ptr, bias_ptr, rows, N: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr):
     """Program (row block, column block)'s tile of ``z + bias`` in fp32: it, its rows, the
     offsets and which lie in [rows, N]."""
@@ -292,8 +305,7 @@ def gelu_backward_kernel(dh_ptr, z_ptr, bias_ptr, dz_ptr, partial_ptr, rows, N: 
     """``dz = dh * gelu'(z + bias)`` in ``dz``'s dtype, and the tile's column sums of ``dz``
     (fp32, before rounding) to ``partial[row block]``."""
     u, c, at, ok = _biased(z_ptr, bias_ptr, rows, N, BR, BC)
-    e = tl.exp(-0.5 * u * u)
-    slope = _gelu_cdf(u, e) + u * e * 0.3989422804014327
+    slope = _gelu_slope(u)
     dz = tl.where(ok, tl.load(dh_ptr + at, mask=ok, other=0.0).to(tl.float32) * slope, 0.0)
     tl.store(dz_ptr + at, dz.to(dz_ptr.dtype.element_ty), mask=ok)
     tl.store(partial_ptr + tl.program_id(0).to(tl.int64) * N + c, tl.sum(dz, 0), mask=c < N)
