@@ -1,7 +1,8 @@
 """The ``triton-attention`` optimisation: ``unpad``'s flash attention as Triton kernels
 (``attention_kernels.py``) whose tiles use Hopper's tensor-core instructions, the attention
 dropout drawn inside them (16 bits of a hash of each entry's index and the step's seed, one
-hash for two entries) and redrawn by the backward; ATen's flash attention is the reference.
+hash for two entries; the seed from ``seeds.py``'s one draw a forward pass) and redrawn by the
+backward; ATen's flash attention is the reference.
 The query, key and value gradients are written side by side in one [tokens, 3, heads, dim]
 buffer, the layout of ``fused-qkv``'s projection output; given that projection's bias, the
 backward kernels also sum its gradient (``triton-qkv`` then neither joins nor sums)."""
@@ -14,6 +15,7 @@ import torch
 
 from benchmarks.bert.attention import Packing, UnpaddedSelfAttention
 from benchmarks.bert.model import mix_in
+from benchmarks.bert.seeds import number, seed_of
 from common.optimisations import Optimisation
 
 # (rows, keys, warps, stages) of a program's tile: forward, key/value and query gradients
@@ -32,17 +34,19 @@ class TritonFlashVarlen(torch.autograd.Function):
     ``i`` is rows ``offsets[i]:offsets[i + 1]`` (int32), none longer than ``max_len``;
     dropout ``dropout_p`` on the probabilities. ``bias`` (optional, [3 * heads * dim]): a
     bias already in ``q, k, v``, not read; its gradient, the column sums of the three
-    gradients, comes from the backward's kernels."""
+    gradients, comes from the backward's kernels. ``seed``: the dropout's (an int64 [1] on
+    the device; drawn here if None)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, offsets, max_len: int, dropout_p: float, bias=None):
+    def forward(ctx, q, k, v, offsets, max_len: int, dropout_p: float, bias=None, seed=None):
         kern = _kernels()
         t, heads, d = q.shape
         if any(x.stride(-1) != 1 or x.stride(1) != d for x in (q, k, v)):
             raise ValueError("triton-attention needs each token's heads side by side")
         o = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty(heads, t, dtype=torch.float32, device=q.device)
-        seed = (torch.randint(2**31 - 1, (1,), device=q.device) if dropout_p > 0 else lse)
+        if seed is None:
+            seed = torch.randint(2**31 - 1, (1,), device=q.device) if dropout_p > 0 else lse
         args = _common(t, max_len, dropout_p, d)
         bm, bn, warps, stages = FORWARD
         if t:
@@ -88,14 +92,14 @@ class TritonFlashVarlen(torch.autograd.Function):
                 D=d, BM=bm, BN=bn, DROPOUT=dropout, SUMS=sums, num_warps=warps,
                 num_stages=stages)
         if not sums:
-            return dq, dk, dv, None, None, None, None
+            return dq, dk, dv, None, None, None, None, None
         db = (torch.empty if t else torch.zeros)(3 * heads * d, dtype=ctx.bias_dtype,
                                                  device=q.device)
         if t:
             from benchmarks.bert.kernels import column_sums
             column_sums(q_sums, out=db[:heads * d])
             column_sums(kv_sums, out=db[heads * d:])
-        return dq, dk, dv, None, None, None, db
+        return dq, dk, dv, None, None, None, db, None
 
 
 def _common(t: int, max_len: int, p: float, d: int) -> tuple:
@@ -110,13 +114,21 @@ class TritonAttention:
     """Mixed into an unpadded self-attention: ``flash`` as :class:`TritonFlashVarlen`."""
 
     def flash(self, q, k, v, packing: Packing, p: float, bias=None):
-        return TritonFlashVarlen.apply(q, k, v, packing.offsets, packing.max_len, p, bias)
+        return TritonFlashVarlen.apply(q, k, v, packing.offsets, packing.max_len, p, bias,
+                                       seed_of(self))
+
+
+def triton_attention(net: torch.nn.Module) -> None:
+    """Every unpadded self-attention of ``net`` with :class:`TritonAttention`, its seed from
+    ``net``'s one draw a forward pass."""
+    mix_in(net, UnpaddedSelfAttention, TritonAttention)
+    number(net, TritonAttention)
 
 
 TRITON_ATTENTION = Optimisation(
     "triton-attention", "unpad's flash attention as Triton kernels using Hopper's tensor-core "
     "instructions, the dropout drawn and redrawn inside them, the three input gradients "
     "written side by side (attention_triton.py)",
-    apply=lambda wl, _: mix_in(wl.net, UnpaddedSelfAttention, TritonAttention),
+    apply=lambda wl, _: triton_attention(wl.net),
     requires=("unpad",), cuda=True, compare=None,
     tested_by="tests/benchmarks/bert/test_attention_triton.py")

@@ -7,7 +7,8 @@ keeps the row statistics; the backward recomputes the sum in fp32 from the input
 LayerNorm's input gradient (the residual's, and through the mask the dense output's) writes
 each block of rows' column sums for the three bias-like gradients (the dense bias,
 LayerNorm's weight and bias), which a small kernel adds up. The mask's seed is drawn on the
-device each call, so a captured step draws new masks each replay.
+device (``seeds.py``: one draw a forward pass for all calls), so a captured step draws new
+masks each replay.
 
 A block's output feeds two consumers, the next GEMM and the next block's residual: it goes
 to the GEMM, and an alias of it (a second output of the same autograd node, ``fork``) to the
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.bert.model import DenseLayerNorm, swap_class
+from benchmarks.bert.seeds import number, seed_of
 from common.optimisations import Optimisation
 
 # the fastest of 8-64 rows a backward program and 1-4 warps a forward program on one H200
@@ -37,10 +39,11 @@ def _kernels():
 class DropoutAddLayerNorm(torch.autograd.Function):
     """``layer_norm(dropout(x + bias, p) + residual, weight, ln_bias, eps)`` over the last
     dimension (a multiple of 4) of CUDA tensors; the output in ``weight``'s dtype, and an
-    alias of it whose gradient the backward adds to the output's."""
+    alias of it whose gradient the backward adds to the output's. ``seed``: the mask's
+    (an int64 [1] on the device; drawn here if None)."""
 
     @staticmethod
-    def forward(ctx, x, bias, residual, weight, ln_bias, p: float, eps: float):
+    def forward(ctx, x, bias, residual, weight, ln_bias, p: float, eps: float, seed=None):
         h = x.shape[-1]
         if h % 4:
             raise ValueError(f"triton-layernorm needs a hidden size divisible by 4, not {h}")
@@ -50,7 +53,8 @@ class DropoutAddLayerNorm(torch.autograd.Function):
         y = torch.empty(rows, h, dtype=weight.dtype, device=x.device)
         mean = torch.empty(rows, dtype=torch.float32, device=x.device)
         rstd = torch.empty_like(mean)
-        seed = torch.randint(2**31 - 1, (1,), device=x.device) if p > 0 else mean
+        if seed is None:
+            seed = torch.randint(2**31 - 1, (1,), device=x.device) if p > 0 else mean
         threshold = round(p * 2**24)   # of a word's top 24 bits: kept with probability 1 - p
         scale = 1.0 / (1.0 - p) if p < 1 else 0.0
         if rows:
@@ -88,7 +92,7 @@ class DropoutAddLayerNorm(torch.autograd.Function):
         dbias, dweight, dln_bias = column_sums(partial.view(programs, 3 * h),
                                                weight.dtype).view(3, h)
         return (dx.view(shape), dbias.to(bias.dtype), dres.view(shape), dweight, dln_bias,
-                None, None)
+                None, None, None)
 
 
 class TritonDenseLayerNorm(DenseLayerNorm):
@@ -101,8 +105,15 @@ class TritonDenseLayerNorm(DenseLayerNorm):
         ln = self.LayerNorm
         out, out.fork = DropoutAddLayerNorm.apply(y, self.dense.bias,
                                                   getattr(residual, "fork", residual),
-                                                  ln.weight, ln.bias, p, ln.eps)
+                                                  ln.weight, ln.bias, p, ln.eps, seed_of(self))
         return out
+
+
+def triton_layernorm(net: torch.nn.Module) -> None:
+    """Every plain :class:`DenseLayerNorm` of ``net`` as a :class:`TritonDenseLayerNorm`, its
+    seed from ``net``'s one draw a forward pass."""
+    swap_class(net, DenseLayerNorm, TritonDenseLayerNorm)
+    number(net, TritonDenseLayerNorm)
 
 
 TRITON_LAYERNORM = Optimisation(
@@ -110,6 +121,6 @@ TRITON_LAYERNORM = Optimisation(
     "Triton kernel each way, the dropout mask drawn in the kernel, the bias and LayerNorm "
     "gradients' column sums and the residual branch's gradient in the backward's pass "
     "(layernorm_triton.py)",
-    apply=lambda wl, _: swap_class(wl.net, DenseLayerNorm, TritonDenseLayerNorm),
+    apply=lambda wl, _: triton_layernorm(wl.net),
     excludes=("fused-layernorm",), cuda=True, precisions=("amp-bf16",), compare=None,
     tested_by="tests/benchmarks/bert/test_layernorm_triton.py")

@@ -105,6 +105,7 @@ def triton_qkv(model: torch.nn.Module) -> None:
 
 TRITON_QKV = Optimisation(
     "triton-qkv", "fused-qkv's backward: the three attention gradients joined and the bias "
-    "gradient summed in one Triton pass (qkv_triton.py)", apply=lambda wl, _: triton_qkv(wl.net),
+    "gradient summed in one Triton pass, with triton-attention the bias gradient summed in "
+    "its backward kernels (qkv_triton.py)", apply=lambda wl, _: triton_qkv(wl.net),
     requires=("fused-qkv",), cuda=True, compare=None,
     tested_by="tests/benchmarks/bert/test_qkv_triton.py")

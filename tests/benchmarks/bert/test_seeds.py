@@ -1,0 +1,30 @@
+"""``benchmarks/bert/seeds.py``: the Triton kernels' dropout seeds, one draw a training
+forward pass for every numbered module, a seed each; none in evaluation."""
+
+import torch
+from torch import nn
+
+from benchmarks.bert.seeds import number, seed_of
+
+
+def test_one_draw_a_training_forward_and_a_seed_a_module(monkeypatch):
+    net = nn.Sequential(nn.Linear(2, 2), nn.Dropout(), nn.Linear(2, 2), nn.Dropout())
+    number(net, nn.Dropout)
+    number(net, nn.Linear)   # a second optimisation: the same draw, the numbers go on
+    assert [m.seed_index for m in net] == [2, 0, 3, 1]
+    draws = []
+    randint = torch.randint
+    monkeypatch.setattr(torch, "randint", lambda *a, **k: draws.append(a) or randint(*a, **k))
+    x = torch.zeros(1, 2)
+    net(x)
+    assert len(draws) == 1 and net.dropout_seeds.drawn.shape == (4,)
+    seeds = [seed_of(m) for m in net]
+    assert all(s.shape == (1,) and s.dtype == torch.int64 for s in seeds)
+    assert len({int(s) for s in seeds}) == 4
+    first = net.dropout_seeds.drawn
+    net(x)
+    assert len(draws) == 2 and not torch.equal(first, net.dropout_seeds.drawn)
+    net.eval()
+    net(x)
+    assert len(draws) == 2 and all(seed_of(m) is None for m in net)
+    assert seed_of(nn.Linear(1, 1)) is None   # not numbered: its kernel's caller draws
