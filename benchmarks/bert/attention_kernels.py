@@ -63,15 +63,6 @@ def _store_rows(ptr, x, tok, stride, head, ok, D: tl.constexpr):
 
 
 @triton.jit
-def _store_sums(ptr, x, head, width, D: tl.constexpr):
-    """``x`` [D], head ``head``'s column sums of this program's rows, into the program's row
-    of the partial sums ``ptr`` [programs, width] (row ``program_id(1) * num_programs(0) +
-    program_id(0)``)."""
-    slot = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
-    tl.store(ptr + slot.to(tl.int64) * width + head * D + tl.arange(0, D), x)
-
-
-@triton.jit
 def _sequence(offsets_ptr):
     seq = tl.program_id(1)
     start = tl.load(offsets_ptr + seq)
@@ -127,23 +118,16 @@ def attention_forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, offsets_ptr, s
 
 @triton.jit
 def attention_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr, delta_ptr,
-                          offsets_ptr, seed_ptr, sums_ptr, sq, sk, sv, sdo, sdk, sdv, T, S,
-                          threshold, inv_keep, qk_scale, sm_scale, D: tl.constexpr,
-                          BM: tl.constexpr, BN: tl.constexpr, DROPOUT: tl.constexpr,
-                          SUMS: tl.constexpr):
+                          offsets_ptr, seed_ptr, sq, sk, sv, sdo, sdk, sdv, T, S, threshold,
+                          inv_keep, qk_scale, sm_scale, D: tl.constexpr, BM: tl.constexpr,
+                          BN: tl.constexpr, DROPOUT: tl.constexpr):
     """The key and value gradients of keys ``BN * program_id(0) ...`` of sequence
     ``program_id(1)``, head ``program_id(2)``, over transposed [keys, rows] tiles. Rows and
-    keys past the sequence load as zeros, which add nothing to the kept gradients. ``SUMS``:
-    their column sums too, into the program's row of ``sums`` [programs, 2 * heads * D] (key
-    gradients', then value gradients'; zeros from a program past the sequence)."""
+    keys past the sequence load as zeros, which add nothing to the kept gradients."""
     n0 = tl.program_id(0) * BN
     head = tl.program_id(2)
     start, L = _sequence(offsets_ptr)
-    width = 2 * tl.num_programs(2) * D
     if n0 >= L:
-        if SUMS:
-            _store_sums(sums_ptr, tl.zeros([D], tl.float32), head, width, D)
-            _store_sums(sums_ptr + width // 2, tl.zeros([D], tl.float32), head, width, D)
         return
     _, cok, keys = _span(start, L, n0, BN)
     k, v = _keys_values(k_ptr, v_ptr, keys, sk, sv, head, cok, D)
@@ -165,34 +149,22 @@ def attention_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, dk_ptr, dv_ptr, lse_ptr, 
             dpt = tl.where(keep, dpt * inv_keep, 0.0)
         dv += tl.dot(kept.to(do.dtype), do)
         dk += tl.dot((pt * (dpt - delta[None, :])).to(q.dtype), q)
-    dk *= sm_scale
-    dv *= inv_keep
-    _store_rows(dk_ptr, dk, keys, sdk, head, cok, D)
-    _store_rows(dv_ptr, dv, keys, sdv, head, cok, D)
-    if SUMS:   # keys past the sequence have gradients too: left out
-        _store_sums(sums_ptr, tl.sum(tl.where(cok[:, None], dk, 0.0), 0), head, width, D)
-        _store_sums(sums_ptr + width // 2, tl.sum(tl.where(cok[:, None], dv, 0.0), 0), head,
-                    width, D)
+    _store_rows(dk_ptr, dk * sm_scale, keys, sdk, head, cok, D)
+    _store_rows(dv_ptr, dv * inv_keep, keys, sdv, head, cok, D)
 
 
 @triton.jit
 def attention_dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, dq_ptr, lse_ptr, delta_ptr,
-                        offsets_ptr, seed_ptr, sums_ptr, sq, sk, sv, so, sdo, sdq, T, S,
-                        threshold, inv_keep, qk_scale, sm_scale, D: tl.constexpr,
-                        BM: tl.constexpr, BN: tl.constexpr, DROPOUT: tl.constexpr,
-                        SUMS: tl.constexpr):
+                        offsets_ptr, seed_ptr, sq, sk, sv, so, sdo, sdq, T, S, threshold,
+                        inv_keep, qk_scale, sm_scale, D: tl.constexpr, BM: tl.constexpr,
+                        BN: tl.constexpr, DROPOUT: tl.constexpr):
     """The query gradients of rows ``BM * program_id(0) ...`` of sequence ``program_id(1)``,
     head ``program_id(2)``, and their ``delta = sum(dO * O)`` over the head's values, which
-    it stores for the key and value gradients' kernel. ``SUMS``: the query gradients' column
-    sums too, into the program's row of ``sums`` [programs, heads * D] (zeros from a program
-    past the sequence; rows past it have zero gradients)."""
+    it stores for the key and value gradients' kernel."""
     m0 = tl.program_id(0) * BM
     head = tl.program_id(2)
     start, L = _sequence(offsets_ptr)
-    width = tl.num_programs(2) * D
     if m0 >= L:
-        if SUMS:
-            _store_sums(sums_ptr, tl.zeros([D], tl.float32), head, width, D)
         return
     rows, ok, tok = _span(start, L, m0, BM)
     q = _rows(q_ptr, tok, sq, head, ok, D)
@@ -213,7 +185,4 @@ def attention_dq_kernel(q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, dq_ptr, lse_ptr, del
             keep = _keep(seed, tok, n0, head, T, S, threshold, BN, False)
             dp = tl.where(keep, dp * inv_keep, 0.0)
         dq += tl.dot((p * (dp - delta[:, None])).to(k.dtype), k)
-    dq *= sm_scale
-    _store_rows(dq_ptr, dq, tok, sdq, head, ok, D)
-    if SUMS:
-        _store_sums(sums_ptr, tl.sum(dq, 0), head, width, D)
+    _store_rows(dq_ptr, dq * sm_scale, tok, sdq, head, ok, D)

@@ -4,8 +4,7 @@ dropout drawn inside them (16 bits of a hash of each entry's index and the step'
 hash for two entries; the seed from ``seeds.py``'s one draw a forward pass) and redrawn by the
 backward; ATen's flash attention is the reference.
 The query, key and value gradients are written side by side in one [tokens, 3, heads, dim]
-buffer, the layout of ``fused-qkv``'s projection output; given that projection's bias, the
-backward kernels also sum its gradient (``triton-qkv`` then neither joins nor sums)."""
+buffer, the layout of ``fused-qkv``'s projection output."""
 
 from __future__ import annotations
 
@@ -32,13 +31,11 @@ def _kernels():
 class TritonFlashVarlen(torch.autograd.Function):
     """``q, k, v`` [tokens, heads, dim] (the last dimension contiguous, on CUDA); sequence
     ``i`` is rows ``offsets[i]:offsets[i + 1]`` (int32), none longer than ``max_len``;
-    dropout ``dropout_p`` on the probabilities. ``bias`` (optional, [3 * heads * dim]): a
-    bias already in ``q, k, v``, not read; its gradient, the column sums of the three
-    gradients, comes from the backward's kernels. ``seed``: the dropout's (an int64 [1] on
-    the device; drawn here if None)."""
+    dropout ``dropout_p`` on the probabilities; ``seed``: the dropout's (an int64 [1] on the
+    device; drawn here if None)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, offsets, max_len: int, dropout_p: float, bias=None, seed=None):
+    def forward(ctx, q, k, v, offsets, max_len: int, dropout_p: float, seed=None):
         kern = _kernels()
         t, heads, d = q.shape
         if any(x.stride(-1) != 1 or x.stride(1) != d for x in (q, k, v)):
@@ -56,7 +53,6 @@ class TritonFlashVarlen(torch.autograd.Function):
                 num_warps=warps, num_stages=stages)
         ctx.save_for_backward(q, k, v, o, lse, offsets, seed)
         ctx.max_len, ctx.dropout_p = max_len, dropout_p
-        ctx.bias_dtype = None if bias is None else bias.dtype
         return o
 
     @staticmethod
@@ -68,38 +64,21 @@ class TritonFlashVarlen(torch.autograd.Function):
         delta = torch.empty_like(lse)
         grads = torch.empty(t, 3, heads, d, dtype=q.dtype, device=q.device)
         dq, dk, dv = grads.unbind(1)
-        sums = ctx.needs_input_grad[6]
-        sequences = offsets.numel() - 1
-        q_blocks, kv_blocks = -(-ctx.max_len // DQ[0]), -(-ctx.max_len // DKDV[1])
-        # the programs' column sums (their rows: the kernels' grids): query, then key/value
-        q_sums, kv_sums = ((torch.empty(n * sequences, m * heads * d, dtype=torch.float32,
-                                        device=q.device) for n, m in ((q_blocks, 1),
-                                                                      (kv_blocks, 2)))
-                           if sums and t else (lse, lse))
         if t:
             args = _common(t, ctx.max_len, ctx.dropout_p, d)
             dropout = ctx.dropout_p > 0
+            sequences = offsets.numel() - 1
             bm, bn, warps, stages = DQ   # first: it writes delta
-            kern.attention_dq_kernel[(q_blocks, sequences, heads)](
-                q, k, v, o, do, dq, lse, delta, offsets, seed, q_sums, q.stride(0),
-                k.stride(0), v.stride(0), o.stride(0), do.stride(0), dq.stride(0), t, *args,
-                D=d, BM=bm, BN=bn, DROPOUT=dropout, SUMS=sums, num_warps=warps,
-                num_stages=stages)
+            kern.attention_dq_kernel[(-(-ctx.max_len // bm), sequences, heads)](
+                q, k, v, o, do, dq, lse, delta, offsets, seed, q.stride(0), k.stride(0),
+                v.stride(0), o.stride(0), do.stride(0), dq.stride(0), t, *args, D=d, BM=bm,
+                BN=bn, DROPOUT=dropout, num_warps=warps, num_stages=stages)
             bm, bn, warps, stages = DKDV
-            kern.attention_dkdv_kernel[(kv_blocks, sequences, heads)](
-                q, k, v, do, dk, dv, lse, delta, offsets, seed, kv_sums, q.stride(0),
-                k.stride(0), v.stride(0), do.stride(0), dk.stride(0), dv.stride(0), t, *args,
-                D=d, BM=bm, BN=bn, DROPOUT=dropout, SUMS=sums, num_warps=warps,
-                num_stages=stages)
-        if not sums:
-            return dq, dk, dv, None, None, None, None, None
-        db = (torch.empty if t else torch.zeros)(3 * heads * d, dtype=ctx.bias_dtype,
-                                                 device=q.device)
-        if t:
-            from benchmarks.bert.kernels import column_sums
-            column_sums(q_sums, out=db[:heads * d])
-            column_sums(kv_sums, out=db[heads * d:])
-        return dq, dk, dv, None, None, None, db, None
+            kern.attention_dkdv_kernel[(-(-ctx.max_len // bn), sequences, heads)](
+                q, k, v, do, dk, dv, lse, delta, offsets, seed, q.stride(0), k.stride(0),
+                v.stride(0), do.stride(0), dk.stride(0), dv.stride(0), t, *args, D=d, BM=bm,
+                BN=bn, DROPOUT=dropout, num_warps=warps, num_stages=stages)
+        return dq, dk, dv, None, None, None, None
 
 
 def _common(t: int, max_len: int, p: float, d: int) -> tuple:
@@ -113,8 +92,8 @@ def _common(t: int, max_len: int, p: float, d: int) -> tuple:
 class TritonAttention:
     """Mixed into an unpadded self-attention: ``flash`` as :class:`TritonFlashVarlen`."""
 
-    def flash(self, q, k, v, packing: Packing, p: float, bias=None):
-        return TritonFlashVarlen.apply(q, k, v, packing.offsets, packing.max_len, p, bias,
+    def flash(self, q, k, v, packing: Packing, p: float):
+        return TritonFlashVarlen.apply(q, k, v, packing.offsets, packing.max_len, p,
                                        seed_of(self))
 
 

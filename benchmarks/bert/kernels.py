@@ -33,13 +33,13 @@ def column_sum_kernel(partial_ptr, out_ptr, p, n, BP: tl.constexpr, BN: tl.const
     tl.store(out_ptr + c, total.to(out_ptr.dtype.element_ty), mask=c < n)
 
 
-def column_sums(partial: torch.Tensor, dtype=torch.float32, out=None) -> torch.Tensor:
+def column_sums(partial: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
     """The column sums of the programs' partial sums ``partial`` [programs, n] (fp32), summed
-    in fp32 and stored in ``dtype`` (a parameter's: no conversion kernel after) or into
-    ``out`` [n] (contiguous), a program a strip of 32 columns, 256 rows at a time (the
-    fastest tile on an H200 at [640, 3072], [160, 3072] and [640, 12288])."""
+    in fp32 and stored in ``dtype`` (a parameter's: no conversion kernel after), a program a
+    strip of 32 columns, 256 rows at a time (the fastest tile on an H200 at [640, 3072], [160,
+    3072] and [640, 12288])."""
     p, n = partial.shape
-    out = torch.empty(n, dtype=dtype, device=partial.device) if out is None else out
+    out = torch.empty(n, dtype=dtype, device=partial.device)
     column_sum_kernel[(triton.cdiv(n, 32),)](partial, out, p, n, BP=256, BN=32, num_warps=8)
     return out
 

@@ -2,15 +2,14 @@
 gradients into the projection's output gradient and sums the bias gradient in one Triton
 pass, where autograd takes two (the split's backward concatenates, then the linear's
 backward reduces the [tokens, 3 * hidden] gradient again for the bias); gradients already
-side by side (``triton-attention``'s) are only summed, and with ``triton-attention`` not even
-that: the bias goes to the attention too, whose backward kernels sum its gradient from their
-fp32 tiles. The data and weight gradients stay two cuBLAS GEMMs."""
+side by side (``triton-attention``'s) are only summed. The data and weight gradients stay two
+cuBLAS GEMMs."""
 
 from __future__ import annotations
 
 import torch
 
-from benchmarks.bert.model import SelfAttention, mixed_class
+from benchmarks.bert.model import SelfAttention, mix_in
 from common.optimisations import Optimisation
 
 ROWS = 64   # rows of a join program's tile; its columns: up to 128, dividing the hidden size
@@ -23,8 +22,7 @@ def _kernels():
 
 class ProjectQkv(torch.autograd.Function):
     """``(x @ w.T + b).chunk(3, -1)`` for ``w`` [3 * hidden, hidden], ``b`` [3 * hidden] and
-    ``x`` [..., hidden] on CUDA, under autocast in its dtype; ``b``'s gradient only where
-    ``b`` requires one."""
+    ``x`` [..., hidden] on CUDA, under autocast in its dtype."""
 
     @staticmethod
     def forward(ctx, x, w, b):
@@ -46,9 +44,6 @@ class ProjectQkv(torch.autograd.Function):
         parts = [g.reshape(rows, h) for g in (dq, dk, dv)]
         parts = [g if g.stride(-1) == 1 else g.contiguous() for g in parts]
         joined = _side_by_side(parts)
-        if not ctx.needs_input_grad[2]:
-            dy = parts[0].as_strided((rows, 3 * h), (3 * h, 1)) if joined else torch.cat(parts, 1)
-            return dy.mm(w).view(ctx.shape), dy.t().mm(x2), None
         dy = (parts[0].as_strided((rows, 3 * h), (3 * h, 1)) if joined else
               torch.empty(rows, 3 * h, dtype=x2.dtype, device=x2.device))
         blocks = -(-rows // ROWS)
@@ -79,33 +74,13 @@ class TritonQkv:
         return ProjectQkv.apply(x, *self.joined())
 
 
-class TritonQkvAttention:
-    """Mixed into a ``triton-attention`` self-attention class: the projection as
-    :class:`ProjectQkv`, its bias's gradient from the attention's backward kernels."""
-
-    def forward(self, x, packing):
-        t, h = x.shape
-        w, b = self.joined()
-        q, k, v = (y.view(t, self.heads, self.head_dim)
-                   for y in ProjectQkv.apply(x, w, b.detach()))
-        p = self.dropout_p if self.training else 0.0
-        return self.flash(q, k, v, packing, p, b).reshape(t, h)
-
-
 def triton_qkv(model: torch.nn.Module) -> None:
-    """Every (``fused-qkv``) self-attention of ``model`` projects with :class:`ProjectQkv`;
-    one with ``triton-attention`` hands it the bias (:class:`TritonQkvAttention`)."""
-    from benchmarks.bert.attention_triton import TritonAttention
-
-    for m in model.modules():
-        if isinstance(m, SelfAttention):
-            mixin = TritonQkvAttention if isinstance(m, TritonAttention) else TritonQkv
-            m.__class__ = mixed_class(mixin, type(m))
+    """Every (``fused-qkv``) self-attention of ``model`` projects with :class:`ProjectQkv`."""
+    mix_in(model, SelfAttention, TritonQkv)
 
 
 TRITON_QKV = Optimisation(
     "triton-qkv", "fused-qkv's backward: the three attention gradients joined and the bias "
-    "gradient summed in one Triton pass, with triton-attention the bias gradient summed in "
-    "its backward kernels (qkv_triton.py)", apply=lambda wl, _: triton_qkv(wl.net),
+    "gradient summed in one Triton pass (qkv_triton.py)", apply=lambda wl, _: triton_qkv(wl.net),
     requires=("fused-qkv",), cuda=True, compare=None,
     tested_by="tests/benchmarks/bert/test_qkv_triton.py")

@@ -69,6 +69,10 @@ def test_each_call_draws_a_new_mask_and_bf16_rounds_once():
     first, second = (DropoutAddLayerNorm.apply(x, bias, res, w, b, 0.5, 1e-12)[0]
                      for _ in range(2))
     assert first.dtype == torch.bfloat16 and not torch.equal(first, second)
+    seed = torch.tensor([12345], device=DEVICE)   # given (seeds.py's draw): the same mask
+    again = [DropoutAddLayerNorm.apply(x, bias, res, w, b, 0.5, 1e-12, s)[0]
+             for s in (seed, seed, seed + 1)]
+    assert torch.equal(again[0], again[1]) and not torch.equal(again[0], again[2])
     want = F.layer_norm((x + bias).float() + res.float(), (64,), w.float(), b.float(), 1e-12)
     got = DropoutAddLayerNorm.apply(x, bias, res, w, b, 0.0, 1e-12)[0]
     torch.testing.assert_close(got.float(), want, atol=0.02, rtol=0.01)
