@@ -231,27 +231,32 @@ def layer_norm_backward_kernel(dy_ptr, fork_ptr, x_ptr, bias_ptr, res_ptr, w_ptr
 
 @triton.jit
 def join_kernel(q_ptr, k_ptr, v_ptr, out_ptr, partial_ptr, rows, q_stride, k_stride, v_stride,
-                H: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, COPY: tl.constexpr):
-    """Program (row block, column block) of ``out = cat((q, k, v), -1)`` [rows, 3H]: copies
-    its [BR, BC] tile (unless ``COPY`` is false: ``q, k, v`` already are ``out``'s thirds)
-    and writes the tile's column sums to ``partial[row block]`` (fp32)."""
-    rb = tl.program_id(0)
+                H: tl.constexpr, RP: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr,
+                COPY: tl.constexpr):
+    """Program (row group, column block) of ``out = cat((q, k, v), -1)`` [rows, 3H]: copies
+    its ``RP`` rows of a BC-wide block ``BR`` rows at a time (unless ``COPY`` is false: ``q,
+    k, v`` already are ``out``'s thirds), adding them up in fp32 as it goes, and writes the
+    column sums to ``partial[row group]`` (fp32): one reduction a program, not one a tile."""
+    group = tl.program_id(0)
     c = tl.program_id(1) * BC + tl.arange(0, BC)   # a column of out; a block lies in one part
-    r = rb * BR + tl.arange(0, BR)
-    ok = (r[:, None] < rows) & (c[None, :] < 3 * H)
     part = (tl.program_id(1) * BC) // H
-    src_col = c - part * H
-    r64 = r[:, None].to(tl.int64)
     if part == 0:
-        tile = tl.load(q_ptr + r64 * q_stride + src_col[None, :], mask=ok, other=0.0)
+        src, stride = q_ptr, q_stride
     elif part == 1:
-        tile = tl.load(k_ptr + r64 * k_stride + src_col[None, :], mask=ok, other=0.0)
+        src, stride = k_ptr, k_stride
     else:
-        tile = tl.load(v_ptr + r64 * v_stride + src_col[None, :], mask=ok, other=0.0)
-    if COPY:
-        tl.store(out_ptr + r64 * (3 * H) + c[None, :], tile, mask=ok)
-    tl.store(partial_ptr + rb.to(tl.int64) * (3 * H) + c, tl.sum(tile.to(tl.float32), 0),
-             mask=c < 3 * H)
+        src, stride = v_ptr, v_stride
+    src_col = c - part * H
+    total = tl.zeros([BR, BC], tl.float32)
+    for r0 in range(group * RP, group * RP + RP, BR):
+        r = r0 + tl.arange(0, BR)
+        ok = (r[:, None] < rows) & (c[None, :] < 3 * H)
+        r64 = r[:, None].to(tl.int64)
+        tile = tl.load(src + r64 * stride + src_col[None, :], mask=ok, other=0.0)
+        if COPY:
+            tl.store(out_ptr + r64 * (3 * H) + c[None, :], tile, mask=ok)
+        total += tile.to(tl.float32)
+    tl.store(partial_ptr + group.to(tl.int64) * (3 * H) + c, tl.sum(total, 0), mask=c < 3 * H)
 
 
 @triton.jit

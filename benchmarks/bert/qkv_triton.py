@@ -12,7 +12,9 @@ import torch
 from benchmarks.bert.model import SelfAttention, mix_in
 from common.optimisations import Optimisation
 
-ROWS = 64   # rows of a join program's tile; its columns: up to 128, dividing the hidden size
+# a join program's rows (in tiles of TILE_ROWS) and columns (up to 128, dividing the hidden
+# size)
+ROWS, TILE_ROWS, WARPS = 512, 32, 4
 
 
 def _kernels():
@@ -51,8 +53,9 @@ class ProjectQkv(torch.autograd.Function):
         cols = min(128, h & -h)
         if rows:
             join_kernel[(blocks, 3 * h // cols)](*parts, dy, partial, rows,
-                                                 *(g.stride(0) for g in parts), H=h, BR=ROWS,
-                                                 BC=cols, COPY=not joined, num_warps=4)
+                                                 *(g.stride(0) for g in parts), H=h, RP=ROWS,
+                                                 BR=TILE_ROWS, BC=cols, COPY=not joined,
+                                                 num_warps=WARPS)
         db = column_sums(partial, w.dtype) if rows else partial.sum(0).to(w.dtype)
         return (dy.mm(w).view(ctx.shape), dy.t().mm(x2), db)
 

@@ -1,6 +1,6 @@
 """``triton-qkv`` (``benchmarks/bert/qkv_triton.py``) against ``fused-qkv``'s autograd path,
 ``F.linear(x, w, b).chunk(3)``: the three outputs and the data, weight and bias gradients,
-for a hidden size that is a power of two and one that is not, a row count that is not a
+for a hidden size that is a power of two and one that is not, row counts that are not a
 multiple of a join program's and gradients that are strided views or already joined; then
 the whole model's gradients. On the GPU, or on the CPU under Triton's interpreter
 (``TRITON_INTERPRET=1``)."""
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.gpu,
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("rows, h", [(130, 64), (70, 40)])
+@pytest.mark.parametrize("rows, h", [(130, 64), (70, 40), (1100, 32)])   # 1100: 3 programs
 @pytest.mark.parametrize("layout", ["contiguous", "strided", "thirds"])
 def test_the_join_equals_autograd(rows, h, layout):
     from benchmarks.bert.qkv_triton import ProjectQkv, _side_by_side
