@@ -12,9 +12,10 @@ import torch
 from benchmarks.bert.model import SelfAttention, mix_in
 from common.optimisations import Optimisation
 
-# a join program's rows (in tiles of TILE_ROWS) and columns (up to 128, dividing the hidden
-# size)
-ROWS, TILE_ROWS, WARPS = 512, 32, 4
+# a join program's rows (in tiles of TILE_ROWS) and columns (up to COLUMNS, dividing the
+# hidden size): at [10240, 3072] the fastest of 12 tiles on one H200, 21.9 us with the column
+# sums against 31.2 for the former 64-row programs (docs/performance.md)
+ROWS, TILE_ROWS, COLUMNS, WARPS = 512, 32, 256, 4
 
 
 def _kernels():
@@ -50,7 +51,7 @@ class ProjectQkv(torch.autograd.Function):
               torch.empty(rows, 3 * h, dtype=x2.dtype, device=x2.device))
         blocks = -(-rows // ROWS)
         partial = torch.empty(blocks, 3 * h, dtype=torch.float32, device=x2.device)
-        cols = min(128, h & -h)
+        cols = min(COLUMNS, h & -h)
         if rows:
             join_kernel[(blocks, 3 * h // cols)](*parts, dy, partial, rows,
                                                  *(g.stride(0) for g in parts), H=h, RP=ROWS,
