@@ -28,3 +28,16 @@ def test_one_draw_a_training_forward_and_a_seed_a_module(monkeypatch):
     net(x)
     assert len(draws) == 2 and all(seed_of(m) is None for m in net)
     assert seed_of(nn.Linear(1, 1)) is None   # not numbered: its kernel's caller draws
+
+
+def test_the_triton_optimisations_number_their_modules_on_one_draw():
+    from benchmarks.bert.attention import unpad
+    from benchmarks.bert.attention_triton import TritonAttention, triton_attention
+    from benchmarks.bert.layernorm_triton import TritonDenseLayerNorm, triton_layernorm
+    from tests.benchmarks.bert.test_model import SMALL, built
+
+    net = built(lambda m: (unpad(m), triton_attention(m), triton_layernorm(m)))
+    users = [m for m in net.modules() if isinstance(m, (TritonAttention, TritonDenseLayerNorm))]
+    assert len(users) == 3 * SMALL.num_hidden_layers   # an attention and two LayerNorms a layer
+    assert sorted(m.seed_index for m in users) == list(range(len(users)))
+    assert all(m.seeds is net.dropout_seeds for m in users) and net.dropout_seeds.users == len(users)
