@@ -40,4 +40,5 @@ def test_the_triton_optimisations_number_their_modules_on_one_draw():
     users = [m for m in net.modules() if isinstance(m, (TritonAttention, TritonDenseLayerNorm))]
     assert len(users) == 3 * SMALL.num_hidden_layers   # an attention and two LayerNorms a layer
     assert sorted(m.seed_index for m in users) == list(range(len(users)))
-    assert all(m.seeds is net.dropout_seeds for m in users) and net.dropout_seeds.users == len(users)
+    assert all(m.seeds is net.dropout_seeds for m in users)
+    assert net.dropout_seeds.users == len(users)
