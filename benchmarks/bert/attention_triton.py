@@ -14,7 +14,7 @@ import torch
 
 from benchmarks.bert.attention import Packing, UnpaddedSelfAttention
 from benchmarks.bert.model import mix_in
-from benchmarks.bert.seeds import number, seed_of
+from benchmarks.bert.seeds import draw, number, seed_of
 from common.optimisations import Optimisation
 
 # (rows, keys, warps, stages) of a program's tile: forward, key/value and query gradients
@@ -43,7 +43,7 @@ class TritonFlashVarlen(torch.autograd.Function):
         o = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty(heads, t, dtype=torch.float32, device=q.device)
         if seed is None:
-            seed = torch.randint(2**31 - 1, (1,), device=q.device) if dropout_p > 0 else lse
+            seed = draw(1, q.device) if dropout_p > 0 else lse
         args = _common(t, max_len, dropout_p, d)
         bm, bn, warps, stages = FORWARD
         if t:

@@ -9,6 +9,12 @@ import torch
 from torch import nn
 
 
+def draw(n: int, device) -> torch.Tensor:
+    """``n`` dropout seeds (int64, below 2**31: the kernels read them as 32-bit words), drawn on
+    ``device``."""
+    return torch.randint(2**31 - 1, (n,), device=device)
+
+
 class DropoutSeeds:
     """A forward pre-hook of the network: a training forward draws one seed for each of its
     ``users`` modules; user ``i``'s is ``drawn[i]``."""
@@ -19,8 +25,7 @@ class DropoutSeeds:
 
     def __call__(self, net: nn.Module, args) -> None:
         device = next(net.parameters()).device
-        self.drawn = (torch.randint(2**31 - 1, (self.users,), device=device) if net.training
-                      else None)
+        self.drawn = draw(self.users, device) if net.training else None
 
 
 def number(net: nn.Module, cls: type) -> None:
