@@ -32,7 +32,7 @@ def _audit(event: str, args: tuple) -> None:
     if event == "subprocess.Popen" and _open:
         argv = args[1] if isinstance(args[1], (list, tuple)) else [args[1]]
         command = " ".join(str(a) for a in argv)[:200]
-        where = _frames([f for f in traceback.extract_stack()[:-1]
+        where = _frames([f for f in _stack(sys._getframe(1))
                          if not f.filename.endswith("subprocess.py")])
         for watch in _open:
             watch.spawned.append((watch._step, command, where))
@@ -46,6 +46,15 @@ def _compile_callbacks():
 def _waiting(frame: traceback.FrameSummary) -> bool:
     """A thread parked in one of ``threading``'s waits (not one calling ``Event.is_set``)."""
     return frame.filename.endswith("threading.py") and frame.name in _WAITS
+
+
+def _stack(frame) -> list[traceback.FrameSummary]:
+    """``frame``'s stack, outermost first, without the source lines (``_frames`` prints only
+    file, line number and function; reading the sources made a sampler's first samples slow
+    enough, beside a thread spinning on the GIL, to miss a 150 ms step)."""
+    stack = traceback.StackSummary.extract(traceback.walk_stack(frame), lookup_lines=False)
+    stack.reverse()
+    return stack
 
 
 def _frames(stack: list[traceback.FrameSummary]) -> str:
@@ -131,7 +140,7 @@ class StallWatch:
         for ident, frame in sys._current_frames().items():
             if ident == threading.get_ident():
                 continue
-            stack = traceback.extract_stack(frame)
+            stack = _stack(frame)
             if ident != self._thread_id and _waiting(stack[-1]):
                 continue
             if ident == self._thread_id:
